@@ -1,0 +1,22 @@
+"""fxquant: simulate reduced float precision between the layers of PyTorch / PyG models.
+
+Importing fxquant registers the ``torch.ops.fxquant.truncate`` op, which transformed
+GraphModules call (import it before ``torch.load`` of a saved one).
+"""
+
+from fxquant.numerics import truncate
+from fxquant.passes.insert_truncation import transform
+from fxquant.report import summary
+from fxquant.selection import top_degree_nodes
+from fxquant.tracer import TraceError, trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TraceError",
+    "summary",
+    "top_degree_nodes",
+    "trace",
+    "transform",
+    "truncate",
+]

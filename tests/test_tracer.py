@@ -1,0 +1,96 @@
+"""fxquant.trace: GNN layers stay leaves; PyG models trace; untraceable code is named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx
+from models import GCN, MLPGCN, DataGCN
+from torch import nn
+from torch_geometric.nn import GCNConv
+from torch_geometric.nn.models import GAT, GraphSAGE
+from torch_geometric.nn.models import GCN as PygGCN
+
+import fxquant
+from fxquant.tracer import GNNTracer
+
+
+def _modules(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_module"]
+
+
+def test_plain_symbolic_trace_fails_but_ours_keeps_convs_as_leaves(graph):
+    """torch.fx alone walks into GCNConv.propagate; fxquant.trace keeps it one node."""
+    model = GCN()
+    with pytest.raises(Exception):  # noqa: B017 - any failure inside PyG's propagate
+        torch.fx.symbolic_trace(model)
+    gm = fxquant.trace(model)
+    assert _modules(gm) == ["conv1", "conv2"]
+    assert torch.equal(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))
+
+
+def test_stack_traces_are_recorded():
+    """Each node knows the user's source line it came from."""
+    gm = fxquant.trace(GCN())
+    conv1 = next(n for n in gm.graph.nodes if n.target == "conv1")
+    assert "models.py" in conv1.meta["stack_trace"]
+    assert "self.conv1(x, edge_index)" in conv1.meta["stack_trace"]
+
+
+def test_forward_data_style(graph):
+    """A model reading data.x and data.edge_index traces and matches eager."""
+    model = DataGCN()
+    gm = fxquant.trace(model)
+    assert _modules(gm) == ["conv1", "conv2"]
+    assert torch.equal(gm(graph), model(graph))
+
+
+@pytest.mark.parametrize("cls", [PygGCN, GraphSAGE, GAT])
+def test_pyg_models_trace_without_concrete_args(cls, graph):
+    """PyG's BasicGNN models need their optional arguments fixed; trace does that itself."""
+    model = cls(4, 8, num_layers=2, out_channels=2).eval()
+    gm = fxquant.trace(model)
+    assert _modules(gm)[0] == "convs.0" and "convs.1" in _modules(gm)
+    assert torch.allclose(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))
+
+
+def test_explicit_concrete_args_and_leaf_modules(graph):
+    """concrete_args is passed through; leaf_modules by class or name stay opaque."""
+    model = PygGCN(4, 8, num_layers=2, out_channels=2).eval()
+    gm = fxquant.trace(model, concrete_args={"edge_weight": None, "edge_attr": None,
+                                             "batch": None, "batch_size": None,
+                                             "num_sampled_nodes_per_hop": None,
+                                             "num_sampled_edges_per_hop": None})
+    assert torch.allclose(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))
+    mixed = MLPGCN()
+    assert "lin" in _modules(fxquant.trace(mixed, leaf_modules=[nn.Linear]))
+    by_name = fxquant.trace(mixed, leaf_modules=["lin"])
+    assert "lin" in _modules(by_name)
+
+
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = GCNConv(4, 2)
+
+    def forward(self, x, edge_index):
+        # Control flow on a tensor value:
+        if x.sum() > 0:
+            x = -x
+        return self.conv(x, edge_index)
+
+
+def test_untraceable_model_names_the_source_line():
+    """The error names this file and the `if` line, and suggests the fixes."""
+    where = r"test_tracer\.py:\d+ \('if x\.sum\(\) > 0:'\)"
+    with pytest.raises(fxquant.TraceError, match=where) as e:
+        fxquant.trace(_Branchy())
+    assert "concrete_args" in str(e.value) and "leaf_modules" in str(e.value)
+
+
+def test_bad_arguments():
+    """Non-modules and bad leaf specs are rejected with the argument named."""
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+        fxquant.trace(lambda x: x)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="leaf_modules"):
+        GNNTracer(leaf_modules=[3])  # type: ignore[list-item]
