@@ -12,12 +12,15 @@ from __future__ import annotations
 import inspect
 import os
 import traceback
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.fx import GraphModule, Tracer
+from torch.fx import Graph, GraphModule, Node, Tracer, map_arg
+from torch.fx.operator_schemas import normalize_function
 from torch_geometric.nn import MessagePassing
 
 __all__ = ["GNNTracer", "TraceError", "trace"]
@@ -104,6 +107,11 @@ def trace(
 ) -> GraphModule:
     """Symbolically trace ``model`` into a :class:`~torch.fx.GraphModule`, GNN layers as leaves.
 
+    Functional dropout written as ``F.dropout(x, p, training=self.training)`` (PyG's examples
+    do this) would be frozen into the graph in the mode it was traced in. The model is
+    therefore traced in both modes; a dropout whose ``training`` flag follows the mode
+    becomes an ``nn.Dropout`` submodule, so ``gm.train()`` / ``gm.eval()`` keep working.
+
     Args:
         model (torch.nn.Module): the model, unmodified. It is not copied: the GraphModule
             shares its submodules and parameters.
@@ -127,21 +135,160 @@ def trace(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"fxquant.trace expects a torch.nn.Module, got {type(model).__name__}")
-    tracer = GNNTracer(leaf_modules)
-    name = type(model).__name__
+    modes = {name: m.training for name, m in model.named_modules()}
+    # Tracing runs forward's Python: undo global switches it makes (set_detect_anomaly).
+    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+    grad_mode = torch.is_grad_enabled()
     try:
-        graph = tracer.trace(model, concrete_args)
-    except Exception as first:
-        retry = _default_args(model) if concrete_args is None else {}
-        if retry:
-            tracer = GNNTracer(leaf_modules)
+        model.train(True)
+        train_graph, train_consts, concrete_args = _trace(model, concrete_args, leaf_modules)
+        model.train(False)
+        eval_graph, eval_consts, _ = _trace(model, concrete_args, leaf_modules)
+    finally:
+        for name, m in model.named_modules():
+            m.training = modes.get(name, m.training)
+        torch.set_anomaly_enabled(*anomaly)
+        torch.set_grad_enabled(grad_mode)
+    graph, consts = (train_graph, train_consts) if model.training else (eval_graph, eval_consts)
+    gm = GraphModule({**_attributes(model, graph), **consts}, graph, type(model).__name__)
+    gm.training = model.training
+    _follow_training_flag(gm, train_graph, eval_graph)
+    return gm
+
+
+def _attributes(model: nn.Module, graph: Graph) -> dict[str, Any]:
+    """The submodules and tensors the graph refers to, by qualified name."""
+    found: dict[str, Any] = {}
+    for node in graph.nodes:
+        if node.op in ("call_module", "get_attr"):
+            obj: Any = model
             try:
-                graph = tracer.trace(model, retry)
+                for part in str(node.target).split("."):
+                    obj = getattr(obj, part)
+            except AttributeError:
+                continue
+            found[str(node.target)] = obj
+    return found
+
+
+def _trace(
+    model: nn.Module, concrete_args: dict[str, Any] | None, leaf_modules: Iterable[LeafSpec]
+) -> tuple[Graph, dict[str, Any], dict[str, Any] | None]:
+    """Trace once; returns the graph, the constants it captured, and the concrete_args used.
+
+    torch.fx stores tensors created during tracing as attributes of the traced module
+    (``_tensor_constant0``, ...). They are taken back off the user's model here, so that
+    tracing leaves it as it was.
+    """
+    before = set(vars(model))
+    try:
+        try:
+            return GNNTracer(leaf_modules).trace(model, concrete_args), _taken(model, before), \
+                concrete_args
+        except Exception as first:
+            _taken(model, before)
+            retry = _default_args(model) if concrete_args is None else {}
+            if not retry:
+                raise _trace_error(type(model).__name__, first) from first
+            try:
+                return GNNTracer(leaf_modules).trace(model, retry), _taken(model, before), retry
             except Exception:
-                raise _trace_error(name, first) from first
-        else:
-            raise _trace_error(name, first) from first
-    return GraphModule(tracer.root, graph, name)
+                raise _trace_error(type(model).__name__, first) from first
+    finally:
+        _taken(model, before)
+
+
+def _taken(model: nn.Module, before: set[str]) -> dict[str, Any]:
+    """Remove (and return) the attributes tracing added to ``model``."""
+    added = {k: v for k, v in vars(model).items() if k not in before}
+    for k in added:
+        delattr(model, k)
+    return added
+
+
+_DROPOUT_MODULES: dict[Callable[..., Any], type[nn.Module]] = {
+    F.dropout: nn.Dropout,
+    F.dropout1d: nn.Dropout1d,
+    F.dropout2d: nn.Dropout2d,
+    F.dropout3d: nn.Dropout3d,
+    F.alpha_dropout: nn.AlphaDropout,
+    F.feature_alpha_dropout: nn.FeatureAlphaDropout,
+    torch.dropout: nn.Dropout,
+}
+
+
+def _by_name(args: Any) -> Any:
+    return map_arg(args, lambda n: n.name)
+
+
+def _normalized_kwargs(node: Node) -> dict[str, Any] | None:
+    """All arguments of a call_function node by name, or None where torch cannot bind them."""
+    try:
+        pair = normalize_function(
+            node.target,  # type: ignore[arg-type]
+            tuple(node.args),
+            dict(node.kwargs),
+            normalize_to_only_use_kwargs=True,
+        )
+    except RuntimeError:  # ambiguous overloads
+        return None
+    if pair is None:
+        return None
+    return pair.kwargs
+
+
+def _follow_training_flag(gm: GraphModule, train_graph: Graph, eval_graph: Graph) -> None:
+    """Turn functional calls whose ``training`` flag was ``self.training`` into modules."""
+    t_nodes, e_nodes = list(train_graph.nodes), list(eval_graph.nodes)
+    same_shape = len(t_nodes) == len(e_nodes) and all(
+        (a.op, a.target, a.name) == (b.op, b.target, b.name) for a, b in zip(t_nodes, e_nodes, strict=True)
+    )
+    if not same_shape:
+        warnings.warn(
+            f"{type(gm).__name__}.forward takes different paths in train and eval mode "
+            f"(e.g. `if self.training:`); the GraphModule follows the mode the model was in "
+            f"(training={gm.training}). Please move mode-dependent code into a submodule.",
+            stacklevel=3,
+        )
+        return
+    nodes = {n.name: n for n in gm.graph.nodes}
+    changed = False
+    for t, e in zip(t_nodes, e_nodes, strict=True):
+        if t.op != "call_function" or _by_name((t.args, t.kwargs)) == _by_name((e.args, e.kwargs)):
+            continue
+        kw_t, kw_e = _normalized_kwargs(t), _normalized_kwargs(e)
+        flag = "train" if t.target is torch.dropout else "training"
+        if not kw_t or kw_t.get(flag) is not True or not kw_e or kw_e.get(flag) is not False:
+            continue
+        node = nodes[t.name]
+        cls = _DROPOUT_MODULES.get(t.target)
+        if cls is None or isinstance(kw_t.get("p"), Node):
+            warnings.warn(
+                f"node {t.name!r} ({getattr(t.target, '__name__', t.target)}) reads "
+                f"self.training, which tracing freezes to training={gm.training}. Please use "
+                "a module (e.g. torch.nn.Dropout) so that train()/eval() reach it.",
+                stacklevel=3,
+            )
+            continue
+        kwargs = {"p": kw_t["p"]}
+        if "inplace" in kw_t:
+            kwargs["inplace"] = kw_t["inplace"]
+        name = _free_name(gm, t.name)
+        gm.add_submodule(name, cls(**kwargs).train(gm.training))
+        own = _normalized_kwargs(node) or {}  # the same call, in gm's own graph
+        node.op, node.target = "call_module", name
+        node.args, node.kwargs = (own["input"],), {}
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
+def _free_name(gm: GraphModule, base: str) -> str:
+    name, i = base, 1
+    while hasattr(gm, name):
+        name, i = f"{base}_{i}", i + 1
+    return name
 
 
 def _trace_error(name: str, exc: BaseException) -> TraceError:

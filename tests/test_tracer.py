@@ -94,3 +94,56 @@ def test_bad_arguments():
         fxquant.trace(lambda x: x)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="leaf_modules"):
         GNNTracer(leaf_modules=[3])  # type: ignore[list-item]
+
+
+class _KipfGCN(nn.Module):
+    """PyG's examples/gcn.py: functional dropout reading self.training."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 2)
+
+    def forward(self, x, edge_index, edge_weight=None):
+        x = torch.nn.functional.dropout(x, p=0.5, training=self.training)
+        x = self.conv1(x, edge_index, edge_weight).relu()
+        x = torch.nn.functional.dropout(x, p=0.3, training=self.training)
+        return self.conv2(x, edge_index, edge_weight)
+
+
+@pytest.mark.parametrize("start_in_eval", [False, True])
+def test_functional_dropout_follows_train_and_eval(start_in_eval, graph):
+    """F.dropout(training=self.training) becomes nn.Dropout, so gm.eval() turns it off."""
+    model = _KipfGCN()
+    if start_in_eval:
+        model.eval()
+    modes = [m.training for m in model.modules()]
+    gm = fxquant.trace(model)
+    assert [m.training for m in model.modules()] == modes
+    assert gm.training == (not start_in_eval) and gm.dropout.training == gm.training
+    assert [(m.p, type(m)) for m in (gm.dropout, gm.dropout_1)] == [(0.5, nn.Dropout), (0.3, nn.Dropout)]
+    gm.eval()
+    model.eval()
+    assert torch.equal(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))
+    gm.train()
+    a, b = gm(graph.x, graph.edge_index), gm(graph.x, graph.edge_index)
+    assert not torch.equal(a, b)
+
+
+class _AlwaysDropout(nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, p=0.5, training=True)
+
+
+class _ModeBranch(nn.Module):
+    def forward(self, x):
+        if self.training:
+            x = x * 2
+        return x
+
+
+def test_constant_training_flag_is_kept_and_mode_branches_warn():
+    """training=True written by hand stays a function; `if self.training:` warns."""
+    gm = fxquant.trace(_AlwaysDropout())
+    assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_function", "output"]
+    with pytest.warns(UserWarning, match="different paths in train and eval mode"):
+        fxquant.trace(_ModeBranch())
