@@ -5,15 +5,24 @@ GraphModules call (import it before ``torch.load`` of a saved one).
 """
 
 from fxquant.numerics import truncate
+from fxquant.passes.functionalize import functionalize_inplace
 from fxquant.passes.insert_truncation import transform
-from fxquant.report import summary
+from fxquant.passes.lint import lint
+from fxquant.report import Finding, LintError, LintReport, summary
+from fxquant.sanitizer import check
 from fxquant.selection import top_degree_nodes
 from fxquant.tracer import TraceError, trace
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Finding",
+    "LintError",
+    "LintReport",
     "TraceError",
+    "check",
+    "functionalize_inplace",
+    "lint",
     "summary",
     "top_degree_nodes",
     "trace",

@@ -27,3 +27,4 @@ def graph():
     from models import tiny_graph
 
     return tiny_graph()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))

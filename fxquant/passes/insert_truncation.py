@@ -10,6 +10,7 @@ Node metadata written (documented keys, as torch.fx passes do):
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -144,6 +145,7 @@ def transform(
     inplace: bool = False,
     concrete_args: dict[str, Any] | None = None,
     leaf_modules: Iterable[str | type[nn.Module]] = (),
+    lint: str = "warn",
 ) -> GraphModule:
     """Trace ``model`` and keep only the top ``bits`` of the float outputs of chosen layers.
 
@@ -166,6 +168,9 @@ def transform(
             (default: :obj:`False`)
         concrete_args (dict, optional): passed to :func:`fxquant.trace`.
         leaf_modules (iterable, optional): passed to :func:`fxquant.trace`.
+        lint (str, optional): lint the graph this returns: ``"warn"`` turns findings into
+            warnings (default), ``"raise"`` raises :class:`fxquant.LintError` on errors,
+            ``"off"`` skips it.
 
     Returns:
         torch.fx.GraphModule: the model with a ``torch.ops.fxquant.truncate`` node after
@@ -201,10 +206,12 @@ def transform(
             "fxquant.transform: bits is a dict, which already names the layers to truncate; "
             "please drop layers= or pass one int for bits."
         )
+    if lint not in ("warn", "raise", "off"):
+        raise ValueError(f"fxquant.transform: lint={lint!r} is not one of ['warn', 'raise', 'off']")
     rounding = "toward_zero" if rounding is None else rounding
     max_bits = _max_bits(model)
 
-    # Trace and validate on a throwaway view first: nothing is copied or changed on error.
+    # Trace and validate first: nothing is copied or changed on error.
     gm = model if isinstance(model, GraphModule) else trace(model, concrete_args, leaf_modules)
     specs = _plan(gm, bits, layers, rounding, grad, node_bits, max_bits)
 
@@ -212,7 +219,22 @@ def transform(
         gm = copy.deepcopy(gm)
     nodes = {n.name: n for n in gm.graph.nodes}
     insert_truncation(gm, {nodes[name]: spec for name, spec in specs.items()})
+    if lint != "off":
+        _lint_result(gm, lint)
     return gm
+
+
+def _lint_result(gm: GraphModule, mode: str) -> None:
+    from fxquant.passes.lint import lint_graph  # lint imports the tracer, which imports us
+    from fxquant.report import LintError
+
+    report = lint_graph(gm, note=False)
+    if mode == "raise" and report.errors:
+        raise LintError(report)
+    for f in report.findings:
+        if f.severity != "info":
+            warnings.warn(f"fxquant lint {f.rule} ({f.severity}) at {f.location or f.node}: "
+                          f"{f.message} Hint: {f.hint}", stacklevel=3)
 
 
 def _plan(

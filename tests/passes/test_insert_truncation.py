@@ -261,7 +261,8 @@ def test_pyg_models_transform_and_train(cls):
 def test_zero_grad_stops_learning_upstream():
     """grad='zero' is the true derivative: the first conv gets exactly zero gradient."""
     data = tiny_graph(num_nodes=12)
-    gm = fxquant.transform(GCN(), bits=16, layers="conv1", grad="zero")
+    with pytest.warns(UserWarning, match="FXQ007"):
+        gm = fxquant.transform(GCN(), bits=16, layers="conv1", grad="zero")
     _, grads = _train(gm, data, steps=1)
     assert all(g.abs().sum() == 0 for n, g in grads.items() if n.startswith("conv1"))
     assert all(g.abs().sum() > 0 for n, g in grads.items() if n.startswith("conv2"))
