@@ -225,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
     gm = build(example, data, dataset.num_classes, seed=0)
     print(f"{args.dataset}: {data.num_nodes} nodes, {data.num_edges} edges, device {device}")
     print("\nTransformed graph:\n" + fxquant.summary(gm) + "\n")
+    print("Lint of the transformed graph on the real data:\n"
+          + str(fxquant.lint(gm, data.x, data.edge_index)) + "\n")
 
     for cfg in configs:
         for seed in range(args.seeds):

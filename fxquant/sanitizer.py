@@ -464,7 +464,7 @@ class _Run(Interpreter):
 
 @contextlib.contextmanager
 def _restored_state(model: nn.Module) -> Iterator[None]:
-    """Put back grad/anomaly mode, the RNG, and the model's tensors and .grad afterwards."""
+    """Put back grad/anomaly mode, the RNG, the model's tensors, .grad and attributes."""
     grad_mode = torch.is_grad_enabled()
     anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
     rng = torch.get_rng_state()
@@ -472,7 +472,9 @@ def _restored_state(model: nn.Module) -> Iterator[None]:
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     values = {k: t.detach().clone() for k, t in tensors.items()}
     grads = {k: p.grad for k, p in model.named_parameters()}
-    training = {k: m.training for k, m in model.named_modules()}
+    # Plain attributes too: a forward may cache (GCNConv(cached=True) keeps the normalized
+    # graph of the example inputs) or rebind them.
+    attributes = [(m, dict(vars(m))) for m in model.modules()]
     set_anomaly = torch.set_anomaly_enabled
     try:
         yield
@@ -490,10 +492,11 @@ def _restored_state(model: nn.Module) -> Iterator[None]:
                         t.copy_(values[k])
                 else:
                     t.data = values[k]
+        for module, saved in attributes:
+            vars(module).clear()
+            vars(module).update(saved)
         for k, p in model.named_parameters():
             p.grad = grads.get(k)
-        for k, m in model.named_modules():
-            m.training = training.get(k, m.training)
 
 
 def _clone_inputs(obj: Any) -> Any:

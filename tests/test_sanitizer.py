@@ -169,3 +169,13 @@ def test_check_with_a_loss_function(graph):
     model = GCN()
     report = fxquant.check(model, graph.x, graph.edge_index, loss_fn=lambda out: out[:, 0].sum() * 0)
     assert {f.node for f in report.by_rule("FXQ008")} == {n for n, _ in model.named_parameters()}
+
+
+def test_module_caches_are_not_left_behind(graph):
+    """GCNConv(cached=True) caches the example graph; lint and check put the cache back."""
+    from torch_geometric.nn import GCNConv
+
+    conv = GCNConv(4, 2, cached=True)
+    fxquant.lint(conv, graph.x, graph.edge_index)
+    fxquant.check(conv, graph.x, graph.edge_index)
+    assert conv._cached_edge_index is None

@@ -1,0 +1,140 @@
+"""What truncation costs in training: Kipf GCN on Cora, eager and compiled, plus pass times.
+
+    python benchmarks/bench_train.py                  # writes benchmarks/RESULTS.md
+    python benchmarks/bench_train.py --quick --no-write   # smoke run (tests use it)
+
+Epoch time is one training step (forward, backward, Adam), the median over all epochs of
+all seeds (the first epochs, which compile, do not move a median of hundreds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch_geometric.transforms as T
+from tabulate import tabulate
+from torch._inductor.utils import run_and_get_code
+from torch_geometric.data import Data
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "examples")]
+from common import machine, write_section  # noqa: E402
+from train_cora import GCN, train_one  # noqa: E402
+
+import fxquant  # noqa: E402
+from fxquant.datasets import load_planetoid  # noqa: E402
+
+
+def median_ms(fn: Any, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def random_graph(num_nodes: int, num_edges: int, features: int) -> Data:
+    g = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, num_nodes, (2, num_edges), generator=g)
+    return Data(x=torch.randn(num_nodes, features, generator=g), edge_index=edge_index)
+
+
+def fused_kernels(gm: torch.nn.Module, data: Data) -> tuple[list[str], bool]:
+    """Inductor's kernel names for the eval forward, and whether the op stayed opaque."""
+    compiled = torch.compile(gm.eval(), fullgraph=True)
+    with torch.no_grad():
+        _, codes = run_and_get_code(compiled, data.x, data.edge_index)
+    code = "\n".join(codes)
+    names = sorted({w.split("(")[0] for w in code.split() if w.startswith("cpp_fused_")
+                    and "truncate" in w})
+    return names, "torch.ops.fxquant.truncate" in code
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--quick", action="store_true", help="1 seed, 3 epochs, small graph")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+    seeds, epochs = (1, 3) if args.quick else (args.seeds, args.epochs)
+    device = torch.device("cpu")
+    if args.quick:
+        data, num_classes = random_graph(60, 300, 32), 3
+        data.y = torch.randint(0, num_classes, (60,))
+        for mask in ("train_mask", "val_mask", "test_mask"):
+            data[mask] = torch.rand(60) < 0.5
+    else:
+        dataset = load_planetoid("Cora", transform=T.NormalizeFeatures())
+        data, num_classes = dataset[0], dataset.num_classes
+
+    def build(kind: str, seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        model: torch.nn.Module = GCN(data.num_features, 16, num_classes)
+        if "bits=16" in kind:
+            model = fxquant.transform(model, bits=16)
+        if "compiled" in kind:
+            model = torch.compile(model)
+        return model
+
+    kinds = ["FP32 eager", "bits=16 eager", "FP32 compiled", "bits=16 compiled"]
+    epoch_ms: dict[str, float] = {}
+    accuracy: dict[str, float] = {}
+    for kind in kinds:
+        times, accs = [], []
+        for seed in range(seeds):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                acc, t = train_one(build(kind, seed), data, epochs, kind, device)
+            times += t
+            accs.append(acc)
+        epoch_ms[kind] = statistics.median(times)
+        accuracy[kind] = 100 * statistics.mean(accs)
+
+    gcn = GCN(data.num_features, 16, num_classes)
+    transform_ms = median_ms(lambda: fxquant.transform(gcn, bits=16), 3 if args.quick else 20)
+    transform_nolint_ms = median_ms(lambda: fxquant.transform(gcn, bits=16, lint="off"),
+                                    3 if args.quick else 20)
+    big = random_graph(1000, 5000, data.num_features)
+    lint_ms = median_ms(lambda: fxquant.lint(gcn, big.x, big.edge_index), 3 if args.quick else 10)
+    symbolic_ms = median_ms(lambda: fxquant.lint(gcn), 3 if args.quick else 10)
+    kernels, opaque = fused_kernels(fxquant.transform(gcn, bits=16), data)
+
+    rows = [[k, f"{epoch_ms[k]:.2f}", f"{accuracy[k]:.1f}"] for k in kinds]
+    table = tabulate(rows, headers=["model", "median epoch (ms)", "test acc (%)"], tablefmt="github")
+    ratios = [
+        ["bits=16 eager / FP32 eager", f"{epoch_ms['bits=16 eager'] / epoch_ms['FP32 eager']:.3f}",
+         "<= 1.05"],
+        ["bits=16 compiled / bits=16 eager",
+         f"{epoch_ms['bits=16 compiled'] / epoch_ms['bits=16 eager']:.3f}", "<= 1.00"],
+        ["FP32 compiled / FP32 eager", f"{epoch_ms['FP32 compiled'] / epoch_ms['FP32 eager']:.3f}", ""],
+        ["transform(GCN, bits=16), lint on (ms)", f"{transform_ms:.1f}", "<= 100"],
+        ["transform(GCN, bits=16, lint='off') (ms)", f"{transform_nolint_ms:.1f}", ""],
+        ["lint(GCN, x, edge_index), 1,000 nodes (ms)", f"{lint_ms:.1f}", "<= 200"],
+        ["lint(GCN) symbolic (ms)", f"{symbolic_ms:.1f}", ""],
+    ]
+    ratio_table = tabulate(ratios, headers=["measure", "value", "target"], tablefmt="github")
+    source = "a generated graph (quick run)" if args.quick else "Cora (public split)"
+    body = (
+        f"## bench_train\n\n`python benchmarks/bench_train.py` on {machine()}; {source}, "
+        f"{seeds} seeds x {epochs} epochs per model.\n\n{table}\n\n{ratio_table}\n\n"
+        f"Compiled transformed GCN (eval forward): inductor kernels that contain the truncation: "
+        f"{kernels or 'none'}; opaque fxquant.truncate call left in the generated code: "
+        f"{'yes' if opaque else 'no'}.\n"
+    )
+    print(body)
+    if not args.no_write:
+        write_section("bench_train", body)
+    return body
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Speed and memory of fxquant.truncate next to its baselines, in one process, on the same tensors.
+
+    python benchmarks/bench_truncate.py                 # CPU, writes benchmarks/RESULTS.md
+    python benchmarks/bench_truncate.py --device cuda   # adds a CUDA section
+    python benchmarks/bench_truncate.py --quick --no-write   # smoke run (tests use it)
+
+Times are medians of ``torch.utils.benchmark`` runs; every ratio is against ``x.clone()`` of
+the same tensor in the same run (reading and writing each element once: the memory-bound
+floor). Peak extra memory is the profiler's peak of one call, in units of the output size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.benchmark as tbench
+from tabulate import tabulate
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, peak_bytes, write_section  # noqa: E402
+from seed_bitplanes import bitplane_roundtrip  # noqa: E402
+
+import fxquant  # noqa: E402
+from fxquant.numerics import _LAYOUTS, _truncate_eager  # noqa: E402
+
+SIZES = [(2708, 16), (2708, 1433), (1_000_000, 64)]
+SEED_MAX_ELEMENTS = 2708 * 1433  # the bit-plane baseline needs ~135 floats per value
+BITS = 16
+TARGETS = {
+    "truncate toward_zero": "<= 2.0x", "truncate nearest": "<= 3.0x",
+    "truncate stochastic": "<= 4.0x", "truncate fwd+bwd (ste)": "<= 3.0x",
+    "fused toward_zero": "<= 1.3x", "fused nearest": "<= 1.3x",
+}
+
+
+def median_seconds(fn: Callable[[], Any], min_run_time: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn})
+    return float(timer.blocked_autorange(min_run_time=min_run_time).median)
+
+
+class _Devices(TorchDispatchMode):
+    """Collects the device of every tensor any ATen op reads or makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor):
+                self.seen.add(t.device.type)
+        return out
+
+
+def devices_touched(x: torch.Tensor, rounding: str) -> set[str]:
+    """Devices of all tensors inside the truncation kernel (must be x's device only)."""
+    with _Devices() as mode:
+        _truncate_eager(x, BITS, rounding, _LAYOUTS[x.dtype], None)
+    return mode.seen
+
+
+def bench_size(shape: tuple[int, int], device: torch.device, min_run_time: float,
+               quick: bool) -> list[list[Any]]:
+    torch.manual_seed(0)
+    x = torch.randn(shape, device=device)
+    g = torch.randn(shape, device=device)
+    xg = x.clone().requires_grad_()
+    rows: list[tuple[str, Callable[[], Any]]] = [
+        ("x.clone()", lambda: x.clone()),
+        ("x.to(bfloat16).float()", lambda: x.to(torch.bfloat16).float()),
+    ]
+    for r in fxquant.numerics.ROUNDINGS:
+        rows.append((f"truncate {r}", lambda r=r: fxquant.truncate(x, BITS, r)))
+
+    def fwd_bwd() -> None:
+        xg.grad = None
+        fxquant.truncate(xg, BITS).backward(g)
+
+    rows.append(("truncate fwd+bwd (ste)", fwd_bwd))
+    for r in ("toward_zero",) if quick else fxquant.numerics.ROUNDINGS:
+        fused = torch.compile(lambda t, r=r: fxquant.truncate(t, BITS, r), dynamic=False)
+        fused(x)  # compile outside the timing
+        rows.append((f"fused {r}", lambda f=fused: f(x)))
+    if x.numel() <= SEED_MAX_ELEMENTS and device.type == "cpu":
+        rows.append(("seed bit-planes round trip", lambda: bitplane_roundtrip(x)))
+
+    times: dict[str, float] = {}
+    table = []
+    for name, fn in rows:
+        seed = name.startswith("seed")
+        t = median_seconds(fn, min_run_time if not seed else min_run_time / 4, device)
+        times[name] = t
+        mem = ""
+        if device.type == "cpu" and (name.startswith(("truncate", "fused", "seed")) or
+                                     name == "x.clone()"):
+            mem = f"{peak_bytes(fn) / x.nbytes:.2f}"
+        table.append([f"{shape[0]}x{shape[1]}", name, f"{1e3 * t:.3f}",
+                      f"{t / times['x.clone()']:.2f}x", mem, TARGETS.get(name, "")])
+    if "seed bit-planes round trip" in times:
+        speedup = times["seed bit-planes round trip"] / times["truncate toward_zero"]
+        table.append([f"{shape[0]}x{shape[1]}", "speedup of truncate over the seed",
+                      "", f"{speedup:,.0f}x", "", ">= 1,000x" if shape == (2708, 16) else ""])
+    return table
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, short runs (smoke test)")
+    p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here")
+    sizes = [(64, 16)] if args.quick else SIZES
+    min_run_time = 0.05 if args.quick else 2.0
+    rows: list[list[Any]] = []
+    for shape in sizes:
+        rows += bench_size(shape, device, min_run_time, args.quick)
+    headers = ["size", "op", "median (ms)", "vs clone", "peak extra mem (x output)", "target"]
+    table = tabulate(rows, headers=headers, tablefmt="github")
+    probe = torch.randn(8, 8, device=device if device.type == "cuda" else "meta")
+    seen = sorted({d for r in fxquant.numerics.ROUNDINGS for d in devices_touched(probe, r)})
+    where = f"{device.type}" + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else "")
+    body = (f"## bench_truncate on {where}\n\n"
+            f"`python benchmarks/bench_truncate.py --device {args.device}` on {machine()}; "
+            f"bits={BITS}.\n\n{table}\n\n"
+            f"Devices of every tensor inside the truncation kernel for a {probe.device.type} "
+            f"input: {seen} (no constant on another device).\n")
+    print(body)
+    if not args.no_write:
+        write_section(f"bench_truncate_{device.type}", body)
+    return body
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Shared by the benchmark scripts: peak memory of a call, and the RESULTS.md sections."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak bytes allocated on the CPU while ``fn()`` runs, its result included.
+
+    From the profiler's memory events: allocations count at their op's start, frees at its
+    end, and the running total's maximum is the peak.
+    """
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    del out
+    steps = []
+    for e in prof.events():
+        delta = e.self_cpu_memory_usage
+        if delta:
+            steps.append((e.time_range.start if delta > 0 else e.time_range.end, delta))
+    total = peak = 0
+    for _, delta in sorted(steps):
+        total += delta
+        peak = max(peak, total)
+    return peak
+
+
+def machine() -> str:
+    """One line describing where the numbers come from."""
+    cpu = platform.processor() or platform.machine()
+    with_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                with_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{with_model or cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads")
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace this script's section of RESULTS.md (other scripts' sections stay)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(text)

@@ -1,0 +1,53 @@
+"""Smoke runs of the benchmark scripts (tiny sizes, one repeat), so they cannot rot.
+
+Speed is measured by the scripts themselves, never asserted here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_bench_truncate_quick():
+    """Every row appears, with ratios against clone and the kernel's device check."""
+    import bench_truncate
+
+    body = bench_truncate.main(["--quick", "--no-write"])
+    for row in ("x.clone()", "truncate toward_zero", "truncate nearest", "truncate stochastic",
+                "truncate fwd+bwd (ste)", "fused toward_zero", "seed bit-planes round trip"):
+        assert row in body
+    assert "['meta']" in body
+
+
+def test_kernel_touches_only_the_input_device():
+    """On the meta device every tensor inside the kernel is meta: no CPU constant."""
+    import bench_truncate
+
+    for rounding in ("toward_zero", "nearest", "stochastic"):
+        assert bench_truncate.devices_touched(torch.empty(4, 4, device="meta"), rounding) == {"meta"}
+
+
+def test_peak_bytes_counts_allocations():
+    """The profiler-based peak sees one output for clone and more for a chain."""
+    from common import peak_bytes
+
+    x = torch.randn(1000, 100)
+    assert peak_bytes(lambda: x.clone()) >= x.nbytes
+    assert peak_bytes(lambda: (x * 2) + (x * 3)) >= 2 * x.nbytes
+
+
+@pytest.mark.slow
+def test_bench_train_quick():
+    """The training benchmark runs end to end on a generated graph, compile included."""
+    import bench_train
+
+    body = bench_train.main(["--quick", "--no-write"])
+    assert "bits=16 compiled" in body and "lint(GCN, x, edge_index)" in body
+    assert "opaque fxquant.truncate call left in the generated code: no" in body
