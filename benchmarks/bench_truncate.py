@@ -24,11 +24,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, peak_bytes, write_section  # noqa: E402
-from seed_bitplanes import bitplane_roundtrip  # noqa: E402
+from common import machine, peak_bytes, write_section
+from seed_bitplanes import bitplane_roundtrip
 
-import fxquant  # noqa: E402
-from fxquant.numerics import _LAYOUTS, _truncate_eager  # noqa: E402
+import fxquant
+from fxquant.numerics import _LAYOUTS, _truncate_eager
 
 SIZES = [(2708, 16), (2708, 1433), (1_000_000, 64)]
 SEED_MAX_ELEMENTS = 2708 * 1433  # the bit-plane baseline needs ~135 floats per value
