@@ -279,7 +279,8 @@ def _row_mask(rows: Tensor, x: Tensor, name: str) -> Tensor:
 
 _SCHEMA: Final = (
     "(Tensor x, int bits, str rounding='toward_zero', str grad='ste', "
-    "Generator? generator=None, Tensor? rows=None, int rows_bits=32, str name='') -> Tensor"
+    "Generator? generator=None, Tensor? rows=None, int rows_bits=32, int grad_bits=0, "
+    "str name='') -> Tensor"
 )
 
 
@@ -292,9 +293,12 @@ def _truncate_op(
     generator: torch.Generator | None = None,
     rows: Tensor | None = None,
     rows_bits: int = 32,
+    grad_bits: int = 0,
     name: str = "",
 ) -> Tensor:
     layout = _check_args(x, bits, rounding, grad, name, rows_bits if rows is not None else None)
+    if grad_bits:
+        _check_args(x, grad_bits, rounding, grad, name)
     y = _truncate_eager(x, bits, rounding, layout, generator)
     if rows is not None:
         mask = _row_mask(rows, x, name)
@@ -311,6 +315,7 @@ def _(
     generator: torch.Generator | None = None,
     rows: Tensor | None = None,
     rows_bits: int = 32,
+    grad_bits: int = 0,
     name: str = "",
 ) -> Tensor:
     _check_args(x, bits, rounding, grad, name, rows_bits if rows is not None else None)
@@ -318,14 +323,18 @@ def _(
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: Tensor) -> None:
-    ctx.grad_rule = inputs[3] if len(inputs) > 3 else "ste"  # type: ignore[attr-defined]
+    ctx.rule = (inputs[2], inputs[3], inputs[7])  # type: ignore[attr-defined]
 
 
 def _backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple:
     # Straight-through: truncation is treated as the identity. "zero" is the true
-    # derivative of a step function, kept for comparison.
-    grad_x = grad if ctx.grad_rule == "ste" else torch.zeros_like(grad)  # type: ignore[attr-defined]
-    return grad_x, None, None, None, None, None, None, None
+    # derivative of a step function, kept for comparison. grad_bits also truncates the
+    # gradient on its way back, with the forward's rounding.
+    rounding, rule, grad_bits = ctx.rule  # type: ignore[attr-defined]
+    grad_x = grad if rule == "ste" else torch.zeros_like(grad)
+    if grad_bits:
+        grad_x = _truncate_eager(grad_x, grad_bits, rounding, _layout(grad_x.dtype), None)
+    return grad_x, None, None, None, None, None, None, None, None
 
 
 _truncate_op.register_autograd(_backward, setup_context=_setup_context)
@@ -349,6 +358,7 @@ def _decomposed(
     generator: torch.Generator | None = None,
     rows: Tensor | None = None,
     rows_bits: int = 32,
+    grad_bits: int = 0,
     name: str = "",
 ) -> Tensor:
     """What inductor compiles instead of the opaque op: elementwise, so it fuses."""

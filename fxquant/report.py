@@ -15,7 +15,7 @@ from typing import Any, Literal
 from tabulate import tabulate
 from torch.fx import GraphModule
 
-from fxquant.spec import RowOverride
+from fxquant.spec import RowOverride, describe
 
 __all__ = ["RULES", "Finding", "LintError", "LintReport", "Rule", "summary"]
 
@@ -213,7 +213,7 @@ def _uri(path: str) -> str:
 
 
 def summary(gm: GraphModule, tablefmt: str = "simple") -> str:
-    """A table of the truncation nodes in ``gm`` (also works on a reloaded GraphModule).
+    """A table of the nodes fxquant inserted into ``gm`` (also works on a reloaded GraphModule).
 
     Args:
         gm (torch.fx.GraphModule): a model returned by :func:`fxquant.transform`.
@@ -223,20 +223,29 @@ def summary(gm: GraphModule, tablefmt: str = "simple") -> str:
         >>> from torch_geometric.nn.models import GCN
         >>> from fxquant import transform
         >>> print(summary(transform(GCN(4, 8, num_layers=2, out_channels=2), bits=12)))
-        node           after      bits  rounding     grad    row override
-        -------------  -------  ------  -----------  ------  --------------
-        convs_0_trunc  convs.0      12  toward_zero  ste     -
-        convs_1_trunc  convs.1      12  toward_zero  ste     -
+        node           after    format      bits  rounding     scale    grad    row override
+        -------------  -------  --------  ------  -----------  -------  ------  --------------
+        convs_0_trunc  convs.0  top-12        12  toward_zero  -        ste     -
+        convs_1_trunc  convs.1  top-12        12  toward_zero  -        ste     -
     """
     from fxquant.passes.insert_truncation import truncations  # the pass imports this module
 
     rows = []
     for t in truncations(gm):
-        override = "-" if t.rows is None else RowOverride(t.rows, t.rows_bits).describe()
-        rows.append([t.node.name, t.after, t.bits, t.rounding, t.grad, override])
+        override = "-"
+        if t.rows is not None and t.rows_number is not None:
+            override = RowOverride(t.rows, t.rows_number).describe()
+        scale = "-" if t.scale == "none" else t.scale
+        if t.running is not None:
+            scale += f" (running, momentum {t.running.momentum})"
+        grad = t.grad + (f", grad {describe(t.grad_number)}" if t.grad_number is not None else "")
+        bits = t.number if isinstance(t.number, int) else t.number.bits
+        rows.append([t.node.name, t.after, describe(t.number), bits, t.rounding, scale, grad,
+                     override])
     if not rows:
         return "no fxquant truncation nodes in this graph"
     return tabulate(
-        rows, headers=["node", "after", "bits", "rounding", "grad", "row override"],
+        rows,
+        headers=["node", "after", "format", "bits", "rounding", "scale", "grad", "row override"],
         tablefmt=tablefmt,
     )

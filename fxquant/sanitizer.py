@@ -343,9 +343,10 @@ def _zero_derivative(func: Any, args: tuple, kwargs: dict) -> bool:
     name = func.overloadpacket.__name__
     if name in ZERO_DERIVATIVE_OPS:
         return True
-    if func is getattr(torch.ops.fxquant.truncate, "default", None):
-        grad = kwargs.get("grad", args[3] if len(args) > 3 else "ste")
-        return bool(grad == "zero")
+    for op, position in (("truncate", 3), ("quantize", 4)):
+        if func is getattr(torch.ops.fxquant, op).default:
+            grad = kwargs.get("grad", args[position] if len(args) > position else "ste")
+            return bool(grad == "zero")
     return False
 
 

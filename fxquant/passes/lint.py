@@ -369,12 +369,11 @@ def _check_zero_derivative(gm: GraphModule, report: LintReport, nodes: list[Node
         if n.op == "output" or any(u in upstream for u in n.users):
             upstream.add(n)
     for n in nodes:
-        if n in downstream and n in upstream and n.target is torch.ops.fxquant.truncate.default \
-                and _zero_derivative(n):
+        if n in downstream and n in upstream and _fxquant_op(n) and _zero_derivative(n):
             after = n.kwargs.get("name") or n.args[0]
             _add(report, "FXQ007", "warning", n,
-                 f"the truncation after {after!r} uses grad='zero' (the true derivative of "
-                 "truncation): parameters upstream receive zero gradient through it.",
+                 f"the {_fxquant_op(n)} node after {after!r} uses grad='zero' (the true "
+                 "derivative of rounding): parameters upstream receive zero gradient through it.",
                  "use grad='ste' (straight-through) to train through truncations")
         elif n in downstream and n in upstream and _zero_derivative(n):
             _add(report, "FXQ007", "warning", n,
@@ -385,9 +384,22 @@ def _check_zero_derivative(gm: GraphModule, report: LintReport, nodes: list[Node
                  "use a straight-through estimator: x + (f(x) - x).detach()")
 
 
+_OPS_WITH_GRAD_ARG = {"truncate": 3, "quantize": 4}  # op name -> position of `grad`
+
+
+def _fxquant_op(node: Node) -> str | None:
+    target = node.target
+    for name in _OPS_WITH_GRAD_ARG:
+        if node.op == "call_function" and target is getattr(torch.ops.fxquant, name).default:
+            return name
+    return None
+
+
 def _zero_derivative(node: Node) -> bool:
-    if node.op == "call_function" and node.target is torch.ops.fxquant.truncate.default:
-        grad = node.kwargs.get("grad", node.args[3] if len(node.args) > 3 else "ste")
+    op = _fxquant_op(node)
+    if op is not None:
+        position = _OPS_WITH_GRAD_ARG[op]
+        grad = node.kwargs.get("grad", node.args[position] if len(node.args) > position else "ste")
         return bool(grad == "zero")
     if node.op == "call_function" and node.target is operator.floordiv:
         return True

@@ -101,7 +101,7 @@ def test_layer_selection(layers, expected):
 def test_bits_dict_truncates_exactly_the_listed_layers():
     """A dict gives each layer its own bits; unlisted layers are left alone."""
     gm = fxquant.transform(GCN(), bits={"conv1": 16, "sigmoid": 9})
-    assert [(t.after, t.bits) for t in truncations(gm)] == [("conv1", 16), ("sigmoid", 9)]
+    assert [(t.after, t.number) for t in truncations(gm)] == [("conv1", 16), ("sigmoid", 9)]
 
 
 def test_pyg_modulelist_names():

@@ -1,0 +1,258 @@
+"""Number formats fxquant can simulate: minifloats (FP8, the OCP MX element types, custom)
+and top-N truncation of the input's own pattern.
+
+A :class:`Format` is frozen and validated. Formats travel inside graphs as short strings
+(``"e4m3"``, ``"top16"``, ``"e3m2:bias=3:special=none:subnormals=1:overflow=saturate"``):
+:meth:`Format.spec` writes them and :func:`parse` reads them back, so a saved and reloaded
+GraphModule knows its formats without ``node.meta``.
+
+Semantics, for every format:
+
+- ``special``: ``"ieee"`` (the top exponent encodes inf and NaN), ``"nan_only"`` (only the
+  all-ones code is NaN, as in ``float8_e4m3fn``, whose largest value is 448), or ``"none"``
+  (every code is a number, as in the OCP MX FP6/FP4 types).
+- ``overflow``: ``"saturate"`` (clamp to the largest finite value) or ``"inf"`` (needs
+  ``special="ieee"``; rounding toward zero still saturates, as IEEE 754 specifies).
+  Infinite inputs become inf where the format has inf, else +-max.
+- ``subnormals``: when off, results below the smallest normal flush to zero (sign kept).
+- NaN input always gives NaN, and the sign is never changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = ["PRESETS", "Format", "TopN", "parse"]
+
+Special = Literal["ieee", "nan_only", "none"]
+Overflow = Literal["saturate", "inf"]
+
+
+@dataclass(frozen=True)
+class Format:
+    """A floating-point format with ``exp_bits`` exponent and ``man_bits`` mantissa bits.
+
+    Args:
+        exp_bits (int): exponent bits, ``>= 0``.
+        man_bits (int): mantissa (fraction) bits, ``>= 0``.
+        bias (int, optional): exponent bias. (default: IEEE-style ``2**(exp_bits-1) - 1``)
+        special (str, optional): ``"ieee"``, ``"nan_only"`` or ``"none"``. (default: ``"none"``)
+        subnormals (bool, optional): keep subnormal values. (default: :obj:`True`)
+        overflow (str, optional): ``"saturate"`` or ``"inf"``. (default: ``"saturate"``)
+        name (str, optional): the preset name, if any (not part of the format's identity).
+
+    Example:
+        >>> fmt = Format(3, 2)
+        >>> fmt.bits, fmt.max_finite, fmt.min_normal, fmt.min_subnormal
+        (6, 28.0, 0.25, 0.0625)
+        >>> parse("e4m3").max_finite, parse("e5m2").special
+        (448.0, 'ieee')
+    """
+
+    exp_bits: int
+    man_bits: int
+    bias: int | None = None
+    special: Special = "none"
+    subnormals: bool = True
+    overflow: Overflow = "saturate"
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for arg in ("exp_bits", "man_bits"):
+            value = getattr(self, arg)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Format: {arg} must be an int >= 0, got {value!r}")
+        if self.bits > 32:
+            raise ValueError(
+                f"Format: 1 + exp_bits + man_bits = {self.bits} bits; fxquant simulates formats "
+                "of at most 32 bits (float32 inputs carry no more)."
+            )
+        if self.bias is None:
+            object.__setattr__(self, "bias", max(2 ** (self.exp_bits - 1) - 1, 0))
+        elif isinstance(self.bias, bool) or not isinstance(self.bias, int):
+            raise ValueError(f"Format: bias must be an int, got {self.bias!r}")
+        if self.special not in ("ieee", "nan_only", "none"):
+            raise ValueError(
+                f"Format: special={self.special!r} is not one of ['ieee', 'nan_only', 'none']"
+            )
+        if self.overflow not in ("saturate", "inf"):
+            raise ValueError(f"Format: overflow={self.overflow!r} is not one of ['saturate', 'inf']")
+        if self.overflow == "inf" and self.special != "ieee":
+            raise ValueError(
+                f"Format: overflow='inf' needs inf codes, but special={self.special!r}; "
+                "please use special='ieee' or overflow='saturate'."
+            )
+        if self.exp_bits == 0 and not self.subnormals:
+            raise ValueError(
+                "Format: with 0 exponent bits every nonzero value is subnormal, so "
+                "subnormals=False leaves only zero; please keep subnormals=True."
+            )
+        if self.special != "none" and self.exp_bits == 0:
+            raise ValueError(f"Format: special={self.special!r} needs at least one exponent bit")
+        if self.special == "ieee" and self.exp_bits == 1:
+            raise ValueError("Format: special='ieee' with 1 exponent bit leaves no finite normals")
+        if not math.isfinite(self.max_finite) and self.exp_bits < 12:
+            raise ValueError(f"Format: {self} has no finite values")
+
+    # -- derived numbers ------------------------------------------------------------------
+
+    @property
+    def bits(self) -> int:
+        """Bits per value: sign, exponent and mantissa."""
+        return 1 + self.exp_bits + self.man_bits
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal value."""
+        return 1 - int(self.bias)  # type: ignore[arg-type]
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest finite value."""
+        top = 2**self.exp_bits - 1 - int(self.bias)  # type: ignore[arg-type]
+        if self.special == "ieee" or (self.special == "nan_only" and self.man_bits == 0):
+            return top - 1
+        return top
+
+    @property
+    def max_finite(self) -> float:
+        if self.exp_bits == 0:
+            return _ldexp(2**self.man_bits - 1, self.emin - self.man_bits)
+        fraction = 2 ** (self.man_bits + 1) - 1  # 1.111... in units of 2**-man_bits
+        if self.special == "nan_only" and self.man_bits > 0:
+            fraction -= 1  # the all-ones mantissa at the top exponent is NaN
+        return _ldexp(fraction, self.emax - self.man_bits)
+
+    @property
+    def min_normal(self) -> float:
+        return _ldexp(1, self.emin)
+
+    @property
+    def min_subnormal(self) -> float:
+        return _ldexp(1, self.emin - self.man_bits) if self.subnormals else self.min_normal
+
+    def spec(self) -> str:
+        """The string that :func:`parse` turns back into this format."""
+        preset = next((name for name, p in PRESETS.items() if p == self), None)
+        if preset is not None:
+            return preset
+        short = f"e{self.exp_bits}m{self.man_bits}"
+        if self == Format(self.exp_bits, self.man_bits) and short not in PRESETS:
+            return short
+        return (f"e{self.exp_bits}m{self.man_bits}:bias={self.bias}:special={self.special}"
+                f":subnormals={int(self.subnormals)}:overflow={self.overflow}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Format):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.exp_bits, self.man_bits, self.bias, self.special, self.subnormals,
+                self.overflow)
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+@dataclass(frozen=True)
+class TopN:
+    """Top-N truncation of the input's own bit pattern (what :func:`fxquant.truncate` does)."""
+
+    bits: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 1 <= self.bits <= 64:
+            raise ValueError(f"TopN: bits must be an int in 1..64, got {self.bits!r}")
+
+    def spec(self) -> str:
+        return f"top{self.bits}"
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+def _ldexp(mantissa: int, exponent: int) -> float:
+    try:
+        return math.ldexp(float(mantissa), exponent)
+    except OverflowError:
+        return math.inf
+
+
+#: Named formats, as torch casts them where torch has them.
+PRESETS: Final[dict[str, Format]] = {
+    # torch.float8_e4m3fn: no inf, NaN only at S.1111.111, saturates (inf -> +-448).
+    "e4m3": Format(4, 3, 7, "nan_only", True, "saturate", name="e4m3"),
+    # torch.float8_e5m2: IEEE-style, overflows to inf.
+    "e5m2": Format(5, 2, 15, "ieee", True, "inf", name="e5m2"),
+    "fp16": Format(5, 10, 15, "ieee", True, "inf", name="fp16"),
+    "bf16": Format(8, 7, 127, "ieee", True, "inf", name="bf16"),
+    # OCP Microscaling element types: no inf/NaN codes, saturating.
+    "e3m2": Format(3, 2, 3, "none", True, "saturate", name="e3m2"),
+    "e2m3": Format(2, 3, 1, "none", True, "saturate", name="e2m3"),
+    "e2m1": Format(2, 1, 1, "none", True, "saturate", name="e2m1"),
+}
+_ALIASES: Final = {"e4m3fn": "e4m3", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
+                   "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp6_e3m2": "e3m2",
+                   "fp6_e2m3": "e2m3", "fp4_e2m1": "e2m1", "fp4": "e2m1"}
+_CUSTOM = re.compile(r"e(\d+)m(\d+)")
+_TOP = re.compile(r"top(\d+)")
+
+
+@functools.lru_cache(maxsize=256)
+def parse(spec: str | Format | TopN | tuple[int, int]) -> Format | TopN:
+    """A format from a preset name, ``"eXmY"``, ``(exp_bits, man_bits)``, ``"topN"`` or the
+    long form :meth:`Format.spec` writes.
+
+    Example:
+        >>> parse("e3m2") == PRESETS["e3m2"], parse((3, 2)).spec(), parse("top16")
+        (True, 'e3m2', TopN(bits=16))
+        >>> parse("e20m20")
+        Traceback (most recent call last):
+        ...
+        ValueError: Format: 1 + exp_bits + man_bits = 41 bits; ...
+    """
+    if isinstance(spec, (Format, TopN)):
+        return spec
+    if isinstance(spec, tuple) and len(spec) == 2:
+        return Format(*spec)
+    if not isinstance(spec, str):
+        raise TypeError(f"a format is a name, 'eXmY', (exp_bits, man_bits) or Format; got {spec!r}")
+    text = spec.strip().lower()
+    text = _ALIASES.get(text, text)
+    if text in PRESETS:
+        return PRESETS[text]
+    head, *options = text.split(":")
+    top = _TOP.fullmatch(head)
+    if top and not options:
+        return TopN(int(top.group(1)))
+    custom = _CUSTOM.fullmatch(head)
+    if custom is None:
+        raise ValueError(
+            f"unknown format {spec!r}; presets: {sorted(PRESETS)}, or 'eXmY' for X exponent and "
+            "Y mantissa bits (e.g. 'e3m0'), or 'topN' for top-N truncation."
+        )
+    kwargs: dict[str, object] = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "bias":
+            kwargs["bias"] = int(value)
+        elif key == "special":
+            kwargs["special"] = value
+        elif key == "subnormals":
+            kwargs["subnormals"] = value in ("1", "true", "yes")
+        elif key == "overflow":
+            kwargs["overflow"] = value
+        else:
+            raise ValueError(f"unknown format option {key!r} in {spec!r}; options: bias, special, "
+                             "subnormals, overflow")
+    fmt = Format(int(custom.group(1)), int(custom.group(2)), **kwargs)  # type: ignore[arg-type]
+    preset = next((name for name, p in PRESETS.items() if p == fmt), "")
+    return PRESETS[preset] if preset else fmt
