@@ -1,4 +1,4 @@
-"""Train the Kipf & Welling GCN on Cora in FP32 and with truncated layer outputs.
+"""Train the Kipf & Welling GCN on Cora in FP32 and with reduced-precision layer outputs.
 
 The model is PyG's ``examples/gcn.py`` as written there (row-normalized features, two
 GCNConv layers with 16 hidden units, ReLU, dropout 0.5 on the input and hidden layer, Adam
@@ -7,8 +7,10 @@ best validation epoch); fxquant transforms it without touching its code.
 
 Run (data: ``FXQUANT_DATA`` or ``--root`` pointing at a folder with ``Cora/raw/ind.cora.*``):
 
-    python examples/train_cora.py                                # FP32 vs 16 bits, 5 seeds
+    python examples/train_cora.py                                # FP32 vs top-16 bits, 5 seeds
     python examples/train_cora.py --sweep 32,16,12,10,9,8 --plot sweep.png --json sweep.json
+    python examples/train_cora.py --format e4m3 --scale tensor   # FP8 with a per-tensor scale
+    python examples/train_cora.py --sweep e4m3,e5m2,e3m2,e2m3,e2m1 --scale row --plot f.png
     python examples/train_cora.py --bits 10 --rounding nearest --super-nodes 0.1:8
     python examples/train_cora.py --bits 16 --grad zero          # no straight-through gradient
 """
@@ -32,6 +34,7 @@ from tqdm import tqdm
 
 import fxquant
 from fxquant.datasets import PLANETOID_NAMES, load_planetoid
+from fxquant.formats import TopN, parse
 
 ROUNDINGS = ("toward_zero", "nearest", "stochastic")
 
@@ -57,34 +60,59 @@ class Config:
     """One line of the results table."""
 
     name: str
-    bits: int | None  # None: the untransformed FP32 model
-    rounding: str = "-"
+    number: int | str | None  # kept bits, a format name, or None for the FP32 model
+    rounding: str | None = None
     grad: str = "ste"
+    scale: str | None = None
+    momentum: float | None = None
     layers: list[str] | None = None
-    super_nodes: tuple[float, int] | None = None
+    super_nodes: tuple[float, int | str] | None = None
     accs: list[float] = field(default_factory=list)
     epoch_ms: list[float] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "fp32" if self.number is None else "top" if isinstance(self.number, int) else "format"
+
+    @property
+    def bits(self) -> int:
+        """Bits per value."""
+        if self.number is None:
+            return 32
+        parsed = parse(self.number if isinstance(self.number, str) else f"top{self.number}")
+        return parsed.bits
+
+    @property
+    def rounding_label(self) -> str:
+        if self.number is None:
+            return "-"
+        return self.rounding or ("toward_zero" if self.kind == "top" else "nearest")
 
     def row(self) -> list[object]:
         mean = 100 * statistics.mean(self.accs)
         std = 100 * statistics.stdev(self.accs) if len(self.accs) > 1 else 0.0
-        return [self.name, self.bits or 32, self.rounding, f"{mean:.1f} +- {std:.1f}",
-                f"{statistics.median(self.epoch_ms):.1f}"]
+        scale = self.scale or "-"
+        grad = "-" if self.number is None else self.grad
+        return [self.name, self.bits, self.rounding_label, scale, grad,
+                f"{mean:.1f} +- {std:.1f}", f"{statistics.median(self.epoch_ms):.1f}"]
 
 
 def build(cfg: Config, data, num_classes: int, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = GCN(data.num_features, 16, num_classes)
-    if cfg.bits is None:
+    if cfg.number is None:
         return model
     node_bits = None
     if cfg.super_nodes is not None:
-        fraction, bits = cfg.super_nodes
+        fraction, number = cfg.super_nodes
         hubs = fxquant.top_degree_nodes(data.edge_index, fraction, data.num_nodes)
-        layers = cfg.layers or ["conv1", "conv2"]
-        node_bits = {layer: (hubs, bits) for layer in layers}
-    return fxquant.transform(model, bits=cfg.bits, layers=cfg.layers, rounding=cfg.rounding,
-                             grad=cfg.grad, node_bits=node_bits)
+        node_bits = {layer: (hubs, number) for layer in cfg.layers or ["conv1", "conv2"]}
+    if cfg.kind == "top":
+        return fxquant.transform(model, bits=cfg.number, layers=cfg.layers, rounding=cfg.rounding,
+                                 grad=cfg.grad, node_bits=node_bits)
+    return fxquant.transform(model, format=cfg.number, scale=cfg.scale, momentum=cfg.momentum,
+                             layers=cfg.layers, rounding=cfg.rounding, grad=cfg.grad,
+                             node_bits=node_bits)
 
 
 def train_one(model: torch.nn.Module, data, epochs: int, desc: str, device: torch.device):
@@ -118,14 +146,59 @@ def train_one(model: torch.nn.Module, data, epochs: int, desc: str, device: torc
     return test_acc, times
 
 
+def _number(text: str) -> int | str:
+    """An int of kept bits (1..32) or a format name that fxquant knows."""
+    text = text.strip()
+    try:
+        value: int | str = int(text)
+    except ValueError:
+        value = text
+    try:
+        parsed = parse(value if isinstance(value, str) else f"top{value}")
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if isinstance(parsed, TopN) and not 1 <= parsed.bits <= 32:
+        raise argparse.ArgumentTypeError(f"bit widths must be in 1..32, got {text!r}")
+    return value
+
+
+def _number_list(text: str) -> list[int | str]:
+    return [_number(t) for t in text.split(",") if t.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _super_nodes(text: str) -> tuple[float, int | str]:
+    fraction, sep, number = text.partition(":")
+    try:
+        parsed = float(fraction)
+    except ValueError:
+        parsed = -1.0
+    if not sep or not 0 < parsed <= 1:
+        raise argparse.ArgumentTypeError(f"expected FRACTION:BITS like 0.1:8, got {text!r}")
+    return parsed, _number(number)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bits", type=int, default=16, help="kept bits of each float32 (default 16)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--bits", type=int, default=None,
+                      help="keep the top BITS of each float32 pattern (default 16)")
+    what.add_argument("--format", default=None, type=_number,
+                      help="round to a number format instead: e4m3, e5m2, e3m2, e2m3, e2m1, eXmY")
+    p.add_argument("--scale", default="tensor", choices=["tensor", "row", "none", "tensor-pow2",
+                                                         "row-pow2"],
+                   help="scaling for formats (default: tensor)")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="formats with --scale tensor: running amax for eval")
     p.add_argument("--layers", type=_names, default=None,
-                   help="comma-separated layers to truncate after (default: both convs)")
+                   help="comma-separated layers to round after (default: both convs)")
     p.add_argument("--rounding", default=None, choices=[*ROUNDINGS, "all"],
-                   help="rounding mode or 'all' (default: toward_zero; all in a sweep)")
+                   help="rounding mode or 'all' (default: the op's; all rounding modes in a "
+                        "sweep of bit widths)")
     p.add_argument("--grad", default="ste", choices=["ste", "zero"],
                    help="ste: straight-through gradient; zero: the true (zero) derivative")
     p.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default 5)")
@@ -134,14 +207,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--root", default=None, help="data folder (default: $FXQUANT_DATA)")
     p.add_argument("--super-nodes", type=_super_nodes, default=None, metavar="FRACTION:BITS",
-                   help="the top in-degree FRACTION of nodes keeps BITS instead")
-    p.add_argument("--sweep", type=_bit_list, default=None, metavar="32,16,...",
-                   help="train at each of these bit widths (with every rounding unless given)")
+                   help="the top in-degree FRACTION of nodes keeps BITS (or a format) instead")
+    p.add_argument("--sweep", type=_number_list, default=None, metavar="32,16,...|e4m3,...",
+                   help="train at each bit width and/or format")
     p.add_argument("--plot", default=None, metavar="PNG", help="with --sweep: accuracy vs bits")
     p.add_argument("--json", default=None, metavar="PATH", help="write all results as JSON")
     args = p.parse_args(argv)
     if args.seeds < 1 or args.epochs < 1:
         p.error("--seeds and --epochs must be >= 1")
+    if args.bits is not None and not 1 <= args.bits <= 32:
+        p.error("--bits must be in 1..32")
     if args.plot and not args.sweep:
         p.error("--plot needs --sweep")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -149,41 +224,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _names(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
-def _bit_list(text: str) -> list[int]:
-    try:
-        bits = [int(b) for b in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
-    if not all(1 <= b <= 32 for b in bits):
-        raise argparse.ArgumentTypeError(f"bit widths must be in 1..32, got {text!r}")
-    return bits
-
-
-def _super_nodes(text: str) -> tuple[float, int]:
-    try:
-        fraction, bits = text.split(":")
-        parsed = float(fraction), int(bits)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected FRACTION:BITS like 0.1:8, got {text!r}") from None
-    if not (0 < parsed[0] <= 1 and 1 <= parsed[1] <= 32):
-        raise argparse.ArgumentTypeError(f"need 0 < FRACTION <= 1 and 1 <= BITS <= 32, got {text!r}")
-    return parsed
-
-
 def configs_for(args: argparse.Namespace) -> list[Config]:
+    numbers: list[int | str] = args.sweep or [args.format or args.bits or 16]
     common = {"grad": args.grad, "layers": args.layers, "super_nodes": args.super_nodes}
-    if args.rounding == "all" or (args.rounding is None and args.sweep):
-        roundings: tuple[str, ...] = ROUNDINGS
+    configs = [Config("FP32", None)]
+    has_bits = any(isinstance(n, int) for n in numbers)
+    if args.rounding == "all" or (args.rounding is None and args.sweep and has_bits):
+        roundings: tuple[str | None, ...] = ROUNDINGS
     else:
-        roundings = (args.rounding or "toward_zero",)
-    bit_widths = args.sweep or [args.bits]
-    return [Config("FP32", None)] + [
-        Config(f"top-{b}", b, r, **common) for r in roundings for b in bit_widths
-    ]
+        roundings = (args.rounding,)
+    scale = None if args.scale == "none" else args.scale
+    for r in roundings:
+        configs += [Config(f"top-{n}", n, r, **common) for n in numbers if isinstance(n, int)]
+    for n in numbers:
+        if isinstance(n, str):
+            configs.append(Config(f"{n} ({args.scale})", n, None if args.rounding == "all"
+                                  else args.rounding, scale=scale, momentum=args.momentum,
+                                  **common))
+    return configs
 
 
 def plot(configs: list[Config], path: str, dataset: str) -> None:
@@ -192,23 +250,33 @@ def plot(configs: list[Config], path: str, dataset: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
-    fp32 = next(c for c in configs if c.bits is None)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    fp32 = next(c for c in configs if c.number is None)
     mean = 100 * statistics.mean(fp32.accs)
     ax.axhline(mean, color="black", linestyle="--", linewidth=1, label=f"FP32 ({mean:.1f}%)")
-    for rounding in ROUNDINGS:
-        rows = sorted((c for c in configs if c.rounding == rounding), key=lambda c: c.bits or 32)
-        if not rows:
-            continue
-        xs = [c.bits for c in rows]
+
+    def line(rows: list[Config], label: str, marker: str, annotate: bool) -> None:
+        rows = sorted(rows, key=lambda c: c.bits)
         ys = [100 * statistics.mean(c.accs) for c in rows]
         es = [100 * statistics.stdev(c.accs) if len(c.accs) > 1 else 0 for c in rows]
-        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=rounding)
-    ax.set_xlabel("kept bits of each float32 (after both GCN layers)")
+        ax.errorbar([c.bits for c in rows], ys, yerr=es, marker=marker, capsize=3, label=label)
+        if annotate:
+            for c, y in zip(rows, ys, strict=True):
+                ax.annotate(str(c.number), (c.bits, y), textcoords="offset points", xytext=(4, -10),
+                            fontsize=7)
+
+    for rounding in ROUNDINGS:
+        rows = [c for c in configs if c.kind == "top" and c.rounding_label == rounding]
+        if rows:
+            line(rows, f"top-N bits, {rounding}", "o", False)
+    for scale in sorted({c.scale or "none" for c in configs if c.kind == "format"}):
+        rows = [c for c in configs if c.kind == "format" and (c.scale or "none") == scale]
+        line(rows, f"minifloat formats, {scale} scale", "s", True)
+    ax.set_xlabel("bits per value (after both GCN layers)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"GCN on {dataset}: top-N bit truncation, {len(fp32.accs)} seeds")
+    ax.set_title(f"GCN on {dataset}: {len(fp32.accs)} seeds, mean +- std")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -221,34 +289,36 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
     data = dataset[0].to(device)
     configs = configs_for(args)
 
-    example = next(c for c in configs if c.bits is not None)
+    example = next(c for c in configs if c.number is not None)
     gm = build(example, data, dataset.num_classes, seed=0)
     print(f"{args.dataset}: {data.num_nodes} nodes, {data.num_edges} edges, device {device}")
-    print("\nTransformed graph:\n" + fxquant.summary(gm) + "\n")
+    print(f"\nTransformed graph ({example.name}):\n" + fxquant.summary(gm) + "\n")
     print("Lint of the transformed graph on the real data:\n"
           + str(fxquant.lint(gm, data.x, data.edge_index)) + "\n")
 
     for cfg in configs:
         for seed in range(args.seeds):
             model = build(cfg, data, dataset.num_classes, seed)
-            desc = f"{cfg.name} {cfg.rounding} seed {seed}"
+            desc = f"{cfg.name} {cfg.rounding_label} seed {seed}"
             acc, times = train_one(model, data, args.epochs, desc, device)
             cfg.accs.append(acc)
             cfg.epoch_ms.extend(times)
 
-    headers = ["config", "bits", "rounding", "test acc (%)", "median epoch (ms)"]
+    headers = ["config", "bits", "rounding", "scale", "grad", "test acc (%)", "median epoch (ms)"]
     print(tabulate([c.row() for c in configs], headers=headers, tablefmt="github"))
     if args.sweep:
-        for rounding in sorted({c.rounding for c in configs if c.bits is not None}):
-            below = [c.bits for c in configs
-                     if c.rounding == rounding and 100 * statistics.mean(c.accs) < 80.0]
-            print(f"{rounding}: under 80% at bits {sorted(below, reverse=True) or 'none'}")
+        for rounding in ROUNDINGS:
+            tops = [c for c in configs if c.kind == "top" and c.rounding_label == rounding]
+            if tops:
+                below = sorted((c.bits for c in tops if 100 * statistics.mean(c.accs) < 80.0),
+                               reverse=True)
+                print(f"top-N, {rounding}: under 80% at bits {below or 'none'}")
     if args.plot:
         plot(configs, args.plot, args.dataset)
         print(f"plot written to {args.plot}")
     if args.json:
-        payload = {"args": {k: v for k, v in vars(args).items()}, "device": str(device),
-                   "torch": torch.__version__, "results": [asdict(c) for c in configs]}
+        payload = {"args": vars(args), "device": str(device), "torch": torch.__version__,
+                   "results": [{**asdict(c), "bits": c.bits} for c in configs]}
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)
         print(f"results written to {args.json}")
