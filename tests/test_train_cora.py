@@ -14,9 +14,8 @@ import fxquant
 from fxquant.datasets import load_planetoid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import train_cora  # noqa: E402
-
-from test_datasets import needs_data  # noqa: E402
+import train_cora
+from test_datasets import needs_data
 
 
 @pytest.fixture(scope="session")
