@@ -19,8 +19,7 @@ Two ways, as the code allows:
 from __future__ import annotations
 
 import copy
-import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -101,73 +100,61 @@ def _rewrite(gm: GraphModule) -> list[str]:
     order = {n: i for i, n in enumerate(graph.nodes)}
     done: list[str] = []
     for node in list(graph.nodes):
-        written, what = _out_of_place(gm, node)
-        if written is None:
+        rewrite = _out_of_place(gm, node)
+        if rewrite is None:
             continue
-        others = [a for a in _aliases(written) if a is not written and _later_users(a, node, order)]
-        if others:
+        written, apply, description = rewrite
+        if any(a is not written and _later_users(a, node, order) for a in _aliases(written)):
             done.append(f"kept {node.name}: views of its target are read later")
             continue
-        what()
+        apply()
         for user in _later_users(written, node, order):
             user.replace_input_with(written, node)
-        done.append(f"{_describe(node)} (node {node.name})")
+        done.append(f"{description} (node {node.name})")
     graph.lint()
     gm.recompile()
-    return [d for d in done if d]
+    return done
 
 
-_DESCRIBE: dict[str, str] = {}
+Rewrite = tuple[Node, Callable[[], None], str]
 
 
-def _describe(node: Node) -> str:
-    return _DESCRIBE.pop(node.name, node.name)
-
-
-def _out_of_place(gm: GraphModule, node: Node) -> tuple[Any, Any]:
-    """The value ``node`` writes in place and a function making it out of place, or None."""
-    first = node.args[0] if node.args else None
-    if node.op in ("call_method", "call_function") and isinstance(node.kwargs.get("out"), Node):
-        out = node.kwargs["out"]
-
+def _out_of_place(gm: GraphModule, node: Node) -> Rewrite | None:
+    """What ``node`` writes in place, how to make it out of place, and a description."""
+    name = _name(node)
+    out = node.kwargs.get("out")
+    if node.op in ("call_method", "call_function") and isinstance(out, Node):
         def drop_out() -> None:
             node.kwargs = {k: v for k, v in node.kwargs.items() if k != "out"}
-            _DESCRIBE[node.name] = f"{_name(node)}(out=...) -> {_name(node)}(...)"
 
-        return out, drop_out
+        return out, drop_out, f"{name}(out=...) -> {name}(...)"
+    first = node.args[0] if node.args else None
     if not isinstance(first, Node):
-        return None, None
+        return None
     if node.op in ("call_method", "call_function") and node.kwargs.get("inplace") is True:
         def no_inplace() -> None:
             node.kwargs = {**node.kwargs, "inplace": False}
-            _DESCRIBE[node.name] = f"{_name(node)}(inplace=True) -> inplace=False"
 
-        return first, no_inplace
-    if node.op == "call_method" and _is_inplace_name(str(node.target)):
+        return first, no_inplace, f"{name}(inplace=True) -> inplace=False"
+    if node.op == "call_method" and _is_inplace_name(name):
         def method() -> None:
-            _DESCRIBE[node.name] = f"{node.target} -> {str(node.target)[:-1]}"
-            node.target = str(node.target)[:-1]
+            node.target = name[:-1]
 
-        return first, method
-    name = _name(node)
-    if node.op == "call_function" and _is_inplace_name(name) and hasattr(torch, name[:-1]) \
-            and node.target is getattr(torch, name, None):
+        return first, method, f"{name} -> {name[:-1]}"
+    if node.op == "call_function" and _is_inplace_name(name) and \
+            node.target is getattr(torch, name, None) and hasattr(torch, name[:-1]):
         def function() -> None:
             node.target = getattr(torch, name[:-1])
-            _DESCRIBE[node.name] = f"torch.{name} -> torch.{name[:-1]}"
 
-        return first, function
-    if node.op == "call_module" and getattr(gm.get_submodule(str(node.target)), "inplace", False) is True:
+        return first, function, f"torch.{name} -> torch.{name[:-1]}"
+    if node.op == "call_module":
         module = gm.get_submodule(str(node.target))
+        if getattr(module, "inplace", False) is True:
+            def module_flag() -> None:
+                setattr(module, "inplace", False)  # noqa: B010 - any module with the flag
 
-        def module_flag() -> None:
-            setattr(module, "inplace", False)  # noqa: B010 - any module with the flag
-            _DESCRIBE[node.name] = f"{node.target}.inplace=True -> False"
-
-        return first, module_flag
-    if node.op == "call_function" and node.target is operator.setitem:
-        return None, None
-    return None, None
+            return first, module_flag, f"{node.target}.inplace=True -> False"
+    return None
 
 
 def _same_output(model: nn.Module, gm: GraphModule, inputs: tuple) -> bool:
