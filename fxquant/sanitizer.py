@@ -330,12 +330,11 @@ class _Recorder:
 
     def _report_saved(self, entry: _Saved, code: str, where: Location | None, node: str) -> None:
         self.add("FXQ001", "error", where, node,
-                 f"`{code}` writes in place into a tensor that `{entry.op}` saved for backward "
-                 f"({entry.where or 'location unknown'}); backward fails with 'one of the "
-                 "variables needed for gradient computation has been modified by an inplace "
-                 "operation'. set_detect_anomaly would name the saving op, not this line.",
-                 "write it out of place (`out = out * y` instead of `out *= y`), or .clone() "
-                 "the tensor before writing into it",
+                 f"`{code}` writes in place into a tensor that `{entry.op}` saved for "
+                 "backward: backward fails with 'modified by an inplace operation' (anomaly "
+                 "mode names the saving line instead of this one).",
+                 "write it out of place (`out = out * y`, not `out *= y`), or .clone() before "
+                 "writing into it",
                  related=entry.victim())
 
 
