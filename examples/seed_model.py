@@ -13,7 +13,7 @@ import torch
 from torch_geometric.data import Data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from seed_bitplanes import SeedGCN  # noqa: E402
+from seed_bitplanes import SeedGCN
 
 
 def seed() -> tuple[SeedGCN, tuple[Data]]:

@@ -212,13 +212,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="train at each bit width and/or format")
     p.add_argument("--plot", default=None, metavar="PNG", help="with --sweep: accuracy vs bits")
     p.add_argument("--json", default=None, metavar="PATH", help="write all results as JSON")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                   help="no training: table and --plot from earlier --json files (merged)")
     args = p.parse_args(argv)
     if args.seeds < 1 or args.epochs < 1:
         p.error("--seeds and --epochs must be >= 1")
     if args.bits is not None and not 1 <= args.bits <= 32:
         p.error("--bits must be in 1..32")
-    if args.plot and not args.sweep:
-        p.error("--plot needs --sweep")
+    if args.plot and not (args.sweep or args.from_json):
+        p.error("--plot needs --sweep or --from-json")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available here")
     return args
@@ -281,8 +283,42 @@ def plot(configs: list[Config], path: str, dataset: str) -> None:
     fig.savefig(path)
 
 
+def load_results(paths: Sequence[str]) -> list[Config]:
+    """Configs from earlier --json runs; one FP32 line (the first file's) for all of them."""
+    configs: list[Config] = []
+    names = {f.name for f in Config.__dataclass_fields__.values()}  # type: ignore[attr-defined]
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f)["results"]:
+                cfg = Config(**{k: v for k, v in r.items() if k in names})
+                if cfg.super_nodes is not None:
+                    cfg.super_nodes = tuple(cfg.super_nodes)  # type: ignore[assignment]
+                if cfg.number is None and any(c.number is None for c in configs):
+                    continue
+                configs.append(cfg)
+    return configs
+
+
+def report(configs: list[Config], args: argparse.Namespace) -> None:
+    headers = ["config", "bits", "rounding", "scale", "grad", "test acc (%)", "median epoch (ms)"]
+    print(tabulate([c.row() for c in configs], headers=headers, tablefmt="github"))
+    for rounding in ROUNDINGS:
+        tops = [c for c in configs if c.kind == "top" and c.rounding_label == rounding]
+        if len(tops) > 1:
+            below = sorted((c.bits for c in tops if 100 * statistics.mean(c.accs) < 80.0),
+                           reverse=True)
+            print(f"top-N, {rounding}: under 80% at bits {below or 'none'}")
+    if args.plot:
+        plot(configs, args.plot, args.dataset)
+        print(f"plot written to {args.plot}")
+
+
 def main(argv: Sequence[str] | None = None) -> list[Config]:
     args = parse_args(argv)
+    if args.from_json:
+        configs = load_results(args.from_json)
+        report(configs, args)
+        return configs
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures())
@@ -304,18 +340,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
             cfg.accs.append(acc)
             cfg.epoch_ms.extend(times)
 
-    headers = ["config", "bits", "rounding", "scale", "grad", "test acc (%)", "median epoch (ms)"]
-    print(tabulate([c.row() for c in configs], headers=headers, tablefmt="github"))
-    if args.sweep:
-        for rounding in ROUNDINGS:
-            tops = [c for c in configs if c.kind == "top" and c.rounding_label == rounding]
-            if tops:
-                below = sorted((c.bits for c in tops if 100 * statistics.mean(c.accs) < 80.0),
-                               reverse=True)
-                print(f"top-N, {rounding}: under 80% at bits {below or 'none'}")
-    if args.plot:
-        plot(configs, args.plot, args.dataset)
-        print(f"plot written to {args.plot}")
+    report(configs, args)
     if args.json:
         payload = {"args": vars(args), "device": str(device), "torch": torch.__version__,
                    "results": [{**asdict(c), "bits": c.bits} for c in configs]}
