@@ -35,7 +35,13 @@ from torch.utils._pytree import tree_leaves
 from torch_geometric.nn import MessagePassing
 
 from fxquant.report import Finding, LintReport
-from fxquant.sanitizer import Location, _is_internal, _stack_trace_location, lint_dynamic
+from fxquant.sanitizer import (
+    ZERO_DERIVATIVE_OPS,
+    Location,
+    _is_internal,
+    _stack_trace_location,
+    lint_dynamic,
+)
 from fxquant.tracer import trace
 
 __all__ = ["lint", "lint_graph"]
@@ -45,9 +51,6 @@ _NOT_VISIBLE = (
     "mul, cannot trace `x[idx] = v`, turns factory calls such as `torch.arange(3)` into "
     "constants and `.data` into a plain attribute, and does not know which values require "
     "grad or which leaf modules write in place internally."
-)
-_ZERO_DERIVATIVE = frozenset(
-    {"floor", "ceil", "round", "trunc", "fix", "sign", "sgn", "floor_divide", "heaviside"}
 )
 # Ops whose output may share memory with their first argument.
 _ALIASING = frozenset({
@@ -404,7 +407,7 @@ def _zero_derivative(node: Node) -> bool:
     if node.op == "call_function" and node.target is operator.floordiv:
         return True
     name = _name(node)
-    if name in _ZERO_DERIVATIVE:
+    if name in ZERO_DERIVATIVE_OPS:
         return True
     # A reinterpreting view into an integer dtype: x.view(torch.int32).
     return name == "view" and any(isinstance(a, torch.dtype) and not a.is_floating_point
