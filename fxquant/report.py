@@ -158,7 +158,7 @@ class LintReport:
             for f in sorted(self.findings, key=lambda f: (_ORDER[f.severity], f.location))
         ]
         return tabulate(rows, headers=["rule", "severity", "location", "node", "message", "hint"],
-                        maxcolwidths=[None, None, None, 14, 54, 36])
+                        maxcolwidths=[None, None, None, 18, 54, 36])
 
     def to_json(self, indent: int | None = 2) -> str:
         """All findings as a JSON document (``{"mode": ..., "findings": [...]}``)."""
