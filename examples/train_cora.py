@@ -247,38 +247,50 @@ def configs_for(args: argparse.Namespace) -> list[Config]:
 
 
 def plot(configs: list[Config], path: str, dataset: str) -> None:
+    """Accuracy against bits per value: one line per top-N rounding mode, one per scaling mode
+    of the formats (through the best format of each width, every format marked and named)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(7.0, 4.4), dpi=110)
     fp32 = next(c for c in configs if c.number is None)
-    mean = 100 * statistics.mean(fp32.accs)
-    ax.axhline(mean, color="black", linestyle="--", linewidth=1, label=f"FP32 ({mean:.1f}%)")
+    ax.axhline(100 * statistics.mean(fp32.accs), color="black", linestyle="--", linewidth=1,
+               label=f"FP32 ({100 * statistics.mean(fp32.accs):.1f}%)")
 
-    def line(rows: list[Config], label: str, marker: str, annotate: bool) -> None:
-        rows = sorted(rows, key=lambda c: c.bits)
-        ys = [100 * statistics.mean(c.accs) for c in rows]
-        es = [100 * statistics.stdev(c.accs) if len(c.accs) > 1 else 0 for c in rows]
-        ax.errorbar([c.bits for c in rows], ys, yerr=es, marker=marker, capsize=3, label=label)
-        if annotate:
-            for c, y in zip(rows, ys, strict=True):
-                ax.annotate(str(c.number), (c.bits, y), textcoords="offset points", xytext=(4, -10),
-                            fontsize=7)
+    def stats(c: Config) -> tuple[float, float]:
+        std = statistics.stdev(c.accs) if len(c.accs) > 1 else 0.0
+        return 100 * statistics.mean(c.accs), 100 * std
 
     for rounding in ROUNDINGS:
-        rows = [c for c in configs if c.kind == "top" and c.rounding_label == rounding]
+        rows = sorted((c for c in configs if c.kind == "top" and c.rounding_label == rounding),
+                      key=lambda c: c.bits)
         if rows:
-            line(rows, f"top-N bits, {rounding}", "o", False)
+            ys, es = zip(*map(stats, rows), strict=True)
+            ax.errorbar([c.bits for c in rows], ys, yerr=es, marker="o", markersize=4, capsize=2,
+                        linewidth=1.2, label=f"top-N bits of float32, {rounding}")
     for scale in sorted({c.scale or "none" for c in configs if c.kind == "format"}):
         rows = [c for c in configs if c.kind == "format" and (c.scale or "none") == scale]
-        line(rows, f"minifloat formats, {scale} scale", "s", True)
+        widths = sorted({c.bits for c in rows})
+        best = [max((c for c in rows if c.bits == w), key=lambda c: stats(c)[0]) for w in widths]
+        ys, es = zip(*map(stats, best), strict=True)
+        line = ax.errorbar(widths, ys, yerr=es, marker="s", markersize=5, capsize=2,
+                           linewidth=1.6, label=f"minifloat formats, {scale} scale (best per width)")
+        color = line[0].get_color()
+        for c in rows:
+            y = stats(c)[0]
+            ax.scatter([c.bits], [y], s=18, facecolors="none", edgecolors=color, zorder=3)
+            ax.annotate(str(c.number), (c.bits, y), textcoords="offset points",
+                        xytext=(-14 if scale == "row" else 5, -3), fontsize=6.5, color=color)
+    ax.set_xscale("log", base=2)
+    ticks = sorted({c.bits for c in configs})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set_xlabel("bits per value (after both GCN layers)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"GCN on {dataset}: {len(fp32.accs)} seeds, mean +- std")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
 
@@ -290,6 +302,9 @@ def load_results(paths: Sequence[str]) -> list[Config]:
     for path in paths:
         with open(path) as f:
             for r in json.load(f)["results"]:
+                if "number" not in r:  # files written before formats existed
+                    r = {**r, "number": r.get("bits"), "rounding": r.get("rounding")
+                         if r.get("bits") is not None else None}
                 cfg = Config(**{k: v for k, v in r.items() if k in names})
                 if cfg.super_nodes is not None:
                     cfg.super_nodes = tuple(cfg.super_nodes)  # type: ignore[assignment]
