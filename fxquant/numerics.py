@@ -364,16 +364,6 @@ def _backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple:
 _truncate_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _compile_random(x: Tensor, d: int) -> Tensor:
-    """Random integers for stochastic rounding inside compiled graphs (functional RNG only)."""
-    layout = _LAYOUTS[x.dtype]
-    r = torch.randint(0, 1 << min(d, 31), x.shape, dtype=torch.int64, device=x.device)
-    if d > 31:
-        hi = torch.randint(0, 1 << (d - 31), x.shape, dtype=torch.int64, device=x.device)
-        r = r | (hi << 31)
-    return r.to(layout.int_dtype)
-
-
 def _decomposed(
     x: Tensor,
     bits: int,
@@ -385,17 +375,33 @@ def _decomposed(
     grad_bits: int = 0,
     name: str = "",
 ) -> Tensor:
-    """What inductor compiles instead of the opaque op: elementwise, so it fuses."""
-    width = _LAYOUTS[x.dtype].width
+    """What inductor compiles instead of the opaque op: elementwise, so it fuses.
 
-    def one(b: int) -> Tensor:
-        random = _compile_random(x, width - b) if rounding == "stochastic" else None
-        return _truncate_fused(x, b, rounding, random)
-
-    y = one(bits)
+    Stochastic rounding stays one opaque call (:func:`_stochastic_kernel`): inductor's CPU
+    random numbers cost several times the eager kernel's single ``random_`` draw, and the
+    eager kernel keeps following ``torch.manual_seed`` exactly.
+    """
+    if rounding == "stochastic":
+        return torch.ops.fxquant._stochastic_kernel(x, bits, rows, rows_bits, name)
+    y = _truncate_fused(x, bits, rounding, None)
     if rows is not None:
-        y = torch.where(_row_mask(rows, x, name), one(rows_bits), y)
+        y = torch.where(_row_mask(rows, x, name), _truncate_fused(x, rows_bits, rounding, None), y)
     return y
+
+
+@torch.library.custom_op(
+    "fxquant::_stochastic_kernel", mutates_args=(),
+    schema="(Tensor x, int bits, Tensor? rows, int rows_bits, str name) -> Tensor",
+)
+def _stochastic_kernel(x: Tensor, bits: int, rows: Tensor | None, rows_bits: int,
+                       name: str) -> Tensor:
+    """The eager stochastic kernel as an op without a decomposition, for compiled graphs."""
+    return _truncate_op(x, bits, "stochastic", "ste", None, rows, rows_bits, 0, name)
+
+
+@_stochastic_kernel.register_fake
+def _(x: Tensor, bits: int, rows: Tensor | None, rows_bits: int, name: str) -> Tensor:
+    return torch.empty_like(x)
 
 
 def _register_inductor_decomposition() -> None:
