@@ -15,7 +15,7 @@ Symbolic rules and how they decide:
   :func:`torch.autograd.graph.saved_tensors_hooks`; when that cannot be done the finding
   is FXQ011 (may be saved). Writing into a parameter is FXQ003.
 - ``x.data`` (a ``getattr`` node) is FXQ004; tensor constants captured on the CPU while
-  tracing (what ``torch.arange(3)`` in forward becomes) are FXQ005; anomaly mode switched
+  tracing (what a ``torch.arange`` call in forward becomes) are FXQ005; anomaly mode switched
   on while tracing is FXQ006; ``floor``/``round``/``sign``/... between parameters and the
   output is FXQ007.
 """
@@ -48,7 +48,7 @@ __all__ = ["lint", "lint_graph"]
 
 _NOT_VISIBLE = (
     "Linted the symbolic FX graph only: symbolic tracing records `x *= y` as an out-of-place "
-    "mul, cannot trace `x[idx] = v`, turns factory calls such as `torch.arange(3)` into "
+    "mul, cannot trace `x[idx] = v`, turns factory calls such as `torch.arange` into "
     "constants and `.data` into a plain attribute, and does not know which values require "
     "grad or which leaf modules write in place internally."
 )
