@@ -115,6 +115,16 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_STDLIB) and not filename.startswith(_PURELIB)
 
 
+def user_location(boundary: FrameType | None = None) -> Location | None:
+    """The innermost frame of the caller's stack that is user code, stopping at ``boundary``."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame is not boundary:
+        if not _is_internal(frame.f_code.co_filename):
+            return Location(frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    return None
+
+
 def _stack_trace_location(stack_trace: str | None) -> Location | None:
     """The innermost user frame of an FX ``node.meta["stack_trace"]``."""
     if not stack_trace:
@@ -188,11 +198,9 @@ class _Recorder:
     # where ------------------------------------------------------------------------------
 
     def where(self) -> Location | None:
-        frame = sys._getframe(1)
-        while frame is not None and frame is not self.boundary:
-            if not _is_internal(frame.f_code.co_filename):
-                return Location(frame.f_code.co_filename, frame.f_lineno)
-            frame = frame.f_back  # type: ignore[assignment]
+        found = user_location(self.boundary)
+        if found is not None:
+            return found
         if self.node is not None:
             return _stack_trace_location(self.node.meta.get("stack_trace"))
         return None

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule, Node
 
-from fxquant.formats import Format, TopN, parse
+from fxquant.formats import Format
 from fxquant.numerics import bit_width
 from fxquant.quantize import RunningAmax
 from fxquant.selection import LayerSpec, layer_name, layers_of, select_layers
@@ -69,8 +69,7 @@ def _bind(node: Node) -> dict[str, Any]:
 
 
 def _number(spec: str) -> Number:
-    parsed = parse(spec)
-    return parsed.bits if isinstance(parsed, TopN) else parsed
+    return as_number(spec, 64, "format")  # the op already checked it against its dtype
 
 
 def truncations(gm: GraphModule) -> list[Inserted]:

@@ -37,10 +37,9 @@ from torch_geometric.nn import MessagePassing
 from fxquant.report import Finding, LintReport
 from fxquant.sanitizer import (
     ZERO_DERIVATIVE_OPS,
-    Location,
-    _is_internal,
     _stack_trace_location,
     lint_dynamic,
+    user_location,
 )
 from fxquant.tracer import trace
 
@@ -422,7 +421,7 @@ def _watch_anomaly(report: LintReport) -> Iterator[None]:
 
     def watch(enabled: bool, check_nan: bool = True) -> None:
         if enabled:
-            frame = _user_frame()
+            frame = user_location()
             report.add(Finding(
                 "FXQ006", "warning", "set_detect_anomaly", str(frame) if frame else "",
                 f"`{frame.code if frame else 'set_detect_anomaly'}` switches anomaly detection "
@@ -437,14 +436,3 @@ def _watch_anomaly(report: LintReport) -> Iterator[None]:
     finally:
         torch.set_anomaly_enabled = original
         original(*state)
-
-
-def _user_frame() -> Location | None:
-    import sys
-
-    frame = sys._getframe(2)
-    while frame is not None:
-        if not _is_internal(frame.f_code.co_filename):
-            return Location(frame.f_code.co_filename, frame.f_lineno)
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
