@@ -1,7 +1,7 @@
 """What truncation costs in training: Kipf GCN on Cora, eager and compiled, plus pass times.
 
-    python benchmarks/bench_train.py                  # writes benchmarks/RESULTS.md
-    python benchmarks/bench_train.py --quick --no-write   # smoke run (tests use it)
+    python -m benchmarks.bench_train                  # writes benchmarks/RESULTS.md
+    python -m benchmarks.bench_train --quick --no-write   # smoke run (tests use it)
 
 Epoch time is one training step (forward, backward, Adam), the median over the epochs of a
 run (the first epochs, which compile, do not move a median of 200); the four models take
@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,13 +22,10 @@ from tabulate import tabulate
 from torch._inductor.utils import run_and_get_code
 from torch_geometric.data import Data
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "examples")]
-from common import machine, write_section  # noqa: E402
-from train_cora import GCN, train_one  # noqa: E402
-
-import fxquant  # noqa: E402
-from fxquant.datasets import load_planetoid  # noqa: E402
+import fxquant
+from benchmarks.common import machine, write_section
+from examples.train_cora import GCN, train_one
+from fxquant.datasets import load_planetoid
 
 
 def median_ms(fn: Any, repeat: int) -> float:
@@ -127,7 +122,7 @@ def main(argv: list[str] | None = None) -> str:
     ratio_table = tabulate(ratios, headers=["measure", "value", "target"], tablefmt="github")
     source = "a generated graph (quick run)" if args.quick else "Cora (public split)"
     body = (
-        f"## bench_train\n\n`python benchmarks/bench_train.py` on {machine()}; {source}, "
+        f"## bench_train\n\n`python -m benchmarks.bench_train` on {machine()}; {source}, "
         f"{seeds} seeds x {epochs} epochs per model.\n\n{table}\n\n{ratio_table}\n\n"
         f"Compiled transformed GCN (eval forward): inductor kernels that contain the truncation: "
         f"{kernels or 'none'}; opaque fxquant.truncate call left in the generated code: "

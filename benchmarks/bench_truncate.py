@@ -1,8 +1,8 @@
 """Speed and memory of fxquant.truncate next to its baselines, in one process, on the same tensors.
 
-    python benchmarks/bench_truncate.py                 # CPU, writes benchmarks/RESULTS.md
-    python benchmarks/bench_truncate.py --device cuda   # adds a CUDA section
-    python benchmarks/bench_truncate.py --quick --no-write   # smoke run (tests use it)
+    python -m benchmarks.bench_truncate                 # CPU, writes benchmarks/RESULTS.md
+    python -m benchmarks.bench_truncate --device cuda   # adds a CUDA section
+    python -m benchmarks.bench_truncate --quick --no-write   # smoke run (tests use it)
 
 Times are medians of ``torch.utils.benchmark`` runs; every ratio is against ``x.clone()`` of
 the same tensor (reading and writing each element once: the memory-bound floor), timed
@@ -14,23 +14,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.utils.benchmark as tbench
 from tabulate import tabulate
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, peak_bytes, write_section
-from seed_bitplanes import bitplane_roundtrip
 
 import fxquant
-from fxquant.numerics import _LAYOUTS, _truncate_eager
+from benchmarks.common import machine, peak_bytes, write_section
+from examples.seed_model import bitplane_roundtrip
+from fxquant.modes import Rounding
+from fxquant.testing import devices_touched
+
+ROUNDINGS = [r.value for r in Rounding]
 
 SIZES = [(2708, 16), (2708, 1433), (1_000_000, 64)]
 SEED_MAX_ELEMENTS = 2708 * 1433  # the bit-plane baseline needs ~135 floats per value
@@ -47,28 +44,6 @@ def median_seconds(fn: Callable[[], Any], min_run_time: float, device: torch.dev
         torch.cuda.synchronize()
     timer = tbench.Timer(stmt="fn()", globals={"fn": fn})
     return float(timer.blocked_autorange(min_run_time=min_run_time).median)
-
-
-class _Devices(TorchDispatchMode):
-    """Collects the device of every tensor any ATen op reads or makes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor):
-                self.seen.add(t.device.type)
-        return out
-
-
-def devices_touched(x: torch.Tensor, rounding: str) -> set[str]:
-    """Devices of all tensors inside the truncation kernel (must be x's device only)."""
-    with _Devices() as mode:
-        _truncate_eager(x, BITS, rounding, _LAYOUTS[x.dtype], None)
-    return mode.seen
 
 
 class _Fused:
@@ -103,7 +78,7 @@ def bench_size(shape: tuple[int, int], device: torch.device, min_run_time: float
         ("x.clone()", lambda: x.clone()),
         ("x.to(bfloat16).float()", lambda: x.to(torch.bfloat16).float()),
     ]
-    for r in fxquant.numerics.ROUNDINGS:
+    for r in ROUNDINGS:
         rows.append((f"truncate {r}", lambda r=r: fxquant.truncate(x, BITS, r)))
 
     def fwd_bwd() -> None:
@@ -111,7 +86,7 @@ def bench_size(shape: tuple[int, int], device: torch.device, min_run_time: float
         fxquant.truncate(xg, BITS).backward(g)
 
     rows.append(("truncate fwd+bwd (ste)", fwd_bwd))
-    for r in ("toward_zero",) if quick else fxquant.numerics.ROUNDINGS:
+    for r in ("toward_zero",) if quick else ROUNDINGS:
         rows.append((f"fused {r}", _Fused(x, r)))
     if x.numel() <= SEED_MAX_ELEMENTS and device.type == "cpu":
         rows.append(("seed bit-planes round trip", lambda: bitplane_roundtrip(x)))
@@ -165,10 +140,10 @@ def main(argv: list[str] | None = None) -> str:
     headers = ["size", "op", "median (ms)", "vs clone", "peak extra mem (x output)", "target"]
     table = tabulate(rows, headers=headers, tablefmt="github")
     probe = torch.randn(8, 8, device=device if device.type == "cuda" else "meta")
-    seen = sorted({d for r in fxquant.numerics.ROUNDINGS for d in devices_touched(probe, r)})
+    seen = sorted({d for r in ROUNDINGS for d in devices_touched(fxquant.truncate, probe, BITS, r)})
     where = f"{device.type}" + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else "")
     body = (f"## bench_truncate on {where}\n\n"
-            f"`python benchmarks/bench_truncate.py --device {args.device}` on {machine()}; "
+            f"`python -m benchmarks.bench_truncate --device {args.device}` on {machine()}; "
             f"bits={BITS}.\n\n{table}\n\n"
             f"Devices of every tensor inside the truncation kernel for a {probe.device.type} "
             f"input: {seen} (no constant on another device).\n")

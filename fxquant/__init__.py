@@ -1,31 +1,67 @@
-"""fxquant: simulate reduced float precision between the layers of PyTorch / PyG models.
+"""fxquant: simulate reduced precision inside and between the layers of unmodified PyTorch /
+PyG models, and find the autograd traps that break such experiments.
 
-Importing fxquant registers the ``torch.ops.fxquant.truncate`` and ``quantize`` ops, which
-transformed GraphModules call (import it before ``torch.load`` of a saved one).
+Architecture (imports flow one way, top to bottom; the two wings never import each other):
+
+- floors: :mod:`fxquant.formats` (numbers), :mod:`fxquant.modes` (rounding / gradient /
+  scale vocabulary), :mod:`fxquant._ops` (the registered ops and their kernels; no torch.fx)
+- :mod:`fxquant.fx`: the GNN-aware tracer, standardisation passes, selectors, source
+  locations, the process-wide lock
+- wings: :mod:`fxquant.quant` (configs, mapping, observers, the insertion pass,
+  ``truncate``/``quantize``/``transform``, ``summary``) and :mod:`fxquant.linter`
+  (rules, reports, state restoration, symbolic and dynamic lint, ``check``,
+  ``functionalize_inplace``)
+- top: :mod:`fxquant.pipeline` (``transform`` that lints its result), :mod:`fxquant.cli`,
+  and this module, which only re-exports.
+
+Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed models call
+(import it before ``torch.load`` of a saved one).
 """
 
-from fxquant.formats import Format
-from fxquant.numerics import truncate
-from fxquant.passes.functionalize import functionalize_inplace
-from fxquant.passes.insert_truncation import transform
-from fxquant.passes.lint import lint
-from fxquant.quantize import quantize
-from fxquant.report import Finding, LintError, LintReport, summary
-from fxquant.sanitizer import check
-from fxquant.selection import top_degree_nodes
-from fxquant.tracer import TraceError, trace
+from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
+from fxquant.formats import Format, TopN
+from fxquant.fx import GNNTracer, TraceError, trace
+from fxquant.linter import (
+    Finding,
+    LintError,
+    LintReport,
+    check,
+    functionalize_inplace,
+    lint,
+)
+from fxquant.modes import Grad, Rounding, Scale
+from fxquant.pipeline import transform
+from fxquant.quant import (
+    QuantConfig,
+    QuantMapping,
+    QuantPoint,
+    quantization_points,
+    quantize,
+    summary,
+    top_degree_nodes,
+    truncate,
+)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Finding",
     "Format",
+    "GNNTracer",
+    "Grad",
     "LintError",
     "LintReport",
+    "QuantConfig",
+    "QuantMapping",
+    "QuantPoint",
+    "Rounding",
+    "Scale",
+    "TopN",
     "TraceError",
     "check",
     "functionalize_inplace",
     "lint",
+    "quantization_points",
     "quantize",
     "summary",
     "top_degree_nodes",

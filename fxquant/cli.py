@@ -1,20 +1,29 @@
 """``python -m fxquant`` (also the ``fxquant`` console script).
 
-Exit status: 0 when the report has no error, 1 when it has errors, 2 on usage errors.
+Exit status, whatever the linted model does: 0 when the report has no error, 1 when it
+has errors, 2 when the model could not be linted at all (bad arguments, a file that does
+not import, a target that cannot be built). ``KeyboardInterrupt`` is the one exception
+that is not turned into a status. The report goes to stdout (or ``--output FILE``);
+anything the model prints goes to stderr, so JSON and SARIF stay valid. ``sys.path`` is
+restored exactly after the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from fxquant.fx.tracer import TraceError
+from fxquant.linter import LintReport, check, lint
 
 __all__ = ["main"]
 
@@ -44,7 +53,7 @@ Floating inputs are randn; integer inputs are in [0, N), N the first dimension o
 floating input (so an edge_index indexes real rows). Without --input, the model is linted
 symbolically (what the FX graph shows).
 
-exit status: 0 no errors, 1 errors found, 2 usage error
+exit status: 0 no errors, 1 errors found, 2 could not lint (usage, import or build error)
 """
 
 
@@ -56,16 +65,29 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fxquant", description=_DESCRIPTION, epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    lint = sub.add_parser("lint", help="lint a model (imports and runs the file)",
-                          description=_DESCRIPTION, epilog=_EPILOG,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    lint.add_argument("target", metavar="TARGET", help="path/to/file.py:NAME")
-    lint.add_argument("--input", action="append", default=[], metavar="NAME=SHAPE[:DTYPE]",
-                      help="an example input for forward (repeat for several)")
-    lint.add_argument("--format", choices=["table", "json", "sarif"], default="table")
-    lint.add_argument("--check", action="store_true",
-                      help="also run backward (fxquant.check): exact culprits, zero gradients")
+    lint_cmd = sub.add_parser("lint", help="lint a model (imports and runs the file)",
+                              description=_DESCRIPTION, epilog=_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    lint_cmd.add_argument("target", metavar="TARGET", help="path/to/file.py:NAME")
+    lint_cmd.add_argument("--input", action="append", default=[], metavar="NAME=SHAPE[:DTYPE]",
+                          help="an example input for forward (repeat for several)")
+    lint_cmd.add_argument("--format", choices=["table", "json", "sarif"], default="table")
+    lint_cmd.add_argument("--output", metavar="FILE", default=None,
+                          help="write the report to FILE instead of stdout")
+    lint_cmd.add_argument("--check", action="store_true",
+                          help="also run backward (fxquant.check): exact culprits, zero gradients")
     return parser
+
+
+@contextlib.contextmanager
+def _sys_path_with(folder: str) -> Iterator[None]:
+    """``folder`` first on sys.path while the block runs; sys.path exactly as before after."""
+    before = list(sys.path)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path[:] = before
 
 
 def _load(target: str) -> Any:
@@ -79,11 +101,12 @@ def _load(target: str) -> Any:
     if spec is None or spec.loader is None:
         raise _UsageError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.resolve().parent))
     try:
         spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # SystemExit at import is "could not run", not a status
+        raise _UsageError(f"importing {path} raised {type(e).__name__}: {e}") from e
     if not hasattr(module, name):
         names = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v))
         raise _UsageError(f"{path} has no {name!r}; callables there: {names}")
@@ -93,8 +116,10 @@ def _load(target: str) -> Any:
 def _build(obj: Any, name: str) -> tuple[nn.Module, tuple[Any, ...] | None]:
     try:
         made = obj()
-    except TypeError as e:
-        raise _UsageError(f"cannot build {name} with no arguments: {e}") from e
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        raise _UsageError(f"cannot build {name} with no arguments: {type(e).__name__}: {e}") from e
     inputs: tuple[Any, ...] | None = None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module):
         made, raw = made
@@ -105,8 +130,23 @@ def _build(obj: Any, name: str) -> tuple[nn.Module, tuple[Any, ...] | None]:
     return made, inputs
 
 
+def _shape(name: str, text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise _UsageError(f"--input {name!r}: SHAPE must be comma-separated ints, "
+                          f"got {text!r}") from None
+    if any(d < 0 for d in shape):
+        raise _UsageError(f"--input {name!r}: sizes must be >= 0, got {text!r}")
+    return shape
+
+
 def _inputs(model: nn.Module, specs: list[str]) -> tuple[Any, ...]:
-    params = [p for p in inspect.signature(model.forward).parameters.values()
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError) as e:
+        raise _UsageError(f"cannot read the arguments of {type(model).__name__}.forward: {e}") from e
+    params = [p for p in signature.parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     order = [p.name for p in params]
     given: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
@@ -117,11 +157,7 @@ def _inputs(model: nn.Module, specs: list[str]) -> tuple[Any, ...]:
             raise _UsageError(f"--input must look like NAME=SHAPE[:DTYPE], got {spec!r}")
         if name not in order:
             raise _UsageError(f"--input {name!r}: forward has no argument {name!r}; it takes {order}")
-        try:
-            shape = tuple(int(s) for s in shape_text.split(","))
-        except ValueError:
-            raise _UsageError(f"--input {name!r}: SHAPE must be comma-separated ints, "
-                              f"got {shape_text!r}") from None
+        shape = _shape(name, shape_text)
         dtype = _DTYPES.get(dtype_text or "float32")
         if dtype is None:
             raise _UsageError(f"--input {name!r}: unknown dtype {dtype_text!r}; "
@@ -146,34 +182,46 @@ def _inputs(model: nn.Module, specs: list[str]) -> tuple[Any, ...]:
     return tuple(values)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    args = _parser().parse_args(argv)
-    import fxquant
+def _render(report: LintReport, fmt: str) -> str:
+    if fmt == "json":
+        return report.to_json()
+    if fmt == "sarif":
+        return report.to_sarif()
+    return str(report)
 
-    try:
+
+def _run(args: argparse.Namespace) -> LintReport:
+    """Load, build and lint; anything the model prints goes to stderr."""
+    path = Path(args.target.rpartition(":")[0])
+    with _sys_path_with(str(path.resolve().parent)), contextlib.redirect_stdout(sys.stderr):
         obj = _load(args.target)
         model, inputs = _build(obj, args.target.rpartition(":")[2])
         if args.input:
             inputs = _inputs(model, args.input)
+        if args.check and not inputs:
+            raise _UsageError("--check runs backward and needs example inputs (--input)")
+        run = check if args.check else lint
+        try:
+            return run(model, *(inputs or ()))
+        except TraceError as e:
+            raise _UsageError(f"{e}\nPass --input so the real forward runs instead.") from e
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 clean, 1 errors found, 2 could not lint)."""
+    args = _parser().parse_args(argv)
+    try:
+        report = _run(args)
     except _UsageError as e:
         print(f"fxquant: error: {e}", file=sys.stderr)
         return 2
-    if args.check and not inputs:
-        print("fxquant: error: --check runs backward and needs example inputs (--input)",
-              file=sys.stderr)
-        return 2
-    run = fxquant.check if args.check else fxquant.lint
-    try:
-        report = run(model, *(inputs or ()))
-    except fxquant.TraceError as e:
-        print(f"fxquant: error: {e}\nPass --input so the real forward runs instead.",
-              file=sys.stderr)
-        return 2
-    if args.format == "json":
-        print(report.to_json())
-    elif args.format == "sarif":
-        print(report.to_sarif())
+    text = _render(report, args.format)
+    if args.output:
+        try:
+            Path(args.output).write_text(text + "\n")
+        except OSError as e:
+            print(f"fxquant: error: cannot write --output {args.output}: {e}", file=sys.stderr)
+            return 2
     else:
-        print(report)
+        print(text)
     return 1 if report.errors else 0

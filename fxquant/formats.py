@@ -95,8 +95,16 @@ class Format:
             raise ValueError(f"Format: special={self.special!r} needs at least one exponent bit")
         if self.special == "ieee" and self.exp_bits == 1:
             raise ValueError("Format: special='ieee' with 1 exponent bit leaves no finite normals")
-        if not math.isfinite(self.max_finite) and self.exp_bits < 12:
-            raise ValueError(f"Format: {self} has no finite values")
+        name = f"e{self.exp_bits}m{self.man_bits} (bias {self.bias})"
+        if not math.isfinite(self.max_finite) or not self.min_subnormal > 0:
+            raise ValueError(
+                f"Format: {name} reaches beyond float64's range (largest value "
+                f"{self.max_finite}, smallest {self.min_subnormal}); fxquant simulates formats "
+                "whose values are float64 numbers. Please use fewer exponent bits or another bias."
+            )
+        if self.max_finite == 0:
+            raise ValueError(f"Format: {name} has no nonzero value; please give it at least one "
+                             "exponent or mantissa bit.")
 
     # -- derived numbers ------------------------------------------------------------------
 

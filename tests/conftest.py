@@ -1,15 +1,12 @@
-import os
-import sys
-
 import pytest
 import torch
 from hypothesis import settings
 
+from tests.support.models import tiny_graph
+
 # 2 busy cores: no per-example deadline.
 settings.register_profile("fxquant", deadline=None, max_examples=200, derandomize=True)
 settings.load_profile("fxquant")
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +21,4 @@ def _restore_global_state():
 
 @pytest.fixture
 def graph():
-    from models import tiny_graph
-
     return tiny_graph()
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))

@@ -1,64 +1,51 @@
-"""python -m fxquant lint: exit codes, formats, inputs, usage errors."""
+"""python -m fxquant lint: the exit-status contract, formats, inputs, usage errors."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from fxquant.cli import main
+from tests.support.sarif import validate_sarif
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
-
-
-@pytest.fixture
-def seed_file(tmp_path):
-    path = tmp_path / "seed_model.py"
-    path.write_text(
-        "import sys\n"
-        f"sys.path[:0] = [{str(ROOT / 'benchmarks')!r}, {str(TESTS)!r}]\n"
-        "from seed_bitplanes import SeedGCN\n"
-        "from models import tiny_graph\n\n"
-        "def seed():\n"
-        "    return SeedGCN(), (tiny_graph(),)\n"
-    )
-    return path
+ROOT = Path(__file__).resolve().parents[1]
+SEED = f"{ROOT / 'examples' / 'seed_model.py'}:seed"
+MODELS = ROOT / "tests" / "support" / "models.py"
 
 
-def test_seed_model_prints_the_table_and_exits_1(seed_file, capsys):
+def test_seed_model_prints_the_table_and_exits_1(capsys):
     """Errors found: the table names the `*=` lines; exit status 1."""
-    assert main(["lint", f"{seed_file}:seed"]) == 1
+    assert main(["lint", SEED]) == 1
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:3] == ["rule", "severity", "location"]
     assert "FXQ001" in out and "out *= 2**e_decimal" in out
 
 
-def test_json_and_sarif_formats(seed_file, capsys):
+def test_json_and_sarif_formats(capsys):
     """Both machine formats parse; SARIF is 2.1.0."""
-    assert main(["lint", f"{seed_file}:seed", "--format", "json"]) == 1
+    assert main(["lint", SEED, "--format", "json"]) == 1
     assert json.loads(capsys.readouterr().out)["mode"] == "dynamic"
-    assert main(["lint", f"{seed_file}:seed", "--format", "sarif"]) == 1
-    from passes.test_lint import validate_sarif
-
+    assert main(["lint", SEED, "--format", "sarif"]) == 1
     log = json.loads(capsys.readouterr().out)
     validate_sarif(log, expected_results=len(log["runs"][0]["results"]))
 
 
 def test_clean_model_with_generated_inputs_exits_0(capsys):
     """--input makes randn floats and integer indices into the rows of the first float input."""
-    code = main(["lint", f"{TESTS / 'models.py'}:GCN", "--input", "x=6,4",
-                 "--input", "edge_index=2,12:int64"])
+    code = main(["lint", f"{MODELS}:GCN", "--input", "x=6,4", "--input", "edge_index=2,12:int64"])
     assert code == 0
     assert "no findings" in capsys.readouterr().out
 
 
-def test_check_flag_runs_backward(seed_file, capsys):
+def test_check_flag_runs_backward(capsys):
     """--check adds the zero-gradient parameters."""
-    assert main(["lint", f"{seed_file}:seed", "--check"]) == 1
+    assert main(["lint", SEED, "--check"]) == 1
     assert "FXQ008" in capsys.readouterr().out
 
 
@@ -67,13 +54,14 @@ def test_check_flag_runs_backward(seed_file, capsys):
     [
         (["lint", "nofile.py:X"], "no such file"),
         (["lint", "models.py"], "path/to/file.py:NAME"),
-        (["lint", f"{TESTS / 'models.py'}:Missing"], "has no 'Missing'"),
-        (["lint", f"{TESTS / 'models.py'}:tiny_graph"], "must be an nn.Module"),
-        (["lint", f"{TESTS / 'models.py'}:GCN", "--input", "z=3"], "forward has no argument 'z'"),
-        (["lint", f"{TESTS / 'models.py'}:GCN", "--input", "x=a,b"], "comma-separated ints"),
-        (["lint", f"{TESTS / 'models.py'}:GCN", "--input", "x=3,4:complex7"], "unknown dtype"),
-        (["lint", f"{TESTS / 'models.py'}:GCN", "--input", "x=3,4"], r"forward needs \['edge_index'\]"),
-        (["lint", f"{TESTS / 'models.py'}:GCN", "--check"], "needs example inputs"),
+        (["lint", f"{MODELS}:Missing"], "has no 'Missing'"),
+        (["lint", f"{MODELS}:tiny_graph"], "must be an nn.Module"),
+        (["lint", f"{MODELS}:GCN", "--input", "z=3"], "forward has no argument 'z'"),
+        (["lint", f"{MODELS}:GCN", "--input", "x=a,b"], "comma-separated ints"),
+        (["lint", f"{MODELS}:GCN", "--input", "x=-1"], "sizes must be >= 0"),
+        (["lint", f"{MODELS}:GCN", "--input", "x=3,4:complex7"], "unknown dtype"),
+        (["lint", f"{MODELS}:GCN", "--input", "x=3,4"], r"forward needs \['edge_index'\]"),
+        (["lint", f"{MODELS}:GCN", "--check"], "needs example inputs"),
     ],
 )
 def test_usage_errors_exit_2(argv, message, capsys):
@@ -82,9 +70,100 @@ def test_usage_errors_exit_2(argv, message, capsys):
     assert pytest.importorskip("re").search(message, capsys.readouterr().err)
 
 
-def test_module_entry_point_and_help():
-    """`python -m fxquant lint --help` warns that linting runs the file."""
-    done = subprocess.run([sys.executable, "-m", "fxquant", "lint", "--help"],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0
+_MISBEHAVING = '''
+import sys
+import torch
+
+
+class ExitsAfterInplaceError(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        print("model output on stdout")
+        y = torch.sigmoid(self.lin(x))
+        y *= 2
+        raise SystemExit(0)
+
+
+class Chatty(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        print("hello from forward")
+        sys.path.insert(0, "/nowhere")
+        return self.lin(x)
+
+
+def exits_at_build():
+    raise SystemExit(0)
+'''
+
+
+@pytest.fixture
+def misbehaving(tmp_path):
+    path = tmp_path / "misbehaving.py"
+    path.write_text(textwrap.dedent(_MISBEHAVING))
+    return path
+
+
+@pytest.mark.parametrize("extra", [[], ["--check"]])
+def test_system_exit_in_forward_still_reports_the_error(misbehaving, extra, capsys):
+    """SystemExit(0) after an in-place error: exit 1 with the findings, not a silent 0."""
+    code = main(["lint", f"{misbehaving}:ExitsAfterInplaceError", "--input", "x=4,3", *extra])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FXQ009" in out and "SystemExit" in out
+    assert "y *= 2" in out
+
+
+def test_model_output_goes_to_stderr_and_json_stays_valid(misbehaving, capsys):
+    """What forward prints does not land in the JSON on stdout; sys.path comes back exactly."""
+    before = list(sys.path)
+    assert main(["lint", f"{misbehaving}:Chatty", "--input", "x=4,3", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["findings"] == []
+    assert "hello from forward" in captured.err
+    assert sys.path == before
+
+
+def test_output_file(misbehaving, tmp_path, capsys):
+    """--output writes the report there and nothing else to stdout."""
+    target = tmp_path / "report.sarif"
+    code = main(["lint", f"{misbehaving}:ExitsAfterInplaceError", "--input", "x=4,3",
+                 "--format", "sarif", "--output", str(target)])
+    assert code == 1 and capsys.readouterr().out == ""
+    validate_sarif(json.loads(target.read_text()), expected_results=len(
+        json.loads(target.read_text())["runs"][0]["results"]))
+
+
+@pytest.mark.parametrize("name", ["exits_at_build", "Missing"])
+def test_import_and_build_failures_exit_2(misbehaving, tmp_path, name, capsys):
+    """A target that cannot be built, or a file whose import raises (even SystemExit), is
+    'could not lint' (2), not 'clean' (0) or 'errors' (1)."""
+    assert main(["lint", f"{misbehaving}:{name}"]) == 2
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit(0)\n")
+    assert main(["lint", f"{broken}:X"]) == 2
+    assert "importing" in capsys.readouterr().err
+
+
+def _run_module(args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "fxquant", *args], capture_output=True,
+                          text=True, check=False, cwd=cwd, env=env)
+
+
+def test_module_entry_point_and_help(tmp_path):
+    """`python -m fxquant lint --help` warns that linting runs the file; a `tabulate.py` in
+    the working folder does not replace the real dependency."""
+    (tmp_path / "tabulate.py").write_text("raise SystemExit('the shadow tabulate was imported')\n")
+    done = _run_module(["lint", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
     assert "imports the file, which runs its top-level code" in done.stdout
+    done = _run_module(["lint", SEED], tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "FXQ001" in done.stdout

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from fxquant.datasets import load_planetoid
-
-SHARED = os.environ.get("FXQUANT_DATA", "")
-needs_data = pytest.mark.skipif(
-    not (Path(SHARED) / "Cora" / "raw" / "ind.cora.x").is_file(),
-    reason="FXQUANT_DATA does not hold the Planetoid raw files",
-)
+from tests.support.data import SHARED, needs_data
 
 
 def tree(root: Path) -> dict[str, tuple[int, str]]:

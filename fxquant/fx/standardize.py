@@ -1,0 +1,107 @@
+"""Standardisation passes: rewrite what tracing froze into modules that keep working.
+
+``F.dropout(x, p, training=self.training)`` (PyG's examples write it so) is recorded by
+symbolic tracing with the mode the model was in. :func:`functional_dropout_to_module`
+compares the graphs traced in train and in eval mode and turns every such call into an
+``nn.Dropout`` submodule, so ``gm.train()`` / ``gm.eval()`` switch it as in the original.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx import Graph, GraphModule, Node, map_arg
+from torch.fx.operator_schemas import normalize_function
+from torch.fx.passes.infra.pass_base import PassResult
+
+from fxquant.fx.graph_utils import free_name
+
+__all__ = ["functional_dropout_to_module"]
+
+_DROPOUT_MODULES: dict[Callable[..., Any], type[nn.Module]] = {
+    F.dropout: nn.Dropout,
+    F.dropout1d: nn.Dropout1d,
+    F.dropout2d: nn.Dropout2d,
+    F.dropout3d: nn.Dropout3d,
+    F.alpha_dropout: nn.AlphaDropout,
+    F.feature_alpha_dropout: nn.FeatureAlphaDropout,
+    torch.dropout: nn.Dropout,
+}
+
+
+def _by_name(args: Any) -> Any:
+    return map_arg(args, lambda n: n.name)
+
+
+def _normalized_kwargs(node: Node) -> dict[str, Any] | None:
+    """All arguments of a call_function node by name, or None where torch cannot bind them."""
+    try:
+        pair = normalize_function(
+            node.target,  # type: ignore[arg-type]
+            tuple(node.args),
+            dict(node.kwargs),
+            normalize_to_only_use_kwargs=True,
+        )
+    except RuntimeError:  # ambiguous overloads
+        return None
+    return None if pair is None else pair.kwargs
+
+
+def functional_dropout_to_module(gm: GraphModule, train_graph: Graph,
+                                 eval_graph: Graph) -> PassResult:
+    """Turn functional calls whose ``training`` flag was ``self.training`` into modules.
+
+    ``gm``'s graph is one of ``train_graph`` / ``eval_graph`` (the same forward traced in
+    each mode). Calls that differ only in their ``training`` flag become dropout modules
+    in the mode of ``gm``; other mode-dependent code is reported with a warning.
+    """
+    t_nodes, e_nodes = list(train_graph.nodes), list(eval_graph.nodes)
+    same_shape = len(t_nodes) == len(e_nodes) and all(
+        (a.op, a.target, a.name) == (b.op, b.target, b.name)
+        for a, b in zip(t_nodes, e_nodes, strict=True)
+    )
+    if not same_shape:
+        warnings.warn(
+            f"{type(gm).__name__}.forward takes different paths in train and eval mode "
+            f"(e.g. `if self.training:`); the GraphModule follows the mode the model was in "
+            f"(training={gm.training}). Please move mode-dependent code into a submodule.",
+            stacklevel=4,
+        )
+        return PassResult(gm, False)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    changed = False
+    for t, e in zip(t_nodes, e_nodes, strict=True):
+        if t.op != "call_function" or _by_name((t.args, t.kwargs)) == _by_name((e.args, e.kwargs)):
+            continue
+        kw_t, kw_e = _normalized_kwargs(t), _normalized_kwargs(e)
+        flag = "train" if t.target is torch.dropout else "training"
+        if not kw_t or kw_t.get(flag) is not True or not kw_e or kw_e.get(flag) is not False:
+            continue
+        node = nodes[t.name]
+        cls = _DROPOUT_MODULES.get(t.target)
+        if cls is None or isinstance(kw_t.get("p"), Node):
+            warnings.warn(
+                f"node {t.name!r} ({getattr(t.target, '__name__', t.target)}) reads "
+                f"self.training, which tracing freezes to training={gm.training}. Please use "
+                "a module (e.g. torch.nn.Dropout) so that train()/eval() reach it.",
+                stacklevel=4,
+            )
+            continue
+        kwargs = {"p": kw_t["p"]}
+        if "inplace" in kw_t:
+            kwargs["inplace"] = kw_t["inplace"]
+        name = free_name(gm, t.name)
+        gm.add_submodule(name, cls(**kwargs).train(gm.training))
+        own = _normalized_kwargs(node) or {}  # the same call, in gm's own graph
+        node.op, node.target = "call_module", name
+        node.args, node.kwargs = (own["input"],), {}
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return PassResult(gm, changed)

@@ -1,0 +1,337 @@
+"""A torch.fx tracer that sees a PyG model the way its author wrote it.
+
+Plain :func:`torch.fx.symbolic_trace` walks into ``MessagePassing.propagate`` and fails
+("``propagate`` only supports integer tensors of shape ``[2, num_messages]``"). The
+:class:`GNNTracer` keeps every ``MessagePassing`` module (GCNConv, SAGEConv, GATConv, ...)
+as one leaf ``call_module`` node, like PyG's own tests do, and records where each node
+came from in ``node.meta["stack_trace"]``.
+
+Tracing runs the forward's Python while torch.fx patches ``nn.Module`` for the whole
+process, so it runs behind :data:`fxquant.fx.serial.PROCESS_LOCK`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx import Graph, GraphModule, Tracer
+from torch_geometric.nn import MessagePassing
+
+from fxquant.fx.graph_utils import attr_of, free_name
+from fxquant.fx.guards import FixedArguments
+from fxquant.fx.locations import traceback_location
+from fxquant.fx.serial import PROCESS_LOCK
+from fxquant.fx.standardize import functional_dropout_to_module
+
+__all__ = ["GNNTracer", "LeafSpec", "TraceError", "trace"]
+
+#: What ``leaf_modules=`` accepts: module classes or qualified submodule names.
+LeafSpec = str | type[nn.Module]
+
+_ASSERT_IS_NONE = getattr(torch.fx._symbolic_trace, "_assert_is_none", None)
+
+
+class TraceError(RuntimeError):
+    """A model could not be traced symbolically; the message names the user's source line."""
+
+
+def check_leaf_modules(leaf_modules: object) -> tuple[LeafSpec, ...]:
+    """``leaf_modules`` as a tuple of classes and names, or a TypeError naming the entry."""
+    if isinstance(leaf_modules, (str, type)) or not isinstance(leaf_modules, Iterable):
+        raise TypeError(
+            "leaf_modules must be a list of module classes or qualified names, e.g. "
+            f"leaf_modules=[torch.nn.LSTM] or ['encoder.block0'], got {leaf_modules!r}"
+        )
+    specs = tuple(leaf_modules)
+    for spec in specs:
+        if not (isinstance(spec, str) or (isinstance(spec, type) and issubclass(spec, nn.Module))):
+            raise TypeError(
+                f"leaf_modules entries must be module classes or qualified names, got {spec!r}"
+            )
+    return specs
+
+
+class GNNTracer(Tracer):
+    """:class:`torch.fx.Tracer` that keeps PyG ``MessagePassing`` modules as leaves.
+
+    Args:
+        leaf_modules (iterable, optional): more modules to keep opaque, as classes or
+            qualified names (``"encoder.block0"``). (default: :obj:`()`)
+
+    Example:
+        >>> from torch_geometric.nn import GCNConv
+        >>> class GCN(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 2)
+        ...     def forward(self, x, edge_index):
+        ...         return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+        >>> graph = GNNTracer().trace(GCN())
+        >>> [n.op for n in graph.nodes]
+        ['placeholder', 'placeholder', 'call_module', 'call_method', 'call_module', 'output']
+    """
+
+    def __init__(self, leaf_modules: Iterable[LeafSpec] = ()) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+        specs = check_leaf_modules(leaf_modules)
+        self._leaf_names = {s for s in specs if isinstance(s, str)}
+        self._leaf_types = tuple(s for s in specs if isinstance(s, type))
+        self._stack: list[str] = []
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, (MessagePassing, *self._leaf_types)):
+            return True
+        if module_qualified_name in self._leaf_names:
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        """Trace into (or record) a submodule; an error raised inside it is tagged with the
+        innermost submodule's qualified name (``exc.fxquant_failed_in``) for the hint."""
+        self._stack.append(self.path_of_module(m))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception as e:
+            if not hasattr(e, "fxquant_failed_in"):
+                e.fxquant_failed_in = self._stack[-1]  # type: ignore[attr-defined]
+            raise
+        finally:
+            self._stack.pop()
+
+
+def _default_args(model: nn.Module) -> dict[str, Any]:
+    """forward's arguments that have defaults, at their default values, in order."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {
+        k: p.default
+        for k, p in params.items()
+        if p.default is not inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+
+
+def trace(
+    model: nn.Module,
+    concrete_args: dict[str, Any] | None = None,
+    leaf_modules: Iterable[LeafSpec] = (),
+) -> GraphModule:
+    """Symbolically trace ``model`` into a :class:`~torch.fx.GraphModule`, GNN layers as leaves.
+
+    Functional dropout written as ``F.dropout(x, p, training=self.training)`` (PyG's examples
+    do this) would be frozen into the graph in the mode it was traced in. The model is
+    therefore traced in both modes, and such calls become ``nn.Dropout`` submodules
+    (:func:`fxquant.fx.standardize.functional_dropout_to_module`).
+
+    When the plain trace fails and ``concrete_args`` is not given, forward's arguments
+    with defaults are fixed to them, one at a time, until the trace succeeds (PyG's
+    BasicGNN models branch in Python on ``num_sampled_nodes_per_hop``); every other
+    argument stays an input of the graph, by its own name and position, so the traced
+    model takes ``edge_weight=``, ``batch=`` and the like as the original does. A fixed
+    argument is checked by a :class:`~fxquant.fx.guards.FixedArguments` module at run time.
+
+    Args:
+        model (torch.nn.Module): the model, unmodified. It is not copied: the GraphModule
+            shares its submodules and parameters.
+        concrete_args (dict, optional): forward arguments to fix while tracing, as in
+            :func:`torch.fx.symbolic_trace`. (default: :obj:`None`: fixed as needed)
+        leaf_modules (iterable, optional): more modules to keep as opaque calls, as classes
+            or qualified names. (default: :obj:`()`)
+
+    Raises:
+        TraceError: the model has code symbolic tracing cannot follow; the message names
+            its source line and what helps there.
+
+    Example:
+        >>> from torch_geometric.nn.models import GCN
+        >>> gm = trace(GCN(in_channels=4, hidden_channels=8, num_layers=2, out_channels=2))
+        >>> [n.target for n in gm.graph.nodes if n.op == "call_module"]
+        ['fixed_arguments', 'convs.0', 'norms.0', 'act', 'dropout', 'convs.1']
+        >>> gm.fixed_arguments  # doctest: +NORMALIZE_WHITESPACE
+        FixedArguments(edge_attr=None, batch=None, batch_size=None,
+                       num_sampled_nodes_per_hop=None, num_sampled_edges_per_hop=None)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fxquant.trace expects a torch.nn.Module, got {type(model).__name__}")
+    if concrete_args is not None and not isinstance(concrete_args, dict):
+        raise TypeError(
+            "concrete_args must be a dict {argument name: value} of forward arguments to fix "
+            f"while tracing, e.g. concrete_args={{'edge_weight': None}}; got {concrete_args!r}"
+        )
+    if concrete_args:
+        known = _signature_names(model)
+        unknown = [k for k in concrete_args if known is not None and k not in known]
+        if unknown:
+            raise ValueError(f"concrete_args names {unknown}, which {type(model).__name__}.forward "
+                             f"does not take; its arguments: {known}")
+    leaves = check_leaf_modules(leaf_modules)
+    with PROCESS_LOCK:
+        modes = {name: m.training for name, m in model.named_modules()}
+        # Tracing runs forward's Python: undo global switches it makes (set_detect_anomaly).
+        anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+        grad_mode = torch.is_grad_enabled()
+        try:
+            model.train(True)
+            train_graph, train_consts, fixed, unused = _trace(model, concrete_args, leaves)
+            model.train(False)
+            eval_graph, eval_consts = _trace_once(model, fixed, leaves)
+        finally:
+            for name, m in model.named_modules():
+                m.training = modes.get(name, m.training)
+            torch.set_anomaly_enabled(*anomaly)
+            torch.set_grad_enabled(grad_mode)
+    graph, consts = (train_graph, train_consts) if model.training else (eval_graph, eval_consts)
+    gm = GraphModule({**_attributes(model, graph), **consts}, graph, type(model).__name__)
+    gm.training = model.training
+    functional_dropout_to_module(gm, train_graph, eval_graph)
+    if concrete_args is None and fixed:
+        _guard_fixed_arguments(gm, fixed, unused, type(model).__name__)
+    return gm
+
+
+def _signature_names(model: nn.Module) -> list[str] | None:
+    try:
+        return list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _attributes(model: nn.Module, graph: Graph) -> dict[str, Any]:
+    """The submodules and tensors the graph refers to, by qualified name."""
+    found: dict[str, Any] = {}
+    for node in graph.nodes:
+        if node.op in ("call_module", "get_attr"):
+            obj = attr_of(model, str(node.target))
+            if obj is not None:
+                found[str(node.target)] = obj
+    return found
+
+
+def _trace_once(model: nn.Module, concrete_args: dict[str, Any] | None,
+                leaves: tuple[LeafSpec, ...]) -> tuple[Graph, dict[str, Any]]:
+    """One trace; returns the graph and the constants it captured.
+
+    torch.fx stores tensors created during tracing as attributes of the traced module
+    (``_tensor_constant0``, ...). They are taken back off the user's model here, so that
+    tracing leaves it as it was.
+    """
+    before = set(vars(model))
+    try:
+        graph = GNNTracer(leaves).trace(model, concrete_args)
+        return graph, _taken(model, before)
+    finally:
+        _taken(model, before)
+
+
+_Traced = tuple[Graph, dict[str, Any], dict[str, Any] | None, frozenset[str]]
+
+
+def _trace(model: nn.Module, concrete_args: dict[str, Any] | None,
+           leaves: tuple[LeafSpec, ...]) -> _Traced:
+    """Trace, fixing as few defaulted arguments as it takes.
+
+    Returns the graph, its constants, the arguments fixed and those of them fixed only
+    because the graph does not read them.
+    """
+    try:
+        graph, consts = _trace_once(model, concrete_args, leaves)
+        return graph, consts, concrete_args, frozenset()
+    except Exception as first:
+        defaults = _default_args(model) if concrete_args is None else {}
+        if not defaults:
+            raise _trace_error(model, first) from first
+        fixed = dict(defaults)
+        try:
+            result = _trace_once(model, fixed, leaves)
+        except Exception:
+            raise _trace_error(model, first) from first
+        for name in defaults:
+            trial = {k: v for k, v in fixed.items() if k != name}
+            try:
+                result = _trace_once(model, trial, leaves)
+            except Exception:
+                continue
+            fixed = trial
+        graph, consts = result
+        # An argument the graph does not use may still have steered the forward's Python
+        # while the others were fixed (BasicGNN reads num_sampled_edges_per_hop only when
+        # num_sampled_nodes_per_hop is given): fix it too, so that another value raises
+        # instead of being silently ignored.
+        unused = {str(n.target) for n in graph.nodes if n.op == "placeholder" and not n.users}
+        extra = {k: v for k, v in defaults.items() if k in unused and k not in fixed}
+        if extra:
+            fixed = {k: v for k, v in defaults.items() if k in fixed or k in extra}
+            graph, consts = _trace_once(model, fixed, leaves)
+        return graph, consts, fixed, frozenset(extra)
+
+
+def _taken(model: nn.Module, before: set[str]) -> dict[str, Any]:
+    """Remove (and return) the attributes tracing added to ``model``."""
+    added = {k: v for k, v in vars(model).items() if k not in before}
+    for k in added:
+        delattr(model, k)
+    return added
+
+
+def _guard_fixed_arguments(gm: GraphModule, fixed: dict[str, Any], unused: frozenset[str],
+                           model: str) -> None:
+    """Replace torch.fx's ``_assert_is_none`` guards by a :class:`FixedArguments` call.
+
+    The placeholders keep the original argument names (torch.fx renames them ``name_1``)
+    and positions, so the traced model is called exactly like the original.
+    """
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is _ASSERT_IS_NONE:
+            graph.erase_node(node)
+    by_name = {}
+    for ph in placeholders:
+        original = str(ph.target)
+        base = original[:-2] if original.endswith("_1") and original[:-2] in fixed else original
+        if base in fixed:
+            ph.target = base
+            ph.name = base
+            by_name[base] = ph
+    name = free_name(gm, "fixed_arguments")
+    gm.add_submodule(name, FixedArguments({k: fixed[k] for k in by_name}, model, unused))
+    with graph.inserting_after(placeholders[-1]):
+        graph.call_module(name, tuple(by_name[k] for k in by_name))
+    graph.lint()
+    gm.recompile()
+
+
+def _trace_error(model: nn.Module, exc: BaseException) -> TraceError:
+    where = traceback_location(exc)
+    at = ""
+    if where is not None:
+        at = f" at {where}"
+        if where.code:
+            at += f" ({where.code!r})"
+    failed_in = getattr(exc, "fxquant_failed_in", None)
+    if failed_in:
+        hint = (
+            f"The line is inside submodule {failed_in!r}: keep it opaque with "
+            f"leaf_modules=[{failed_in!r}] (it then runs as written, as one node of the graph)."
+        )
+    else:
+        hint = (
+            "The line is in the top-level forward, where symbolic tracing cannot follow "
+            "Python control flow on tensor values: compute both branches and select with "
+            "torch.where(condition, a, b), or move the branch into a submodule and keep that "
+            "submodule opaque with leaf_modules=[...]."
+        )
+        if _default_args(model):
+            hint += (" If the branch reads an optional argument, fix it while tracing with "
+                     "concrete_args={...}.")
+    return TraceError(
+        f"could not trace {type(model).__name__}.forward{at}: {type(exc).__name__}: {exc}\n{hint}"
+    )

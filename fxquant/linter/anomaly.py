@@ -1,0 +1,45 @@
+"""The one anomaly-mode watcher both lints use.
+
+``torch.autograd.set_detect_anomaly(True)`` inside a forward switches anomaly detection on
+for the whole process (FXQ006). A TorchFunctionMode does not see the call, so to name its
+line :func:`watching_anomaly` replaces ``torch.set_anomaly_enabled`` while the block runs,
+holding :data:`fxquant.fx.serial.PROCESS_LOCK`, and puts the original back by identity.
+Whatever the forward did, the anomaly state is restored from what it was before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+from fxquant.fx.locations import Location, caller_location
+from fxquant.fx.serial import PROCESS_LOCK
+
+__all__ = ["watching_anomaly"]
+
+
+@contextlib.contextmanager
+def watching_anomaly(on_enable: Callable[[Location | None], None]) -> Iterator[None]:
+    """Call ``on_enable(location)`` whenever code in the block switches anomaly mode on."""
+    with PROCESS_LOCK:
+        state = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+        original = torch.set_anomaly_enabled
+
+        def watch(enabled: bool, check_nan: bool = True) -> None:
+            if enabled:
+                on_enable(caller_location())
+            original(enabled, check_nan)
+
+        torch.set_anomaly_enabled = watch
+        try:
+            yield
+        finally:
+            if torch.set_anomaly_enabled is watch:
+                torch.set_anomaly_enabled = original
+            if torch.is_anomaly_enabled() != state[0] or \
+                    torch.is_anomaly_check_nan_enabled() != state[1]:
+                original(*state)
+
+

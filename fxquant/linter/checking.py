@@ -1,0 +1,199 @@
+"""``check``: one forward and backward, run twice, to find what breaks or corrupts backward.
+
+1. The **real** run: the user's forward and backward as they are (on copies of the inputs,
+   the model restored afterwards). Its gradients are the ones training would get; None or
+   all-zero ones are FXQ008.
+2. The **protected** run, from the same RNG state (so dropout draws the same masks): the
+   forward runs under the recording modes, and every tensor autograd saves is copied when
+   it is saved and handed back from the copy in backward. Backward therefore computes the
+   gradients the forward's own values imply, even where the real run crashed ("modified by
+   an inplace operation": FXQ001 at the culprit's line) or silently used a value changed
+   through ``.data`` (the real gradients differ: FXQ012, naming the write).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_leaves
+
+from fxquant.fx.serial import PROCESS_LOCK
+from fxquant.linter.anomaly import watching_anomaly
+from fxquant.linter.dynamic import anomaly_finding
+from fxquant.linter.recording import (
+    Recorder,
+    installed,
+    model_tensors,
+    report_exception,
+    run_forward,
+)
+from fxquant.linter.report import Finding, LintReport
+from fxquant.linter.state import clone_inputs, restored_state
+
+__all__ = ["check"]
+
+Grads = dict[str, Tensor | None]
+
+
+def _sum_outputs(out: Any) -> Tensor:
+    floats = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.is_floating_point()
+              and t.requires_grad]
+    if not floats:
+        raise TypeError("the model returned no floating-point tensor that requires grad; please "
+                        "pass loss_fn=")
+    return torch.stack([t.sum() for t in floats]).sum()
+
+
+def _grads(model: nn.Module) -> Grads:
+    return {name: None if p.grad is None else p.grad.detach().clone()
+            for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _real_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], Tensor],
+              rng: Tensor) -> tuple[Grads | None, BaseException | None]:
+    """Forward and backward as the user's code runs them; grads, or what it raised."""
+    with restored_state(model):
+        torch.set_rng_state(rng)
+        for p in model.parameters():
+            p.grad = None
+        try:
+            with torch.enable_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # anomaly mode's report of a crash, if on
+                loss(model(*clone_inputs(inputs))).backward()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
+            return None, e
+        return _grads(model), None
+
+
+def check(
+    model: nn.Module,
+    *example_inputs: Any,
+    loss_fn: Callable[[Any], Tensor] | None = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+) -> LintReport:
+    """Run forward and backward and report what breaks, starves or corrupts backward.
+
+    Reports, with the user's source lines: each in-place op that modified a tensor saved
+    for backward (FXQ001, the culprit, with the op that saved it); a backward that runs but
+    gives other gradients than the forward's values imply (FXQ012: a write through
+    ``.data`` into a saved value, by parameter and line); every parameter whose gradient is
+    None or exactly zero (FXQ008); and what :func:`fxquant.lint` reports about the forward.
+    The model is left exactly as it was (see :mod:`fxquant.linter.state`), also when it
+    raises.
+
+    Args:
+        model (torch.nn.Module): the model, unmodified.
+        *example_inputs: its forward arguments (copied; never written).
+        loss_fn (callable, optional): maps the output to a scalar loss.
+            (default: the sum of all floating-point outputs that require grad)
+        rtol, atol (float, optional): tolerance of the gradient comparison.
+
+    Example:
+        >>> class Doubler(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.lin = torch.nn.Linear(3, 3)
+        ...     def forward(self, x):
+        ...         y = self.lin(x).sigmoid()
+        ...         y *= 2  # sigmoid saved y for backward
+        ...         return y
+        >>> report = check(Doubler(), torch.randn(4, 3))
+        >>> [(f.rule, f.severity, f.related) for f in report.errors]
+        [('FXQ001', 'error', 'sigmoid')]
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fxquant.check expects a torch.nn.Module, got {type(model).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a callable mapping the output to a scalar, got {loss_fn!r}")
+    loss = loss_fn if loss_fn is not None else _sum_outputs
+    report = LintReport(mode="check")
+    with PROCESS_LOCK, restored_state(model):
+        rng = torch.get_rng_state()
+        real, real_error = _real_run(model, example_inputs, loss, rng)
+        protected, rec = _protected_run(model, example_inputs, loss, rng, report)
+        if real is not None and protected is not None:
+            _compare(real, protected, rec, report, rtol, atol)
+        if real is not None:
+            _starved(real, rec, report, "")
+        elif protected is not None:
+            _starved(protected, rec, report, " (once the errors above are fixed)")
+            if real_error is not None and not report.errors:
+                report_exception(report, "backward", real_error)
+    return report
+
+
+def _protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], Tensor],
+                   rng: Tensor, report: LintReport) -> tuple[Grads | None, Recorder]:
+    rec = Recorder(report, scan_saved=False, copy_saved=True)
+    with restored_state(model):
+        torch.set_rng_state(rng)
+        for p in model.parameters():
+            p.grad = None
+        copies = clone_inputs(inputs)
+        rec.mark_inputs(model_tensors(model, copies), {id(p) for p in model.parameters()})
+        try:
+            with watching_anomaly(anomaly_finding(rec)), installed(rec):
+                out = run_forward(model, copies, rec)
+            rec.cut_at = rec.report_zero_grad(out)
+            with torch.enable_grad():
+                loss(out).backward()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
+            rec.report_modified()  # backward may never have run to see them
+            report_exception(report, "forward/backward", e)
+            return None, rec
+        return _grads(model), rec
+
+
+def _compare(real: Grads, protected: Grads, rec: Recorder, report: LintReport,
+             rtol: float, atol: float) -> None:
+    wrong = []
+    for name, got in real.items():
+        want = protected.get(name)
+        if (got is None) != (want is None) or (got is not None and want is not None and (
+                got.shape != want.shape or not torch.allclose(got, want, rtol=rtol, atol=atol,
+                                                              equal_nan=True))):
+            wrong.append(name)
+    if not wrong:
+        return
+    silent = [(entry, write) for entry in rec.saved for write in entry.silent]
+    names = ", ".join(repr(n) for n in wrong[:6]) + (" ..." if len(wrong) > 6 else "")
+    if not silent:
+        report.add(Finding(
+            "FXQ012", names, None,
+            f"backward runs but gives wrong gradients for {names}: a value autograd saved was "
+            "changed after it was saved, through a path autograd does not track.",
+            "look for `.data` writes in forward; make them out of place or under "
+            "torch.no_grad() before the value is used"))
+        return
+    for entry, (code, where, node, _) in silent:
+        saver = f"`{entry.op}`" + (f" at {entry.where}" if entry.where else "")
+        report.add(Finding(
+            "FXQ012", node, where,
+            f"backward runs but gives wrong gradients for {names}: the value saved by {saver} "
+            f"was changed at this line by `{code}`, which autograd does not track.",
+            "compute a new tensor instead of writing through `.data` (or `.detach()`), e.g. "
+            "`w = f(w)`; or make the change under torch.no_grad() before the value is used",
+            related=entry.op, related_location=entry.where))
+
+
+def _starved(grads: Grads, rec: Recorder, report: LintReport, when: str) -> None:
+    where = ", ".join(sorted({str(rec.origins[k].where) for k in rec.cut_at
+                              if rec.origins[k].where}))
+    for name, grad in grads.items():
+        if grad is None or not bool(grad.ne(0).any()):
+            state = "no gradient (None)" if grad is None else "an all-zero gradient"
+            report.add(Finding(
+                "FXQ008", name, None,
+                f"parameter {name!r} gets {state} from backward{when}"
+                + (f"; the gradient path is cut at {where}" if where else ""),
+                "make the ops between it and the loss differentiable (see the FXQ007 "
+                "findings), e.g. fxquant.truncate instead of bit-plane code"))

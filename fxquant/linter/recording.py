@@ -1,0 +1,505 @@
+"""Watching a real forward: the recording modes behind the dynamic lint and the check.
+
+Symbolic tracing cannot see ``x *= y`` (it records an out-of-place ``mul``), ``x[idx] = v``
+(it raises), factory calls (they become constants) or ``.data`` (it looks like
+``.detach()``). Here the forward runs for real, under
+
+- a :class:`~torch.overrides.TorchFunctionMode`, which sees each call as written (keyword
+  arguments, ``.data`` access, the legacy ``torch.Tensor([...])`` constructor) and takes the
+  user's source line from the Python stack, including frames of helper functions;
+- a :class:`~torch.utils._python_dispatch.TorchDispatchMode`, which sees every ATen op and
+  recognizes writes from the op schema (``alias_info.is_write``), and follows where each
+  tensor came from (inputs, parameters, device-less factories, zero-derivative ops);
+- :func:`torch.autograd.graph.saved_tensors_hooks`, which record every tensor autograd saves,
+  with its version counter and the op and line that saved it. Which op saves what is
+  therefore observed, never guessed.
+
+An in-place op is the culprit when a saved tensor's version changes during it; the op
+that saved the tensor is the victim (the one ``set_detect_anomaly`` would name). A write
+into a saved tensor's storage that leaves its version alone (through ``.data``) is a silent
+culprit: backward will run with the changed value.
+
+:func:`installed` pushes the three and pops exactly them again (by identity), whatever the
+forward pushed or left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Final
+
+import torch
+from torch import Tensor, nn
+from torch.fx import GraphModule, Interpreter, Node
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+from fxquant._ops.calls import op_call
+from fxquant.fx.locations import (
+    Location,
+    caller_location,
+    stack_trace_location,
+    traceback_location,
+)
+from fxquant.linter.report import Finding, LintReport
+from fxquant.linter.rules import hint_for_inplace
+from fxquant.linter.state import pop_saved_tensors_hooks_until
+
+__all__ = [
+    "OVERWRITING_OPS",
+    "ZERO_DERIVATIVE_OPS",
+    "GraphRunner",
+    "Recorder",
+    "SavedTensor",
+    "installed",
+    "model_tensors",
+    "report_exception",
+    "run_forward",
+]
+
+#: ATen ops (packet names) with a float output whose derivative is zero almost everywhere.
+ZERO_DERIVATIVE_OPS: Final = frozenset(
+    {"floor", "ceil", "round", "trunc", "fix", "sign", "sgn", "floor_divide", "heaviside"}
+)
+#: In-place ATen ops (packet names) that overwrite values rather than update them.
+OVERWRITING_OPS: Final = frozenset({
+    "fill_", "zero_", "copy_", "index_put_", "_index_put_impl_", "masked_fill_",
+    "masked_scatter_", "index_fill_", "index_copy_", "scatter_", "set_", "uniform_",
+    "normal_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_",
+    "log_normal_", "fill_diagonal_",
+})
+_FACTORIES = frozenset({
+    torch.arange, torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.full,
+    torch.empty, torch.rand, torch.randn, torch.randint, torch.randperm, torch.linspace,
+    torch.logspace, torch.eye,
+})
+_LEAF_ERRORS = (
+    "a leaf Variable that requires grad is being used in an in-place operation",
+    "a view of a leaf Variable that requires grad is being used in an in-place operation",
+    "functions with out=... arguments don't support automatic differentiation",
+)
+
+
+@dataclass(frozen=True)
+class _Prov:
+    """Where a tensor's value came from, as far as the checks care."""
+
+    input_dep: bool = False  # derived from example inputs, parameters or buffers
+    param_dep: bool = False  # a parameter reaches it through ops that keep gradient
+    factories: frozenset[int] = frozenset()  # device-less factory calls it derives from
+    zero_grad: frozenset[int] = frozenset()  # zero-derivative ops between params and it
+    cut: frozenset[int] = frozenset()  # float -> int/bool steps (comparisons, bit views)
+
+
+_EMPTY = _Prov()
+
+
+@dataclass
+class SavedTensor:
+    """A tensor autograd saved, with the version it had then."""
+
+    tensor: Tensor
+    pack_version: int
+    seen_version: int
+    op: str
+    where: Location | None
+    #: ``(code, location, node, aten op)`` of each in-place write that changed its version.
+    culprits: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
+    #: The same, for writes into its storage that left its version alone (``.data``).
+    silent: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Origin:
+    op: str
+    where: Location | None
+    node: str
+
+
+class Recorder:
+    """State shared by the function mode, the dispatch mode and the saved-tensor hooks."""
+
+    def __init__(self, report: LintReport, *, scan_saved: bool, copy_saved: bool) -> None:
+        self.report = report
+        self.scan_saved = scan_saved  # lint: report FXQ001 when the write happens
+        self.copy_saved = copy_saved  # check: keep copies so backward can finish
+        self.prov: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.saved: list[SavedTensor] = []
+        self.origins: dict[int, _Origin] = {}
+        self.reported_factories: set[int] = set()
+        self.writes: list[tuple[str, Tensor, bool]] = []  # (aten op, tensor, was requires_grad)
+        self.last_op = "?"
+        self.node: Node | None = None  # the FX node being run, for GraphModules
+        self.boundary: FrameType | None = None  # frames outside this are not the model's
+        self.cut_at: set[int] = set()  # zero-derivative origins between params and output
+
+    # where ------------------------------------------------------------------------------
+
+    def where(self) -> Location | None:
+        found = caller_location(self.boundary)
+        if found is not None:
+            return found
+        if self.node is not None:
+            return stack_trace_location(self.node.meta.get("stack_trace"))
+        return None
+
+    def node_name(self, fallback: str) -> str:
+        return self.node.name if self.node is not None else fallback
+
+    def add(self, rule: str, where: Location | None, node: str, message: str, hint: str,
+            related: str = "", related_location: Location | None = None) -> None:
+        self.report.add(Finding(rule, node, where, message, hint, related, related_location))
+
+    # provenance -------------------------------------------------------------------------
+
+    def get(self, t: Tensor) -> _Prov:
+        return self.prov.get(t, _EMPTY)
+
+    def mark_inputs(self, tensors: list[Tensor], params: set[int]) -> None:
+        for t in tensors:
+            is_param = id(t) in params and t.requires_grad
+            self.prov[t] = _Prov(input_dep=True, param_dep=is_param)
+
+    def origin(self, op: str, where: Location | None, node: str) -> int:
+        key = len(self.origins)
+        self.origins[key] = _Origin(op, where, node)
+        return key
+
+    def on_aten(self, func: Any, args: tuple, kwargs: dict, out: Any,
+                written: list[tuple[Tensor, bool]]) -> None:
+        name = func.overloadpacket.__name__
+        self.last_op = name
+        for t, grad_before in written:
+            self.writes.append((name, t, grad_before))
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
+        if not outputs:
+            return
+        provs = [self.get(t) for t in inputs]
+        input_dep = any(p.input_dep for p in provs)
+        param_dep = torch.is_grad_enabled() and name != "detach" and any(p.param_dep for p in provs)
+        factories = frozenset().union(*(p.factories for p in provs))
+        if factories and input_dep:
+            self._report_factories(factories)
+            factories = frozenset()
+        if name in ("_to_copy", "to") and kwargs.get("device") is not None:
+            factories = frozenset()
+        float_in = [(t, p) for t, p in zip(inputs, provs, strict=True) if t.is_floating_point()]
+        float_param_dep = any(p.param_dep for _, p in float_in)
+        zero_grad = frozenset().union(*(p.zero_grad for _, p in float_in))
+        cut = frozenset().union(*(p.cut for p in provs))
+        for t in outputs:
+            if t.is_floating_point():
+                zg = zero_grad
+                if not float_in:  # int/bool -> float conversion: cuts become values
+                    zg = zg | cut
+                if float_param_dep and torch.is_grad_enabled() and _zero_derivative(func, args, kwargs):
+                    zg = zg | {self.origin(name, self.where(), self.node_name(name))}
+                new = _Prov(input_dep, param_dep, factories, zg, cut)
+            else:
+                c = cut | zero_grad
+                if float_param_dep and torch.is_grad_enabled():
+                    c = c | {self.origin(name, self.where(), self.node_name(name))}
+                new = _Prov(input_dep, False, factories, frozenset(), c)
+            old = self.prov.get(t)
+            if old is not None and any(t is w for w, _ in written):
+                new = _Prov(old.input_dep or new.input_dep, old.param_dep or new.param_dep,
+                            old.factories | new.factories, old.zero_grad | new.zero_grad,
+                            old.cut | new.cut)
+            self.prov[t] = new
+
+    def report_zero_grad(self, out: Any) -> set[int]:
+        """FXQ007 for each zero-derivative op between parameters and ``out``; their keys."""
+        origins: set[int] = set()
+        for t in tree_leaves(out):
+            if isinstance(t, Tensor):
+                origins |= self.get(t).zero_grad
+        for key in sorted(origins):
+            o = self.origins[key]
+            code = o.where.code if o.where else o.op
+            self.add("FXQ007", o.where, o.node,
+                     f"`{code}` ({o.op}) has zero derivative almost everywhere and lies between "
+                     "parameters and the output: parameters upstream receive zero gradient "
+                     "through it.",
+                     "simulate precision with fxquant.truncate (straight-through gradient), or "
+                     "use a straight-through estimator: x + (f(x) - x).detach()")
+        return origins
+
+    def _report_factories(self, factories: frozenset[int]) -> None:
+        meet = self.where()
+        for key in factories - self.reported_factories:
+            self.reported_factories.add(key)
+            o = self.origins[key]
+            code = o.where.code if o.where else o.op
+            self.add("FXQ005", o.where, o.node,
+                     f"`{code}` creates a tensor without device= ({o.op}); it meets data "
+                     f"derived from the inputs{f' at {meet}' if meet else ''} and stays on "
+                     "the CPU when the model moves to a GPU.",
+                     "pass device=x.device, dtype=x.dtype (x: the tensor it meets)")
+
+    # saved tensors ----------------------------------------------------------------------
+
+    def pack(self, t: Tensor) -> Any:
+        entry = SavedTensor(t, t._version, t._version, self.last_op, self.where())
+        self.saved.append(entry)
+        if self.copy_saved:
+            return entry, t.detach().clone()
+        return t
+
+    def name_victims(self, first: int, out: Any) -> None:
+        """Name the op behind tensors saved during one call after its autograd node.
+
+        Inputs are saved before the ATen op runs, so the dispatch mode cannot name it then;
+        the output's ``grad_fn`` (``PowBackward1`` -> ``pow``) is what PyTorch's own error
+        message names.
+        """
+        grad_fn = next((t.grad_fn for t in tree_leaves(out)
+                        if isinstance(t, Tensor) and t.grad_fn is not None), None)
+        if grad_fn is None:
+            return
+        name = re.sub(r"Backward\d*$", "", grad_fn.name())
+        name = name[:1].lower() + name[1:]
+        for entry in self.saved[first:]:
+            entry.op = name
+
+    def unpack(self, packed: Any) -> Tensor:
+        if not self.copy_saved:
+            return packed
+        entry, copy = packed
+        if entry.tensor._version != entry.pack_version:
+            culprits = entry.culprits or [("an in-place op", None, "?", "")]
+            for code, where, node, op in culprits:
+                self._report_saved(entry, code, where, node, op)
+        return copy
+
+    def report_modified(self) -> None:
+        """FXQ001 for every saved tensor modified so far (when backward will not run)."""
+        for entry in self.saved:
+            for code, where, node, op in entry.culprits:
+                self._report_saved(entry, code, where, node, op)
+
+    def after_call(self, func_name: str, where: Location | None) -> None:
+        """Attribute the writes of one Python-level call: saved tensors, overwrites."""
+        writes, self.writes = self.writes, []
+        code = where.code if where else func_name
+        node = self.node_name(func_name)
+        op = writes[0][0] if writes else ""
+        written = [t for _, t, _ in writes]
+        for entry in self.saved:
+            version = entry.tensor._version
+            if version != entry.seen_version:
+                entry.seen_version = version
+                entry.culprits.append((code, where, node, op))
+                if self.scan_saved:
+                    self._report_saved(entry, code, where, node, op)
+            elif any(_same_storage(t, entry.tensor) for t in written):
+                entry.silent.append((code, where, node, op))
+        if any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
+            self.add("FXQ002", where, node,
+                     f"`{code}` overwrites elements of a tensor that requires grad; legal, but "
+                     "those elements pass no gradient to what computed them.",
+                     "if they should train, build the result with torch.where(mask, value, x)")
+
+    def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
+                      op: str = "") -> None:
+        self.add("FXQ001", where, node,
+                 f"`{code}` writes in place into a tensor that `{entry.op}` saved for "
+                 "backward: backward fails with 'modified by an inplace operation' (anomaly "
+                 "mode names the saving line instead of this one).",
+                 hint_for_inplace(code, op), related=entry.op, related_location=entry.where)
+
+
+def _same_storage(a: Tensor, b: Tensor) -> bool:
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
+    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, functional)
+        return False
+
+
+def _zero_derivative(func: Any, args: tuple, kwargs: dict) -> bool:
+    call = op_call(func, args, kwargs)
+    if call is not None:
+        return call.zero_gradient
+    return bool(func.overloadpacket.__name__ in ZERO_DERIVATIVE_OPS)
+
+
+def _call_name(func: Any) -> str:
+    name = getattr(func, "__name__", None) or str(func)
+    return str(name)
+
+
+def _is_data_getter(func: Any) -> bool:
+    owner = getattr(func, "__self__", None)
+    return _call_name(func) == "__get__" and getattr(owner, "__name__", "") == "data"
+
+
+class _FunctionMode(TorchFunctionMode):
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__()
+        self.rec = rec
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        rec = self.rec
+        if _is_data_getter(func):
+            t = args[0]
+            out = func(*args, **kwargs)
+            if isinstance(t, Tensor) and t.requires_grad:
+                where = rec.where()
+                code = where.code if where else ".data"
+                rec.add("FXQ004", where, rec.node_name("data"),
+                        f"`{code}` uses `.data` of a tensor that requires grad: in-place writes "
+                        "through it bypass autograd's version check and give silently wrong "
+                        "gradients.",
+                        "use .detach() (autograd still checks writes) or `with torch.no_grad():`")
+                rec.prov[out] = _Prov(rec.get(t).input_dep)
+            return out
+        rec.writes = []
+        first_saved = len(rec.saved)
+        try:
+            out = func(*args, **kwargs)
+        except RuntimeError as e:
+            if not any(m in str(e) for m in _LEAF_ERRORS):
+                raise
+            where = rec.where()
+            code = where.code if where else _call_name(func)
+            rec.add("FXQ003", where, rec.node_name(_call_name(func)),
+                    f"`{code}` writes in place (or through out=) into a leaf tensor that "
+                    f"requires grad; autograd raises: {str(e).splitlines()[0]}",
+                    "initialize or modify parameters under `with torch.no_grad():` (or with "
+                    "torch.nn.init), or compute a new tensor out of place")
+            rec.writes = []
+            with torch.no_grad():  # let the forward go on, to find what comes after
+                out = func(*args, **kwargs)
+        if len(rec.saved) > first_saved:
+            rec.name_victims(first_saved, out)
+        if rec.writes:
+            rec.after_call(_call_name(func), rec.where())
+        if self._is_device_less_factory(func, args, kwargs) and isinstance(out, Tensor) and out.dim() > 0:
+            where = rec.where()
+            op = "torch.Tensor(...)" if func is _LIFT_FRESH else f"torch.{_call_name(func)}"
+            key = rec.origin(op, where, rec.node_name(op.split("(")[0]))
+            rec.prov[out] = _Prov(factories=frozenset({key}))
+        return out
+
+    @staticmethod
+    def _is_device_less_factory(func: Any, args: tuple, kwargs: dict) -> bool:
+        if func is _LIFT_FRESH:  # the legacy constructor: torch.Tensor([...])
+            return True
+        if func not in _FACTORIES or kwargs.get("device") is not None:
+            return False
+        return not (func in (torch.tensor, torch.as_tensor) and args and isinstance(args[0], Tensor))
+
+
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+
+class _DispatchMode(TorchDispatchMode):
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__()
+        self.rec = rec
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        written = []
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+                for t in tree_leaves(value):
+                    if isinstance(t, Tensor):
+                        written.append((t, t.requires_grad))
+        out = func(*args, **kwargs)
+        self.rec.on_aten(func, args, kwargs, out, written)
+        return out
+
+
+class GraphRunner(Interpreter):
+    """Runs a GraphModule node by node so findings can name the FX node."""
+
+    def __init__(self, gm: GraphModule, rec: Recorder) -> None:
+        super().__init__(gm)
+        self.rec = rec
+
+    def run_node(self, n: Node) -> Any:
+        self.rec.node = n
+        try:
+            return super().run_node(n)
+        finally:
+            self.rec.node = None
+
+
+@contextlib.contextmanager
+def installed(rec: Recorder) -> Iterator[None]:
+    """Grad mode on, the saved-tensor hooks and both modes pushed; popped by identity.
+
+    Entries the forward pushed above fxquant's and left there are popped first, so that
+    fxquant's own entries come off, and the user's stack is as it was before.
+    """
+    function_mode, dispatch_mode = _FunctionMode(rec), _DispatchMode(rec)
+    with torch.enable_grad():
+        torch._C._autograd._push_saved_tensors_default_hooks(rec.pack, rec.unpack)
+        try:
+            with contextlib.ExitStack() as stack:
+                function_mode.__enter__()
+                stack.callback(_pop_function_mode, function_mode)
+                dispatch_mode.__enter__()
+                stack.callback(_pop_dispatch_mode, dispatch_mode)
+                yield
+        finally:
+            pop_saved_tensors_hooks_until((rec.pack, rec.unpack))
+            top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+            if top is not None and top[0] is rec.pack:
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def _pop_function_mode(mode: TorchFunctionMode) -> None:
+    stack = _get_current_function_mode_stack()
+    if not any(m is mode for m in stack):
+        return
+    while _get_current_function_mode_stack()[-1] is not mode:
+        torch._C._pop_torch_function_stack()
+    mode.__exit__(None, None, None)
+
+
+def _pop_dispatch_mode(mode: TorchDispatchMode) -> None:
+    stack = _get_current_dispatch_mode_stack()
+    if not any(m is mode for m in stack):
+        return
+    while _get_current_dispatch_mode_stack()[-1] is not mode:
+        torch._C._pop_torch_dispatch_stack()
+    mode.__exit__(None, None, None)
+
+
+def run_forward(model: nn.Module, inputs: tuple, rec: Recorder) -> Any:
+    """Call the model (node by node for a GraphModule), findings bounded to its frames."""
+    rec.boundary = sys._getframe()
+    if isinstance(model, GraphModule):
+        return GraphRunner(model, rec).run(*inputs)
+    return model(*inputs)
+
+
+def model_tensors(model: nn.Module, inputs: Any) -> list[Tensor]:
+    """The tensors a forward starts from: inputs (PyG Data fields too), parameters, buffers."""
+    found = [t for t in tree_leaves(inputs) if isinstance(t, Tensor)]
+    for obj in (inputs if isinstance(inputs, tuple) else (inputs,)):
+        stores = getattr(obj, "stores", None)  # PyG Data / HeteroData
+        if stores is not None:
+            found += [v for s in stores for v in s.values() if isinstance(v, Tensor)]
+    return found + list(model.parameters()) + list(model.buffers())
+
+
+def report_exception(report: LintReport, phase: str, e: BaseException) -> None:
+    """FXQ009 at the user's line that raised."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    report.add(Finding("FXQ009", phase, traceback_location(e),
+                       f"{phase} raised {type(e).__name__}: {first}",
+                       "fix the exception first; findings before it are listed"))

@@ -1,0 +1,196 @@
+"""Leaving no trace: what :func:`fxquant.lint`, :func:`fxquant.check` and the symbolic
+lint's probes put back after running a user's forward, also when it raises.
+
+Restored by :func:`restored_state`:
+
+- process-wide switches: grad mode, anomaly mode (and its NaN check), the default dtype,
+  deterministic-algorithm settings, the CPU RNG state and (when CUDA is initialized) every
+  CUDA RNG state, and ``torch.nn``'s global module hooks;
+- thread-local stacks: entries a forward pushed onto the saved-tensor-hooks, torch-function
+  mode or dispatch mode stacks and left there are popped (fxquant's own entries are
+  popped by identity, never "the top");
+- the model: every submodule's attributes (a forward that caches, rebinds, registers or
+  deletes parameters, buffers, submodules or hooks, or flips ``training``), every
+  parameter's and buffer's storage, values and ``requires_grad``, and every ``.grad``
+  (the same tensor object, with its values).
+
+Not restored (documented in the README): state outside the model and torch (globals of
+the user's modules, files, other processes), inference mode entered and never left, and
+what other threads do while a lint runs (they must not run forwards then: tracing and the
+anomaly watcher patch process-wide functions under :data:`fxquant.fx.serial.PROCESS_LOCK`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.modules.module as module_globals
+from torch import Tensor, nn
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+__all__ = ["clone_inputs", "mode_stacks_restored", "restored_state"]
+
+_MUTABLE = (dict, list, set)
+
+
+def _snapshot_attributes(obj: Any) -> dict[str, Any]:
+    """Attributes, with shallow copies of mutable containers (hooks, _parameters, ...)."""
+    saved = {}
+    for key, value in vars(obj).items():
+        saved[key] = (value, type(value)(value) if isinstance(value, _MUTABLE) else None)
+    return saved
+
+
+def _restore_attributes(obj: Any, saved: dict[str, Any]) -> None:
+    current = vars(obj)
+    for key in [k for k in current if k not in saved]:
+        del current[key]
+    for key, (value, contents) in saved.items():
+        if contents is not None and not _same_contents(value, contents):
+            value.clear()
+            if isinstance(value, list):
+                value.extend(contents)
+            else:
+                value.update(contents)
+        current[key] = value
+
+
+def _same_contents(a: Any, b: Any) -> bool:
+    """Same entries by identity (``==`` on tensors would compare values)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+    return {id(x) for x in a} == {id(x) for x in b}
+
+
+def _global_hook_dicts() -> dict[str, dict]:
+    return {k: v for k, v in vars(module_globals).items()
+            if k.startswith("_global_") and isinstance(v, dict)}
+
+
+@contextlib.contextmanager
+def mode_stacks_restored() -> Iterator[None]:
+    """Pop what a forward pushed onto the thread's mode and saved-tensor-hook stacks and
+    left there; fxquant's own entries are handled by whoever pushed them."""
+    function_modes = list(_get_current_function_mode_stack())
+    dispatch_modes = list(_get_current_dispatch_mode_stack())
+    hooks_top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    try:
+        yield
+    finally:
+        pop_saved_tensors_hooks_until(hooks_top)
+        while len(_get_current_function_mode_stack()) > len(function_modes):
+            torch._C._pop_torch_function_stack()
+        while len(_get_current_dispatch_mode_stack()) > len(dispatch_modes):
+            torch._C._pop_torch_dispatch_stack()
+
+
+def pop_saved_tensors_hooks_until(top: Any, limit: int = 10_000) -> None:
+    """Pop saved-tensor hooks until the pair on top is ``top`` (by identity of its hooks)."""
+    for _ in range(limit):
+        current = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if current is None or _same_hooks(current, top):
+            return
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def _same_hooks(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return all(x is y for x, y in zip(a, b, strict=True))
+
+
+@contextlib.contextmanager
+def restored_state(model: nn.Module) -> Iterator[None]:
+    """Put back everything listed in this module's docstring when the block exits."""
+    grad_mode = torch.is_grad_enabled()
+    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+    default_dtype = torch.get_default_dtype()
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    global_hooks = {k: dict(v) for k, v in _global_hook_dicts().items()}
+    modules = list(model.modules())
+    attributes = [(m, _snapshot_attributes(m)) for m in modules]
+    tensors: dict[int, tuple[Tensor, Tensor, Tensor, bool]] = {}
+    grads: dict[int, tuple[Tensor, Tensor | None, Tensor | None]] = {}
+    for m in modules:
+        for t in [*m._parameters.values(), *m._buffers.values()]:
+            if t is not None and id(t) not in tensors:
+                tensors[id(t)] = (t, t.data, t.detach().clone(), t.requires_grad)
+        for p in m._parameters.values():
+            if p is not None and id(p) not in grads:
+                grad = p.grad
+                grads[id(p)] = (p, grad, grad.detach().clone() if grad is not None else None)
+    try:
+        with mode_stacks_restored():
+            yield
+    finally:
+        torch.set_grad_enabled(grad_mode)
+        torch.set_anomaly_enabled(*anomaly)
+        torch.set_default_dtype(default_dtype)
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        for key, hooks in _global_hook_dicts().items():
+            if key in global_hooks and hooks != global_hooks[key]:
+                hooks.clear()
+                hooks.update(global_hooks[key])
+        for module, saved in attributes:
+            _restore_attributes(module, saved)
+        with torch.no_grad():
+            for t, data, values, requires_grad in tensors.values():
+                if _layout_key(t) != _layout_key(data):
+                    t.data = data
+                if data.shape != values.shape or data.dtype != values.dtype:
+                    t.data = values
+                elif not _same_bits(data, values):
+                    data.copy_(values)
+                if t.requires_grad != requires_grad and t.is_leaf:
+                    t.requires_grad_(requires_grad)
+            for param, grad, saved_grad in grads.values():
+                if param.grad is not grad:
+                    param.grad = grad
+                if grad is not None and saved_grad is not None and not _same_bits(grad, saved_grad):
+                    grad.copy_(saved_grad)
+
+
+def _layout_key(t: Tensor) -> tuple[Any, ...]:
+    """Which memory a tensor views (a meta tensor has none to compare)."""
+    if t.device.type == "meta":
+        return (tuple(t.shape), t.stride(), t.dtype)
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
+            t.dtype)
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    """Equal bit for bit (NaN payloads included), where ``torch.equal`` says NaN != NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.device.type == "meta" or b.device.type == "meta":
+        return True  # meta tensors have no values to differ in
+    if a.is_floating_point() or a.is_complex():
+        return torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                           b.contiguous().reshape(-1).view(torch.uint8))
+    return torch.equal(a, b)
+
+
+def clone_inputs(obj: Any) -> Any:
+    """Copies of the example inputs, so a forward that writes into them changes nothing."""
+    if isinstance(obj, Tensor):
+        copy = obj.detach().clone()
+        return copy.requires_grad_(obj.requires_grad) if copy.is_floating_point() else copy
+    if isinstance(obj, (list, tuple)):
+        items = [clone_inputs(o) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, dict):
+        return type(obj)((k, clone_inputs(v)) for k, v in obj.items())
+    clone = getattr(obj, "clone", None)
+    return clone() if callable(clone) else obj

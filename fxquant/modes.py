@@ -1,0 +1,101 @@
+"""The words fxquant's calls share: rounding modes, gradient rules and scale modes.
+
+Each vocabulary is a ``str`` Enum, so users keep writing plain strings (``"nearest"``,
+``"ste"``, ``"tensor"``) and every layer of the library (the registered ops, the config,
+the observers) validates them with the same ``parse`` and the same message.
+
+Example:
+    >>> Rounding.parse("nearest") is Rounding.NEAREST, Rounding.NEAREST == "nearest"
+    (True, True)
+    >>> Scale.parse(None), Scale.parse("row-pow2").per_row, Scale.parse("row-pow2").pow2
+    (<Scale.NONE: 'none'>, True, True)
+    >>> Grad.parse("identity")
+    Traceback (most recent call last):
+    ...
+    ValueError: grad='identity' is not one of ['ste', 'zero']
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TypeVar
+
+__all__ = ["Grad", "Rounding", "Scale"]
+
+_E = TypeVar("_E", bound="_Vocabulary")
+
+
+class _Vocabulary(str, Enum):
+    """A ``str`` Enum with one validator: ``parse`` accepts a member or its string value."""
+
+    @classmethod
+    def parse(cls: type[_E], value: object, arg: str | None = None) -> _E:
+        """The member for ``value``; raises ValueError naming ``arg`` and the allowed values."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        allowed = [m.value for m in cls]
+        raise ValueError(f"{arg or cls.__name__.lower()}={value!r} is not one of {allowed}")
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Rounding(_Vocabulary):
+    """How a value between two representable ones is rounded.
+
+    ``TOWARD_ZERO`` drops what does not fit, ``NEAREST`` rounds half to even,
+    ``STOCHASTIC`` rounds away from zero with probability equal to the dropped fraction.
+    """
+
+    TOWARD_ZERO = "toward_zero"
+    NEAREST = "nearest"
+    STOCHASTIC = "stochastic"
+
+
+class Grad(_Vocabulary):
+    """The gradient rule of a rounding step.
+
+    ``STE`` passes the incoming gradient through unchanged (straight-through estimator);
+    ``ZERO`` is the true derivative of rounding, zero almost everywhere.
+    """
+
+    STE = "ste"
+    ZERO = "zero"
+
+
+class Scale(_Vocabulary):
+    """Where the scale of a scaled format comes from.
+
+    ``NONE`` casts without scaling; ``TENSOR`` uses one scale for the whole tensor, ``ROW``
+    one per row (dim 0: one per node of a GNN activation, one per edge of a message
+    tensor). The ``-pow2`` variants round each scale down to a power of two, so that
+    scaling itself is exact.
+    """
+
+    NONE = "none"
+    TENSOR = "tensor"
+    ROW = "row"
+    TENSOR_POW2 = "tensor-pow2"
+    ROW_POW2 = "row-pow2"
+
+    @classmethod
+    def parse(cls, value: object, arg: str | None = None) -> Scale:
+        """Like the other vocabularies, and :obj:`None` means ``NONE``."""
+        return cls.NONE if value is None else super().parse(value, arg)
+
+    @property
+    def per_tensor(self) -> bool:
+        return self in (Scale.TENSOR, Scale.TENSOR_POW2)
+
+    @property
+    def per_row(self) -> bool:
+        return self in (Scale.ROW, Scale.ROW_POW2)
+
+    @property
+    def pow2(self) -> bool:
+        return self.value.endswith("-pow2")

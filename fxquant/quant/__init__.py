@@ -1,0 +1,25 @@
+"""The quantization wing: configs and mapping, observers, the insertion pass, the public
+calls that round tensors and models, and the summary of what a model rounds where."""
+
+from fxquant.quant.api import transform
+from fxquant.quant.config import NodeOverride, QuantConfig, QuantMapping, Site
+from fxquant.quant.describe import quantization_points, summary
+from fxquant.quant.functional import quantize, truncate
+from fxquant.quant.nodes import top_degree_nodes
+from fxquant.quant.observers import RunningAmax
+from fxquant.quant.points import QuantPoint
+
+__all__ = [
+    "NodeOverride",
+    "QuantConfig",
+    "QuantMapping",
+    "QuantPoint",
+    "RunningAmax",
+    "Site",
+    "quantization_points",
+    "quantize",
+    "summary",
+    "top_degree_nodes",
+    "transform",
+    "truncate",
+]

@@ -1,0 +1,273 @@
+"""``transform``: trace a model and insert quantization points as a mapping says.
+
+The general form is ``transform(model, mapping)`` with a
+:class:`~fxquant.quant.config.QuantMapping`; ``bits=``, ``format=``, ``layers=``,
+``node_bits=`` and friends are sugar that builds one.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.fx import GraphModule, Node
+
+from fxquant._ops.layouts import bit_width
+from fxquant.formats import Format, TopN
+from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
+from fxquant.fx.tracer import LeafSpec, check_leaf_modules, trace
+from fxquant.quant.config import NodeOverride, QuantConfig, QuantMapping, Resolved, as_number
+from fxquant.quant.insert import insert_quant_points
+from fxquant.quant.points import QuantPoint
+
+__all__ = ["plan", "transform"]
+
+_WIDTHS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_WILDCARDS = set("*?[")
+
+
+def _max_bits(model: nn.Module) -> int:
+    """Pattern width of the model's floating parameters (float32 when it has none)."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return max((bit_width(d) for d in dtypes if d in _WIDTHS), default=32)
+
+
+def _is_point(gm: GraphModule, node: Node) -> bool:
+    return node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), QuantPoint)
+
+
+def _add_selector(mapping: QuantMapping, spec: Any, config: QuantConfig, arg: str) -> None:
+    if isinstance(spec, str):
+        if _WILDCARDS & set(spec):
+            mapping.set_pattern(spec, config, source=arg)
+        else:
+            mapping.set_name(spec, config, source=arg)
+    elif isinstance(spec, type) and issubclass(spec, nn.Module):
+        mapping.set_type(spec, config, source=arg)
+    elif callable(spec) and not isinstance(spec, type):
+        mapping.set_pattern(spec, config, source=arg)
+    else:
+        raise TypeError(
+            f"{arg} entries must be a name or pattern, a module class or a predicate on "
+            f"torch.fx.Node, got {spec!r}"
+        )
+
+
+def _sugar(
+    bits: Any, format: Any, scale: Any, momentum: Any, layers: Any, rounding: Any, grad: Any,
+    grad_bits: Any, grad_format: Any, node_bits: Any, max_bits: int,
+) -> QuantMapping:
+    """The mapping the keyword arguments describe; every value validated here."""
+    if bits is not None and format is not None:
+        raise ValueError(
+            "fxquant.transform: give bits= (top-N truncation) or format= (a number format), not "
+            "both; a dict in either mixes them per layer, e.g. bits={'conv1': 16, 'conv2': 'e4m3'}"
+        )
+    chosen = bits if bits is not None else format
+    if chosen is None:
+        raise ValueError("fxquant.transform: please give bits= (e.g. 16), format= (e.g. 'e4m3') "
+                         "or a QuantMapping")
+    if isinstance(chosen, Mapping) and layers is not None:
+        raise ValueError(
+            "fxquant.transform: bits/format is a dict, which already names the layers; please "
+            "drop layers= or pass a single value."
+        )
+    if grad_bits is not None and grad_format is not None:
+        raise ValueError("fxquant.transform: give grad_bits= or grad_format=, not both")
+    grad_number = None
+    if grad_bits is not None or grad_format is not None:
+        arg = "grad_bits" if grad_bits is not None else "grad_format"
+        grad_number = as_number(grad_bits if grad_bits is not None else grad_format, arg, max_bits)
+
+    def config(number: Any, arg: str, per_layer: bool) -> QuantConfig:
+        parsed = as_number(number, arg, max_bits)
+        is_format = isinstance(parsed, Format)
+        # In a dict that mixes kept bits and formats, scale/momentum apply to the formats.
+        use_scale = scale if is_format or not per_layer else None
+        use_momentum = momentum if is_format or not per_layer else None
+        return QuantConfig(parsed, rounding, scale=use_scale, momentum=use_momentum, grad=grad,
+                           grad_number=grad_number)
+
+    mapping = QuantMapping()
+    if isinstance(chosen, Mapping):
+        if not chosen:
+            raise ValueError("fxquant.transform: the bits/format dict names no layer")
+        numbers = {key: as_number(value, f"bits[{key!r}]", max_bits) for key, value in chosen.items()}
+        if scale is not None and not any(isinstance(n, Format) for n in numbers.values()):
+            raise ValueError(
+                f"scale={scale!r} applies to formats (format='e4m3', ...), not to top-N "
+                "truncation of the pattern; please drop scale= or use format=."
+            )
+        if momentum is not None and not any(isinstance(n, Format) for n in numbers.values()):
+            raise ValueError(f"momentum={momentum!r} keeps a running amax for a scaled format; "
+                             "the dict names none. Please drop momentum=.")
+        for key, number in numbers.items():
+            _add_selector(mapping, key, config(number, f"bits[{key!r}]", True), "bits")
+    else:
+        arg = "bits" if bits is not None else "format"
+        if format is not None and not isinstance(format, Mapping):
+            number = as_number(format, "format", max_bits)
+            if isinstance(number, TopN):
+                raise ValueError(f"format={format!r} is top-N truncation; please pass bits="
+                                 f"{number.bits} instead")
+        cfg = config(chosen, arg, False)
+        if layers is None:
+            mapping.set_global(cfg, source=arg)
+        else:
+            specs = [layers] if isinstance(layers, (str, type)) or not isinstance(
+                layers, Iterable) else list(layers)
+            for spec in specs:
+                _add_selector(mapping, spec, cfg, "layers")
+    if node_bits is not None:
+        if not isinstance(node_bits, Mapping):
+            raise TypeError(f"node_bits must be a dict {{layer: (node_ids, bits)}}, got "
+                            f"{type(node_bits).__name__}")
+        for key, value in node_bits.items():
+            override = NodeOverride.parse(value, str(key))
+            if isinstance(override.number, TopN) and override.number.bits > max_bits:
+                as_number(override.number.bits, f"node_bits[{key!r}] bits", max_bits)
+            mapping.set_nodes(str(key), override.nodes, override.number)
+    return mapping
+
+
+def plan(gm: GraphModule, mapping: QuantMapping) -> list[Resolved]:
+    """The quantization points ``mapping`` gives ``gm``; raises if it selects none."""
+    candidates = layers_of(gm, exclude=lambda n: _is_point(gm, n))
+    points = mapping.resolve(gm, candidates)
+    if not points:
+        raise ValueError(
+            "fxquant.transform: the mapping selects no layer (the global entry, and the "
+            "default of bits=/format=, covers PyG MessagePassing layers, and this model calls "
+            "none); please name the layers, e.g. "
+            f"layers={[layer_name(n) for n in candidates][:3]}"
+        )
+    return points
+
+
+def transform(
+    model: nn.Module,
+    mapping: QuantMapping | QuantConfig | int | Mapping[str, Any] | None = None,
+    *,
+    bits: int | Mapping[str, int | str | Format] | None = None,
+    format: str | Format | tuple[int, int] | Mapping[str, int | str | Format] | None = None,
+    scale: str | None = None,
+    momentum: float | None = None,
+    layers: LayerSpec | Iterable[LayerSpec] | None = None,
+    rounding: str | None = None,
+    grad: str = "ste",
+    grad_bits: int | None = None,
+    grad_format: str | Format | tuple[int, int] | None = None,
+    node_bits: Mapping[str, tuple[Tensor | Iterable[int], int | str | Format]] | None = None,
+    inplace: bool = False,
+    concrete_args: dict[str, Any] | None = None,
+    leaf_modules: Iterable[LeafSpec] = (),
+) -> GraphModule:
+    """Trace ``model`` and round values at the quantization points a mapping chooses.
+
+    Args:
+        model (torch.nn.Module): the unmodified model (a PyG GNN, any FX-traceable module, or
+            a GraphModule). It is not changed: by default the pass works on a deep copy.
+        mapping (QuantMapping or QuantConfig, optional): the general form. A
+            :class:`~fxquant.quant.config.QuantConfig` applies to every ``MessagePassing``
+            layer (or to ``layers=``). An ``int`` or a dict here means ``bits=``.
+        bits (int or dict): keep the top ``bits`` of each value's pattern
+            (:func:`fxquant.truncate`) after every layer ``layers`` selects; or a dict
+            ``{layer: bits_or_format}`` that handles exactly the listed layers (names or
+            patterns), mixing kept bits (``16``) and formats (``"e4m3"``).
+        format (str, Format or tuple): round to a number format instead
+            (:func:`fxquant.quantize`): ``"e4m3"``, ``"e5m2"``, ``"e3m2"``, ``(3, 0)``, ...
+        scale (str, optional): for formats: :obj:`None` (plain cast, default), ``"tensor"``,
+            ``"row"`` (one scale per node), or their ``"-pow2"`` variants.
+        momentum (float, optional): with ``scale="tensor"``: keep a running amax and scale
+            with it in eval.
+        layers (optional): which layers get a point after them: submodule names
+            (``"conv1"``), FX node names of functions (``"sigmoid"``), fnmatch patterns
+            (``"conv*"``), module classes (``GCNConv``), predicates on the node, or a list
+            of these. (default: every ``MessagePassing`` layer)
+        rounding (str, optional): ``"toward_zero"``, ``"nearest"`` or ``"stochastic"``;
+            :obj:`None` is each number's default (toward_zero for bits, nearest for formats).
+        grad (str, optional): ``"ste"`` (straight-through, default) or ``"zero"``.
+        grad_bits, grad_format (optional): also round the gradient flowing back through each
+            point, to top-N bits or to a format. (default: off)
+        node_bits (dict, optional): per-node overrides ``{layer: (node_ids, bits_or_format)}``:
+            rows of that layer's output that belong to these nodes (an index tensor or a
+            bool mask, e.g. from :func:`fxquant.top_degree_nodes`) get another number.
+        inplace (bool, optional): share parameters with ``model`` instead of copying.
+            (default: :obj:`False`)
+        concrete_args, leaf_modules (optional): passed to :func:`fxquant.trace`.
+
+    Returns:
+        torch.fx.GraphModule: the model with a :class:`~fxquant.quant.points.QuantPoint`
+        module called at each quantization point.
+
+    Example:
+        >>> from torch_geometric.nn import GCNConv
+        >>> class GCN(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 2)
+        ...     def forward(self, x, edge_index):
+        ...         x = self.conv1(x, edge_index).relu()
+        ...         return self.conv2(x, edge_index)
+        >>> gm = transform(GCN(), bits=16)
+        >>> print(gm.code.strip())  # doctest: +NORMALIZE_WHITESPACE
+        def forward(self, x, edge_index):
+            conv1 = self.conv1(x, edge_index);  x = None
+            conv1_quant = self.conv1_quant(conv1);  conv1 = None
+            relu = conv1_quant.relu();  conv1_quant = None
+            conv2 = self.conv2(relu, edge_index);  relu = edge_index = None
+            conv2_quant = self.conv2_quant(conv2);  conv2 = None
+            return conv2_quant
+        >>> gm.conv1_quant
+        QuantPoint(output of 'conv1': top16, toward_zero, ste)
+        >>> gm = transform(GCN(), format="e4m3", scale="tensor", layers="conv1")
+        >>> gm.conv1_quant
+        QuantPoint(output of 'conv1': e4m3, nearest, scale tensor, ste)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fxquant.transform expects a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be True or False, got {inplace!r}")
+    check_leaf_modules(leaf_modules)
+    max_bits = _max_bits(model)
+    if isinstance(mapping, QuantMapping):
+        sugar = [k for k, v in {"bits": bits, "format": format, "scale": scale,
+                                "momentum": momentum, "layers": layers, "rounding": rounding,
+                                "grad_bits": grad_bits, "grad_format": grad_format,
+                                "node_bits": node_bits}.items() if v is not None]
+        if sugar or grad != "ste":
+            raise ValueError(f"fxquant.transform: a QuantMapping says everything; please put "
+                             f"{sugar or ['grad']} into its QuantConfigs instead")
+        chosen = mapping
+    elif isinstance(mapping, QuantConfig):
+        chosen = QuantMapping()
+        if layers is None:
+            chosen.set_global(mapping)
+        else:
+            specs = [layers] if isinstance(layers, (str, type)) or not isinstance(
+                layers, Iterable) else list(layers)
+            for spec in specs:
+                _add_selector(chosen, spec, mapping, "layers")
+        for key, value in (node_bits or {}).items():
+            override = NodeOverride.parse(value, str(key))
+            chosen.set_nodes(str(key), override.nodes, override.number)
+    else:
+        if mapping is not None:
+            if bits is not None:
+                raise ValueError("fxquant.transform: bits given twice (positionally and as bits=)")
+            bits = mapping
+        chosen = _sugar(bits, format, scale, momentum, layers, rounding, grad, grad_bits,
+                        grad_format, node_bits, max_bits)
+
+    # Trace and validate first: nothing is copied or changed on error.
+    gm = model if isinstance(model, GraphModule) else trace(model, concrete_args, leaf_modules)
+    points = plan(gm, chosen)
+    if not inplace:
+        gm = copy.deepcopy(gm)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    insert_quant_points(gm, [Resolved(nodes[p.node.name], p.site, p.config, p.override)
+                             for p in points])
+    return gm

@@ -1,0 +1,528 @@
+"""What to quantize where: one frozen :class:`QuantConfig` per quantization point, chosen
+by a :class:`QuantMapping` with a documented precedence.
+
+Vocabulary (following PyG): a **node** is a vertex of the user's graph (node ids,
+:func:`~fxquant.quant.nodes.top_degree_nodes`, in-degree); a **row** is a row of a tensor
+(``scale="row"``); a **layer** is a call in the traced model (a submodule, a function or a
+method); a **site** is where on a layer a value is rounded (today: its output); what the
+pass inserts are **quantization points**.
+
+A *number* is what values are rounded to: :class:`~fxquant.formats.TopN` (keep the top
+bits of the pattern; an ``int`` means this) or a :class:`~fxquant.formats.Format`.
+
+Example:
+    >>> from torch_geometric.nn import GCNConv
+    >>> mapping = (QuantMapping()
+    ...            .set_global(QuantConfig(16))
+    ...            .set_type(GCNConv, QuantConfig("e4m3", scale="tensor"))
+    ...            .set_name("conv2", QuantConfig(8, rounding="nearest")))
+    >>> print(mapping)
+    QuantMapping(
+      global output: top16, toward_zero, ste
+      type GCNConv output: e4m3, nearest, scale tensor, ste
+      name 'conv2' output: top8, nearest, ste
+    )
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+import torch_geometric.nn as pyg_nn
+from torch import Tensor, nn
+from torch.fx import GraphModule, Node
+from torch_geometric.nn import MessagePassing
+
+from fxquant.formats import Format, TopN, parse
+from fxquant.fx.selectors import layer_name, layer_names, matches
+from fxquant.modes import Grad, Rounding, Scale
+
+__all__ = [
+    "NodeOverride",
+    "Number",
+    "QuantConfig",
+    "QuantMapping",
+    "Resolved",
+    "Site",
+    "as_number",
+    "describe",
+    "describe_nodes",
+]
+
+#: What values are rounded to.
+Number = TopN | Format
+
+
+def as_number(value: object, arg: str = "number", max_bits: int = 64) -> Number:
+    """A :class:`TopN` (an ``int`` of kept bits, ``"topN"``) or a :class:`Format` (a preset
+    name, ``"eXmY"``, ``(exp_bits, man_bits)``), validated; errors name ``arg``.
+
+    Example:
+        >>> as_number(16), as_number("e4m3").spec()
+        (TopN(bits=16), 'e4m3')
+        >>> as_number(40, "bits", max_bits=32)
+        Traceback (most recent call last):
+        ...
+        ValueError: bits=40 is out of range: it counts the kept bits of the model's 32-bit float \
+pattern, so 1 <= bits <= 32.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        raise TypeError(
+            f"{arg} must be an int (kept bits) or a format ('e4m3', (3, 2), a Format), "
+            f"got {value!r}"
+        )
+    if isinstance(value, int):
+        bits = value
+    else:
+        try:
+            parsed = parse(value)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{arg}: {e}") from e
+        if isinstance(parsed, Format):
+            return parsed
+        bits = parsed.bits
+    if not 1 <= bits <= max_bits:
+        raise ValueError(
+            f"{arg}={bits} is out of range: it counts the kept bits of the model's "
+            f"{max_bits}-bit float pattern, so 1 <= {arg} <= {max_bits}."
+        )
+    return TopN(bits)
+
+
+def describe(number: Number) -> str:
+    """``"top-16"`` for kept bits, the format's spec otherwise."""
+    return f"top-{number.bits}" if isinstance(number, TopN) else number.spec()
+
+
+class Site(str, Enum):
+    """Where on a layer values are rounded. Adding a site adds a value here, nothing else."""
+
+    OUTPUT = "output"
+
+    @classmethod
+    def parse(cls, value: object) -> Site:
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"site={value!r} is not one of {[s.value for s in cls]}") from None
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True, init=False)
+class QuantConfig:
+    """How one quantization point rounds: number, rounding, scale, gradient rule.
+
+    Args:
+        number (int, str, tuple, Format or TopN): an ``int`` keeps the top bits of each
+            value's pattern (:func:`fxquant.truncate`); a format (``"e4m3"``, ``(3, 2)``, a
+            :class:`~fxquant.formats.Format`) rounds to its values (:func:`fxquant.quantize`).
+        rounding (str, optional): ``"toward_zero"``, ``"nearest"`` or ``"stochastic"``.
+            (default: :obj:`None`: toward_zero for kept bits, nearest for formats)
+        scale (str, optional): for formats: :obj:`None` (a plain cast), ``"tensor"``,
+            ``"row"`` or a ``"-pow2"`` variant. (default: :obj:`None`)
+        momentum (float, optional): with a per-tensor scale, keep a running amax
+            (:class:`~fxquant.quant.observers.RunningAmax`) and scale with it in eval.
+            (default: :obj:`None`)
+        grad (str, optional): ``"ste"`` (straight-through) or ``"zero"``. (default: ``"ste"``)
+        grad_number (optional): also round the gradient flowing back, to kept bits or a
+            format. (default: :obj:`None`)
+
+    Example:
+        >>> QuantConfig(16)
+        QuantConfig(number=TopN(bits=16), rounding=<Rounding.TOWARD_ZERO: 'toward_zero'>, \
+scale=<Scale.NONE: 'none'>, momentum=None, grad=<Grad.STE: 'ste'>, grad_number=None)
+        >>> QuantConfig(16, momentum=0.9)
+        Traceback (most recent call last):
+        ...
+        ValueError: momentum=0.9 keeps a running amax for a scaled format, so it needs a format \
+with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
+    """
+
+    number: Number
+    rounding: Rounding
+    scale: Scale
+    momentum: float | None
+    grad: Grad
+    grad_number: Number | None
+
+    def __init__(
+        self,
+        number: Number | int | str | tuple[int, int],
+        rounding: Rounding | str | None = None,
+        *,
+        scale: Scale | str | None = None,
+        momentum: float | None = None,
+        grad: Grad | str = "ste",
+        grad_number: Number | int | str | tuple[int, int] | None = None,
+    ) -> None:
+        parsed = as_number(number, "number")
+        default = Rounding.TOWARD_ZERO if isinstance(parsed, TopN) else Rounding.NEAREST
+        mode = Scale.parse(scale)
+        if mode is not Scale.NONE and not isinstance(parsed, Format):
+            raise ValueError(
+                f"scale={mode.value!r} applies to formats (e.g. 'e4m3'), not to top-N "
+                f"truncation ({describe(parsed)}); please drop scale= or round to a format."
+            )
+        if momentum is not None:
+            m = momentum
+            if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
+                raise ValueError(f"momentum must be a number in [0, 1), got {m!r}")
+            if not mode.per_tensor:
+                raise ValueError(
+                    f"momentum={m} keeps a running amax for a scaled format, so it needs a "
+                    "format with scale='tensor' (or 'tensor-pow2'); got "
+                    f"{describe(parsed)} with scale={mode.value!r}."
+                )
+            momentum = float(m)
+        set_ = object.__setattr__
+        set_(self, "number", parsed)
+        set_(self, "rounding", default if rounding is None else Rounding.parse(rounding))
+        set_(self, "scale", mode)
+        set_(self, "momentum", momentum)
+        set_(self, "grad", Grad.parse(grad))
+        set_(self, "grad_number",
+             None if grad_number is None else as_number(grad_number, "grad_number"))
+
+    @property
+    def op(self) -> str:
+        """The registered op that implements it: ``"truncate"`` where kept bits say it all."""
+        pure = isinstance(self.number, TopN) and not isinstance(self.grad_number, Format)
+        return "truncate" if pure else "quantize"
+
+    def describe(self) -> str:
+        """One line: ``"e4m3, nearest, scale tensor (running, momentum 0.9), ste"``."""
+        parts = [self.number.spec(), self.rounding.value]
+        if self.scale is not Scale.NONE:
+            running = f" (running, momentum {self.momentum})" if self.momentum is not None else ""
+            parts.append(f"scale {self.scale.value}{running}")
+        parts.append(self.grad.value)
+        if self.grad_number is not None:
+            parts.append(f"grad {self.grad_number.spec()}")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values; :meth:`from_dict` reads them back."""
+        return {
+            "number": self.number.spec(),
+            "rounding": self.rounding.value,
+            "scale": self.scale.value,
+            "momentum": self.momentum,
+            "grad": self.grad.value,
+            "grad_number": None if self.grad_number is None else self.grad_number.spec(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QuantConfig:
+        """The config :meth:`to_dict` wrote."""
+        data = dict(data)
+        return cls(data.pop("number"), data.pop("rounding", None), **data)
+
+
+@dataclass(frozen=True, eq=False)
+class NodeOverride:
+    """Nodes of the user's graph whose rows are rounded to another number.
+
+    Args:
+        nodes (Tensor or sequence of int): node ids (an integer index tensor, any integer
+            dtype) or a bool mask over the nodes. Rows of a node-level tensor are nodes, so
+            at the ``output`` site row ``i`` is node ``i``.
+        number (int, str, Format, TopN): what those rows are rounded to instead.
+    """
+
+    nodes: Tensor
+    number: Number
+    max_index: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        nodes = self.nodes
+        if isinstance(nodes, Sequence) and not isinstance(nodes, str):
+            nodes = torch.as_tensor(list(nodes), dtype=torch.long)
+        if not isinstance(nodes, Tensor):
+            raise TypeError(f"node ids must be an index tensor or a bool mask, got "
+                            f"{type(nodes).__name__}")
+        if nodes.is_sparse or nodes.is_nested or nodes.layout != torch.strided:
+            raise TypeError(f"node ids must be a dense (strided) tensor, got layout {nodes.layout}")
+        if nodes.dim() != 1:
+            raise ValueError(f"node ids must be 1-D (indices, or a mask over the nodes), got "
+                             f"shape {tuple(nodes.shape)}")
+        if nodes.dtype != torch.bool and (nodes.is_floating_point() or nodes.is_complex()):
+            raise TypeError(f"node ids must be integer indices or a bool mask, got {nodes.dtype}")
+        if nodes.device.type == "meta":
+            raise ValueError("node ids on the meta device have no values to check; please pass "
+                             "them on the CPU (they follow the model to its device)")
+        max_index = None
+        if nodes.dtype != torch.bool:
+            nodes = nodes.to(torch.long)
+            if nodes.numel():
+                lo, hi = int(nodes.min()), int(nodes.max())
+                if lo < 0:
+                    raise ValueError(f"node ids must be >= 0, got {lo}; please pass indices in "
+                                     "[0, num_nodes).")
+                max_index = hi
+        object.__setattr__(self, "nodes", nodes.detach().clone())
+        object.__setattr__(self, "max_index", max_index)
+        object.__setattr__(self, "number", as_number(self.number, "node override number"))
+
+    @classmethod
+    def parse(cls, value: object, layer: str) -> NodeOverride:
+        """From the ``(nodes, bits_or_format)`` pair a user writes in ``node_bits``."""
+        if isinstance(value, NodeOverride):
+            return value
+        if not (isinstance(value, tuple) and len(value) == 2):
+            raise TypeError(
+                f"node_bits[{layer!r}] must be a pair (nodes, bits), e.g. (index_tensor, 2) or "
+                f"(index_tensor, 'e2m1'), got {value!r}"
+            )
+        try:
+            return cls(*value)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"node_bits[{layer!r}]: {e}") from e
+
+    def describe(self) -> str:
+        return describe_nodes(self.nodes, self.number)
+
+
+def describe_nodes(nodes: Tensor, number: Number) -> str:
+    """``"20 nodes -> 9 bits"`` / ``"3/6 nodes (mask) -> e2m1"``."""
+    if nodes.dtype == torch.bool and nodes.device.type == "meta":
+        count = f"a mask over {nodes.numel()} nodes"
+    elif nodes.dtype == torch.bool:
+        count = f"{int(nodes.sum())}/{nodes.numel()} nodes (mask)"
+    else:
+        count = f"{nodes.numel()} nodes"
+    target = f"{number.bits} bits" if isinstance(number, TopN) else number.spec()
+    return f"{count} -> {target}"
+
+
+_GLOBAL, _TYPE, _PATTERN, _NAME = range(4)
+_KIND = {_GLOBAL: "global", _TYPE: "type", _PATTERN: "pattern", _NAME: "name"}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    level: int
+    selector: Any  # None (global), a module class, a pattern or predicate, or a name
+    site: Site
+    config: QuantConfig | None
+    source: str = "the mapping"  # how errors name where the entry came from
+
+    def describe(self) -> str:
+        what = {_GLOBAL: "global", _TYPE: f"type {getattr(self.selector, '__name__', '?')}",
+                _PATTERN: f"pattern {self.selector!r}" if isinstance(self.selector, str)
+                else f"predicate {getattr(self.selector, '__name__', 'lambda')}",
+                _NAME: f"name {self.selector!r}"}[self.level]
+        return f"{what} {self.site.value}: " + (
+            self.config.describe() if self.config is not None else "not quantized")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What one quantization point of a traced graph gets."""
+
+    node: Node
+    site: Site
+    config: QuantConfig
+    override: NodeOverride | None
+
+
+class QuantMapping:
+    """Which layers and sites get which :class:`QuantConfig`.
+
+    Precedence, from weakest to strongest (as torch.ao's ``QConfigMapping``): the global
+    entry < a module type < a name pattern or predicate < an exact name. Within one level
+    a later call wins. A config of :obj:`None` excludes what it matches. The global entry
+    covers every PyG ``MessagePassing`` layer (the layers fxquant quantizes when nothing
+    else is named); other layers are picked by type, pattern or name. Each ``set_*`` takes
+    a ``site`` (default ``"output"``) and returns the mapping, so calls chain.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[_Entry] = []
+        self._overrides: list[tuple[str, Site, NodeOverride]] = []
+
+    # -- building ------------------------------------------------------------------------
+
+    def _add(self, level: int, selector: Any, config: QuantConfig | None, site: object,
+             source: str) -> QuantMapping:
+        if config is not None and not isinstance(config, QuantConfig):
+            raise TypeError(f"config must be a QuantConfig or None, got {config!r}; e.g. "
+                            "QuantConfig(16) or QuantConfig('e4m3', scale='tensor')")
+        self._entries.append(_Entry(level, selector, Site.parse(site), config, source))
+        return self
+
+    def set_global(self, config: QuantConfig | None, *, site: str = "output",
+                   source: str = "the mapping") -> QuantMapping:
+        """Every ``MessagePassing`` layer, unless a stronger entry says otherwise.
+
+        Every ``set_*`` takes ``source``: how error messages name where the entry came from
+        (``transform``'s keyword arguments pass their own names).
+        """
+        return self._add(_GLOBAL, None, config, site, source)
+
+    def set_type(self, cls: type[nn.Module], config: QuantConfig | None, *,
+                 site: str = "output", source: str = "the mapping") -> QuantMapping:
+        """Every submodule that is an instance of ``cls``."""
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise TypeError(f"set_type expects a torch.nn.Module subclass, got {cls!r}")
+        return self._add(_TYPE, cls, config, site, source)
+
+    def set_pattern(self, pattern: str | Callable[[Node], bool], config: QuantConfig | None, *,
+                    site: str = "output", source: str = "the mapping") -> QuantMapping:
+        """Layers whose name matches an fnmatch ``pattern`` (``"conv*"``), or a predicate on
+        the ``torch.fx.Node``."""
+        if not (isinstance(pattern, str) or (callable(pattern) and not isinstance(pattern, type))):
+            raise TypeError(f"set_pattern expects an fnmatch pattern or a predicate on "
+                            f"torch.fx.Node, got {pattern!r}")
+        return self._add(_PATTERN, pattern, config, site, source)
+
+    def set_name(self, name: str, config: QuantConfig | None, *,
+                 site: str = "output", source: str = "the mapping") -> QuantMapping:
+        """One layer, by submodule name (``"conv1"``, ``"convs.0"``) or node name
+        (``"sigmoid"``)."""
+        if not isinstance(name, str):
+            raise TypeError(f"set_name expects a layer name, got {name!r}")
+        return self._add(_NAME, name, config, site, source)
+
+    def set_nodes(self, layer: str, nodes: Tensor | Sequence[int], number: Any, *,
+                  site: str = "output") -> QuantMapping:
+        """Rows of ``layer``'s ``site`` that belong to ``nodes`` are rounded to ``number``
+        (kept bits or a format) instead; the layer must get a config of its own."""
+        override = NodeOverride.parse((nodes, number), layer)
+        self._overrides.append((layer, Site.parse(site), override))
+        return self
+
+    # -- reading -------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        lines = [e.describe() for e in self._entries]
+        lines += [f"nodes of {layer!r} {site.value}: {o.describe()}"
+                  for layer, site, o in self._overrides]
+        return "QuantMapping(\n" + "".join(f"  {line}\n" for line in lines) + ")"
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def _matches(self, entry: _Entry, gm: GraphModule, node: Node) -> bool:
+        if entry.level == _GLOBAL:
+            return node.op == "call_module" and isinstance(
+                gm.get_submodule(str(node.target)), MessagePassing)
+        if entry.level == _NAME:
+            return entry.selector in layer_names(node)
+        return matches(gm, node, entry.selector)
+
+    def resolve(self, gm: GraphModule, nodes: Iterable[Node]) -> list[Resolved]:
+        """The quantization points of ``gm`` among ``nodes``, in graph order; validates every
+        entry first (unknown names, types that match nothing) and touches nothing."""
+        nodes = list(nodes)
+        for entry in self._entries:
+            if entry.level == _GLOBAL:
+                continue
+            if not any(self._matches(entry, gm, n) for n in nodes):
+                raise _no_match(gm, entry, nodes, entry.source)
+        chosen: dict[tuple[Node, Site], tuple[tuple[int, int], QuantConfig | None]] = {}
+        for order, entry in enumerate(self._entries):
+            for n in nodes:
+                if self._matches(entry, gm, n):
+                    key, rank = (n, entry.site), (entry.level, order)
+                    if key not in chosen or chosen[key][0] <= rank:
+                        chosen[key] = (rank, entry.config)
+        overrides: dict[tuple[Node, Site], NodeOverride] = {}
+        for layer, site, override in self._overrides:
+            matched = [n for n in nodes if matches(gm, n, layer)]
+            if not matched:
+                raise _no_match(gm, _Entry(_NAME, layer, site, None), nodes, "node_bits")
+            for n in matched:
+                if chosen.get((n, site), (None, None))[1] is None:
+                    quantized = sorted({layer_name(k[0]) for k, v in chosen.items()
+                                        if v[1] is not None})
+                    raise ValueError(
+                        f"node_bits[{layer!r}] names {layer_name(n)!r}, which gets no "
+                        f"quantization; quantized layers: {quantized}. Please give it a config "
+                        "(bits=/layers=, or the mapping) first."
+                    )
+                overrides[(n, site)] = override
+        order_of = {n: i for i, n in enumerate(nodes)}
+        points = [Resolved(n, site, config, overrides.get((n, site)))
+                  for (n, site), (_, config) in chosen.items() if config is not None]
+        return sorted(points, key=lambda p: (order_of[p.node], list(Site).index(p.site)))
+
+    # -- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able; module types by qualified class name, predicates refused."""
+        entries = []
+        for e in self._entries:
+            if e.level == _TYPE:
+                selector: Any = f"{e.selector.__module__}.{e.selector.__qualname__}"
+            elif e.level == _PATTERN and not isinstance(e.selector, str):
+                raise ValueError("a QuantMapping with a predicate (set_pattern(callable)) cannot "
+                                 "be written as JSON; please use a name or fnmatch pattern")
+            else:
+                selector = e.selector
+            entries.append({"kind": _KIND[e.level], "selector": selector, "site": e.site.value,
+                            "config": None if e.config is None else e.config.to_dict()})
+        overrides = [{"layer": layer, "site": site.value, "number": o.number.spec(),
+                      "nodes": o.nodes.tolist(), "mask": o.nodes.dtype == torch.bool}
+                     for layer, site, o in self._overrides]
+        return {"entries": entries, "node_overrides": overrides}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any],
+                  types: Iterable[type[nn.Module]] = ()) -> QuantMapping:
+        """Read :meth:`to_dict`'s output; module types are looked up among ``types`` and
+        the classes of PyG's and torch's ``nn`` (nothing is imported by name)."""
+        known = _known_types(types)
+        mapping = cls()
+        levels = {v: k for k, v in _KIND.items()}
+        for e in data.get("entries", []):
+            config = None if e["config"] is None else QuantConfig.from_dict(e["config"])
+            selector = e["selector"]
+            if e["kind"] == "type":
+                if selector not in known:
+                    raise ValueError(f"module type {selector!r} is not among the classes given "
+                                     "in types= (nor a PyG or torch.nn class)")
+                selector = known[selector]
+            mapping._add(levels[e["kind"]], selector, config, e["site"], "the mapping")
+        for o in data.get("node_overrides", []):
+            nodes = torch.tensor(o["nodes"], dtype=torch.bool if o["mask"] else torch.long)
+            mapping.set_nodes(o["layer"], nodes, o["number"], site=o["site"])
+        return mapping
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def _known_types(extra: Iterable[type[nn.Module]]) -> dict[str, type[nn.Module]]:
+    found: dict[str, type[nn.Module]] = {}
+    for namespace in (torch.nn, pyg_nn):
+        for value in vars(namespace).values():
+            if isinstance(value, type) and issubclass(value, nn.Module):
+                found[f"{value.__module__}.{value.__qualname__}"] = value
+    for value in extra:
+        found[f"{value.__module__}.{value.__qualname__}"] = value
+    return found
+
+
+def _no_match(gm: GraphModule, entry: _Entry, nodes: list[Node], arg: str) -> Exception:
+    if entry.level == _TYPE:
+        classes = sorted({type(gm.get_submodule(str(n.target))).__name__
+                          for n in nodes if n.op == "call_module"})
+        return ValueError(f"no layer of class {entry.selector.__name__} in {arg}; module classes "
+                          f"called in this model: {classes}")
+    if entry.level == _PATTERN and not isinstance(entry.selector, str):
+        return ValueError(f"the predicate {getattr(entry.selector, '__name__', entry.selector)} "
+                          f"in {arg} selects no layer")
+    known = sorted(dict.fromkeys(layer_name(n) for n in nodes))
+    return ValueError(
+        f"unknown layer {entry.selector!r} in {arg}; layers in this model: {known}. Please use a "
+        "submodule name ('conv1'), a node name ('relu'), or a pattern ('conv*')."
+    )

@@ -1,0 +1,123 @@
+"""The module the pass inserts: one :class:`QuantPoint` per quantization point.
+
+A point holds its :class:`~fxquant.quant.config.QuantConfig`, the observer that gives a
+running range (if any) and the node ids of a per-node override, and calls one registered
+op (``torch.ops.fxquant.truncate`` or ``quantize``) in ``forward``. Being a module, it is
+visible in ``print(gm)``, follows ``.to()``, keeps its state in ``state_dict``, survives
+pickling with its config, and torch.compile inlines it (the op's decomposition fuses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fxquant._ops.calls import OpCall, op_call
+from fxquant._ops.version import NUMERICS
+from fxquant.formats import TopN
+from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
+from fxquant.quant.observers import RunningAmax
+
+__all__ = ["QuantPoint"]
+
+
+def _spec(number: Number | None) -> str:
+    return "" if number is None else number.spec()
+
+
+class QuantPoint(nn.Module):
+    """Rounds what flows through it as its config says; the gradient follows ``config.grad``.
+
+    Args:
+        config (QuantConfig): number, rounding, scale, gradient rule.
+        layer (str): the layer it serves (for messages and the summary).
+        site (Site or str, optional): where on the layer. (default: ``"output"``)
+        override (NodeOverride, optional): nodes whose rows get another number.
+
+    Example:
+        >>> point = QuantPoint(QuantConfig(9), "conv1")
+        >>> point
+        QuantPoint(output of 'conv1': top9, toward_zero, ste)
+        >>> point(torch.tensor([3.0, -0.7]))
+        tensor([ 2.0000, -0.5000])
+    """
+
+    override_nodes: Tensor | None
+
+    def __init__(self, config: QuantConfig, layer: str, site: Site | str = Site.OUTPUT,
+                 override: NodeOverride | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.layer = layer
+        self.site = Site.parse(site)
+        self.observer = RunningAmax(config.momentum) if config.momentum is not None else None
+        self.override_number: Number | None = override.number if override is not None else None
+        self.override_max_index = override.max_index if override is not None else None
+        self.register_buffer("override_nodes",
+                             override.nodes.clone() if override is not None else None)
+        self._op, self._args = self._op_arguments()
+
+    @property
+    def name(self) -> str:
+        """``"output of 'conv1'"``: how messages refer to this point."""
+        return f"{self.site.value} of {self.layer!r}"
+
+    def _op_arguments(self) -> tuple[str, dict[str, Any]]:
+        """Which op, and its constant keyword arguments (computed once)."""
+        c, extra = self.config, self.override_number
+        args: dict[str, Any] = {"rounding": c.rounding.value}
+        if c.op == "truncate" and (extra is None or isinstance(extra, TopN)):
+            assert isinstance(c.number, TopN)
+            args.update(bits=c.number.bits, grad=c.grad.value, name=self.name)
+            if extra is not None:
+                args["rows_bits"] = extra.bits
+            if c.grad_number is not None:
+                args["grad_bits"] = c.grad_number.bits
+            return "truncate", args
+        args.update(format=c.number.spec(), scale=c.scale.value, grad=c.grad.value,
+                    rows_format=_spec(extra), grad_format=_spec(c.grad_number), name=self.name)
+        return "quantize", args
+
+    def op_call(self) -> OpCall:
+        """The op this point calls and its arguments (what the linters read)."""
+        overload = getattr(torch.ops.fxquant, self._op).default
+        call = op_call(overload, (None,), self._args)
+        assert call is not None
+        return call
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = None if self.override_nodes is None else self._rows(x)
+        if self._op == "truncate":
+            return torch.ops.fxquant.truncate.default(x, rows=rows, numerics=NUMERICS, **self._args)
+        amax = self.observer(x) if self.observer is not None else None
+        return torch.ops.fxquant.quantize.default(x, amax=amax, rows=rows, numerics=NUMERICS,
+                                                  **self._args)
+
+    def _rows(self, x: Tensor) -> Tensor:
+        """The override as a bool mask over ``x``'s rows (a shape check, never a value check)."""
+        nodes = self.override_nodes
+        assert nodes is not None
+        if nodes.dtype == torch.bool:
+            return nodes
+        n = x.shape[0] if x.dim() else 0
+        if self.override_max_index is not None and self.override_max_index >= n:
+            raise IndexError(
+                f"fxquant: the node override of quantization point {self.name} names node "
+                f"{self.override_max_index}, but the tensor there has {n} rows; please pass node "
+                f"ids in [0, {n})."
+            )
+        return torch.zeros(n, dtype=torch.bool, device=x.device).index_fill(0, nodes, True)
+
+    def extra_repr(self) -> str:
+        text = f"{self.name}: {self.config.describe()}"
+        if self.override_nodes is not None and self.override_number is not None:
+            text += "; " + self.override_description()
+        return text
+
+    def override_description(self) -> str:
+        """``"20 nodes -> 9 bits"``, or ``"-"`` without an override."""
+        if self.override_nodes is None or self.override_number is None:
+            return "-"
+        return describe_nodes(self.override_nodes, self.override_number)

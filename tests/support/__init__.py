@@ -1,0 +1,1 @@
+"""Models, graphs and checks shared by the tests (imported as ``tests.support``)."""
