@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -336,7 +337,18 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
         return configs
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
-    dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures())
+    try:
+        dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
+                                 download=False)
+    except (FileNotFoundError, ValueError) as e:
+        where = args.root or os.environ.get("FXQUANT_DATA") or "(neither --root nor FXQUANT_DATA set)"
+        why = str(e) if isinstance(e, ValueError) or "lacks" in str(e) else "no raw files there"
+        raise SystemExit(
+            f"train_cora.py: cannot load {args.dataset} from {where}: {why}.\nPlease pass "
+            f"--root DIR or set FXQUANT_DATA to a folder holding "
+            f"{args.dataset}/raw/ind.{args.dataset.lower()}.* (x, tx, allx, y, ty, ally, graph, "
+            "test.index: PyG's Planetoid raw files)."
+        ) from None
     data = dataset[0].to(device)
     configs = configs_for(args)
 

@@ -4,6 +4,12 @@ PyG's :class:`~torch_geometric.datasets.Planetoid` writes ``processed/`` next to
 under its root. Shared data folders are read-only by intent, and a process running as root
 would succeed in writing there anyway, so the raw files are copied into a cache folder and
 everything PyG writes goes there. The data root is never written to.
+
+The cache is keyed by a hash of the raw files' contents: edit a raw file in place and the
+next load processes it again, never returning data from before the edit.
+
+Security: Planetoid's raw files are Python pickles (``pickle.load`` in PyG's reader), so
+a crafted raw file runs code when it is read. Only load data you trust.
 """
 
 from __future__ import annotations
@@ -11,12 +17,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import pickle
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch_geometric.datasets import Planetoid
+from torch_geometric.io.planetoid import read_file
 
 __all__ = ["PLANETOID_NAMES", "cache_dir", "load_planetoid"]
 
@@ -38,11 +46,46 @@ def _raw_names(name: str) -> list[str]:
     return [f"ind.{name.lower()}.{suffix}" for suffix in _RAW]
 
 
-def _find_raw(root: Path, name: str) -> Path | None:
-    """The folder under ``root`` that holds all raw files (``root/Cora/raw``, ``root/raw``, ...)."""
-    for folder in (root / name / "raw", root / name.lower() / "raw", root / "raw", root):
-        if all((folder / f).is_file() for f in _raw_names(name)):
-            return folder
+def _candidates(root: Path, name: str) -> list[Path]:
+    return [root / name / "raw", root / name.lower() / "raw", root / "raw", root]
+
+
+def _find_raw(root: Path, name: str) -> tuple[Path | None, Path | None, list[str]]:
+    """(folder with every raw file, folder with only some of them, those it lacks)."""
+    partial: tuple[Path | None, list[str]] = (None, [])
+    for folder in _candidates(root, name):
+        present = [f for f in _raw_names(name) if (folder / f).is_file()]
+        if len(present) == len(_RAW):
+            return folder, None, []
+        if present and partial[0] is None:
+            partial = (folder, [f for f in _raw_names(name) if f not in present])
+    return None, partial[0], partial[1]
+
+
+def _content_key(folder: Path, name: str) -> str:
+    digest = hashlib.sha256()
+    for f in _raw_names(name):
+        digest.update(f.encode())
+        digest.update((folder / f).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _broken_file(folder: Path, name: str) -> tuple[str, BaseException] | None:
+    """The first raw file PyG's reader cannot read, with what it raised."""
+    for suffix in _RAW:
+        try:
+            read_file(str(folder), name, suffix)
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
+                IndexError, OSError, ImportError, UnicodeDecodeError) as e:
+            return f"ind.{name.lower()}.{suffix}", e
     return None
 
 
@@ -50,6 +93,7 @@ def load_planetoid(
     name: str = "Cora",
     root: str | os.PathLike[str] | None = None,
     transform: Callable[[Any], Any] | None = None,
+    download: bool = True,
 ) -> Planetoid:
     """Load a Planetoid citation graph with its public split, without writing to ``root``.
 
@@ -58,14 +102,18 @@ def load_planetoid(
             (default: ``"Cora"``)
         root (str or Path, optional): folder holding ``<name>/raw/ind.<name>.*`` (PyG's
             layout; ``raw/`` or the files themselves also work). Defaults to
-            ``$FXQUANT_DATA``; when neither is set, or the files are not there, PyG
+            ``$FXQUANT_DATA``; when neither is set, or no raw file is there, PyG
             downloads them into the cache (:func:`cache_dir`).
         transform (callable, optional): applied on access, e.g.
             ``torch_geometric.transforms.NormalizeFeatures()``.
+        download (bool, optional): when no raw file is found, try PyG's download into the
+            cache. (default: :obj:`True`)
 
     Raises:
-        FileNotFoundError: the raw files are in none of the places looked at and the
-            download failed; the message lists the places and how to point elsewhere.
+        FileNotFoundError: some raw files are missing (the message lists them), or none is
+            where it looked and the download failed (the message lists the places).
+        ValueError: a raw file cannot be read (the message names it), or the cache folder
+            lies inside the data root.
 
     Example:
         >>> dataset = load_planetoid("Cora")  # with FXQUANT_DATA=../shared/datasets
@@ -76,32 +124,60 @@ def load_planetoid(
     canonical = {n.lower(): n for n in PLANETOID_NAMES}.get(str(name).lower())
     if canonical is None:
         raise ValueError(f"unknown Planetoid dataset {name!r}; choose one of {list(PLANETOID_NAMES)}")
-    source = root if root is not None else os.environ.get("FXQUANT_DATA") or None
-    looked: list[str] = []
-    raw = None
-    if source is not None:
-        folder = Path(source).expanduser().resolve()
-        raw = _find_raw(folder, canonical)
-        looked.append(f"{folder / canonical / 'raw'} (from {'root=' if root else 'FXQUANT_DATA'})")
-
-    key = hashlib.sha1(str(raw).encode()).hexdigest()[:10] if raw else "download"
-    work = cache_dir() / "planetoid" / key
-    if raw is not None:
-        dest = work / canonical / "raw"
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in _raw_names(canonical):
-            src, dst = raw / f, dest / f
-            if not dst.is_file() or dst.stat().st_size != src.stat().st_size:
-                shutil.copyfile(src, dst)
-    else:
-        looked.append(str(work / canonical / "raw"))
     if importlib.util.find_spec("scipy") is None:
         raise ImportError(
             "reading Planetoid's raw files needs scipy (they are pickled scipy.sparse "
             "matrices); please `pip install scipy` or `pip install fxquant[examples]`."
         )
+    given = root if root is not None else os.environ.get("FXQUANT_DATA") or None
+    what = "root=" if root is not None else "FXQUANT_DATA"
+    cache = cache_dir()
+    raw = None
+    looked: list[str] = []
+    if given is not None:
+        source = Path(given).expanduser().resolve()
+        if _inside(cache, source):
+            raise ValueError(
+                f"the cache folder {cache} (FXQUANT_CACHE) lies inside the data root {source} "
+                f"({what}); fxquant never writes into the data root. Please point FXQUANT_CACHE "
+                "elsewhere."
+            )
+        raw, partial, missing = _find_raw(source, canonical)
+        if partial is not None and raw is None:
+            raise FileNotFoundError(
+                f"Planetoid {canonical}: {partial} holds some raw files but lacks {missing}; "
+                f"please copy the complete set (ind.{canonical.lower()}.x, .tx, .allx, .y, .ty, "
+                ".ally, .graph, .test.index) there."
+            )
+        looked.append(f"{source / canonical / 'raw'} (from {what})")
+
     if raw is not None:
-        return Planetoid(str(work), canonical, split="public", transform=transform)
+        work = cache / "planetoid" / f"{canonical}-{_content_key(raw, canonical)}"
+        dest = work / canonical / "raw"
+        if not all((dest / f).is_file() for f in _raw_names(canonical)):
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in _raw_names(canonical):
+                shutil.copyfile(raw / f, dest / f)
+        try:
+            return Planetoid(str(work), canonical, split="public", transform=transform)
+        except Exception as e:
+            broken = _broken_file(dest, canonical)
+            if broken is None:
+                raise
+            file, cause = broken
+            raise ValueError(
+                f"Planetoid {canonical}: the raw file {raw / file} cannot be read "
+                f"({type(cause).__name__}: {cause}); it is corrupt or truncated. Please "
+                "replace it with the original."
+            ) from e
+    work = cache / "planetoid" / f"{canonical}-download"
+    looked.append(str(work / canonical / "raw"))
+    if not download and not all((work / canonical / "raw" / f).is_file()
+                                for f in _raw_names(canonical)):
+        raise FileNotFoundError(
+            f"Planetoid {canonical}: its raw files (ind.{canonical.lower()}.x, ...) are not in "
+            f"{' or '.join(looked)}, and download=False."
+        )
     try:
         return Planetoid(str(work), canonical, split="public", transform=transform)
     except Exception as e:  # network errors come in many types (URLError, OSError, aiohttp)

@@ -67,3 +67,64 @@ def test_missing_files_and_failed_download_give_one_clear_error(tmp_path, cache,
 def test_unknown_name():
     with pytest.raises(ValueError, match=r"unknown Planetoid dataset 'Corra'"):
         load_planetoid("Corra")
+
+
+def _copy_cora(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(Path(SHARED) / "Cora", root / "Cora")
+    return root
+
+
+@needs_data
+def test_edited_raw_files_are_never_served_stale(tmp_path, cache):
+    """Labels edited in place at the same path: the next load returns the new labels."""
+    import pickle
+
+    import numpy as np
+
+    root = _copy_cora(tmp_path)
+    first = load_planetoid("Cora", root=root)[0]
+    path = root / "Cora" / "raw" / "ind.cora.ally"  # labels PyG builds data.y from
+    with path.open("rb") as f:
+        y = pickle.load(f, encoding="latin1")
+    y = np.roll(np.asarray(y), 1, axis=1)  # every training label moves to the next class
+    with path.open("wb") as f:
+        pickle.dump(y, f)
+    second = load_planetoid("Cora", root=root)[0]
+    train = first.train_mask
+    assert not (first.y[train] == second.y[train]).any()
+
+
+@needs_data
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupt_raw_file_is_named(tmp_path, cache, damage):
+    root = _copy_cora(tmp_path)
+    path = root / "Cora" / "raw" / "ind.cora.allx"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3] if damage == "truncate" else b"not a pickle" * 10)
+    with pytest.raises(ValueError, match=r"raw file .*ind\.cora\.allx cannot be read"):
+        load_planetoid("Cora", root=root)
+
+
+@needs_data
+def test_one_missing_file_is_named_without_a_download(tmp_path, cache, monkeypatch):
+    from torch_geometric.datasets import Planetoid
+
+    def no_download(self):
+        raise AssertionError("must not try to download")
+
+    monkeypatch.setattr(Planetoid, "download", no_download)
+    root = _copy_cora(tmp_path)
+    (root / "Cora" / "raw" / "ind.cora.graph").unlink()
+    with pytest.raises(FileNotFoundError, match=r"lacks \['ind\.cora\.graph'\]"):
+        load_planetoid("Cora", root=root)
+
+
+@needs_data
+def test_cache_inside_the_data_root_is_refused(tmp_path, monkeypatch):
+    root = _copy_cora(tmp_path)
+    monkeypatch.setenv("FXQUANT_CACHE", str(root / "cache"))
+    before = tree(root)
+    with pytest.raises(ValueError, match="lies inside the data root"):
+        load_planetoid("Cora", root=root)
+    assert tree(root) == before

@@ -7,6 +7,7 @@ from fxquant.quant.describe import quantization_points, summary
 from fxquant.quant.functional import quantize, truncate
 from fxquant.quant.nodes import top_degree_nodes
 from fxquant.quant.observers import RunningAmax
+from fxquant.quant.persist import load, save
 from fxquant.quant.points import QuantPoint
 
 __all__ = [
@@ -16,8 +17,10 @@ __all__ = [
     "QuantPoint",
     "RunningAmax",
     "Site",
+    "load",
     "quantization_points",
     "quantize",
+    "save",
     "summary",
     "top_degree_nodes",
     "transform",

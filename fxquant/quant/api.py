@@ -23,7 +23,10 @@ from fxquant.quant.config import NodeOverride, QuantConfig, QuantMapping, Resolv
 from fxquant.quant.insert import insert_quant_points
 from fxquant.quant.points import QuantPoint
 
-__all__ = ["plan", "transform"]
+__all__ = ["TRACE_KEY", "plan", "remember_trace", "transform"]
+
+#: The attribute of a transformed GraphModule that records how it was traced.
+TRACE_KEY = "fxquant_trace"
 
 _WIDTHS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _WILDCARDS = set("*?[")
@@ -131,6 +134,16 @@ def _sugar(
                 as_number(override.number.bits, f"node_bits[{key!r}] bits", max_bits)
             mapping.set_nodes(str(key), override.nodes, override.number)
     return mapping
+
+
+def remember_trace(gm: GraphModule, concrete_args: dict[str, Any] | None,
+                   leaf_modules: Iterable[LeafSpec]) -> None:
+    """Record how ``gm`` was traced (JSON-able), so :func:`save` can write it."""
+    names = [spec for spec in leaf_modules if isinstance(spec, str)]
+    classes = [f"{spec.__module__}.{spec.__qualname__}" for spec in leaf_modules
+               if not isinstance(spec, str)]
+    setattr(gm, TRACE_KEY, {"concrete_args": concrete_args, "leaf_names": names,
+                             "leaf_classes": classes})
 
 
 def plan(gm: GraphModule, mapping: QuantMapping) -> list[Resolved]:
@@ -270,4 +283,5 @@ def transform(
     nodes = {n.name: n for n in gm.graph.nodes}
     insert_quant_points(gm, [Resolved(nodes[p.node.name], p.site, p.config, p.override)
                              for p in points])
+    remember_trace(gm, concrete_args, leaf_modules)
     return gm

@@ -300,3 +300,13 @@ def test_torch_compile_stochastic_follows_the_global_seed():
     got = compiled(x)
     torch.manual_seed(5)
     assert torch.equal(got, fxquant.truncate(x, 10, "stochastic") * 2)
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_kernel_touches_only_the_input_device(rounding):
+    """On the meta device every tensor inside the op is meta: no constant on the CPU."""
+    from fxquant.testing import devices_touched
+
+    x = torch.empty(4, 4, device="meta")
+    assert devices_touched(fxquant.truncate, x, 10, rounding) == {"meta"}
+    assert devices_touched(fxquant.quantize, x, "e3m2", rounding, scale="row") == {"meta"}

@@ -12,7 +12,7 @@ from torch_geometric.nn.models import GCN as PygGCN
 
 import fxquant
 from fxquant.fx.tracer import GNNTracer
-from tests.support.models import GCN, DataGCN
+from tests.support.models import GCN, Block, DataGCN, WithBlock
 
 
 def _modules(gm):
@@ -87,29 +87,6 @@ def test_save_load_then_trace_again_in_one_process(tmp_path, graph):
     fxquant.transform(PygGCN(4, 8, num_layers=2, out_channels=2), bits=10)
 
 
-class _Block(nn.Module):
-    """Data-dependent Python: traceable only as a leaf."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        if x.sum() > 0:
-            return self.lin(x)
-        return -x
-
-
-class _WithBlock(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.block = _Block()
-        self.conv = GCNConv(4, 2)
-
-    def forward(self, x, edge_index):
-        return self.conv(self.block(x), edge_index)
-
-
 def test_explicit_concrete_args_and_leaf_modules(graph):
     """concrete_args is passed through; leaf_modules by class or name keep a module opaque
     that could not be traced otherwise."""
@@ -119,10 +96,10 @@ def test_explicit_concrete_args_and_leaf_modules(graph):
                                              "num_sampled_nodes_per_hop": None,
                                              "num_sampled_edges_per_hop": None})
     assert torch.allclose(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))
-    blocky = _WithBlock()
+    blocky = WithBlock()
     with pytest.raises(fxquant.TraceError):
         fxquant.trace(blocky)
-    for leaves in ([_Block], ["block"]):
+    for leaves in ([Block], ["block"]):
         gm = fxquant.trace(blocky, leaf_modules=leaves)
         assert _modules(gm) == ["block", "conv"]
         assert torch.equal(gm(graph.x, graph.edge_index), blocky(graph.x, graph.edge_index))
@@ -153,7 +130,7 @@ def test_untraceable_model_names_the_source_line():
 def test_untraceable_submodule_gets_a_leaf_hint_with_its_name():
     """A branch inside a submodule: the hint names that submodule for leaf_modules."""
     with pytest.raises(fxquant.TraceError, match=r"leaf_modules=\['block'\]"):
-        fxquant.trace(_WithBlock())
+        fxquant.trace(WithBlock())
 
 
 @pytest.mark.parametrize(

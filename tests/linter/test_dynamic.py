@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -81,10 +82,20 @@ def test_check_names_parameters_upstream_of_the_bitplane_path():
 
 
 def test_the_seed_error_is_real_and_the_victim_is_what_anomaly_mode_names():
-    """Plain autograd fails on the round trip, and anomaly mode blames pow, not `*=`."""
+    """Plain autograd fails on the round trip, and anomaly mode blames the pow line (the
+    victim), not either `*=` line (the culprits fxquant names)."""
     x = torch.rand(5, 3, requires_grad=True) + 0.5
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         bitplane_roundtrip(x).sum().backward()
+    with warnings.catch_warnings(record=True) as caught, torch.autograd.detect_anomaly():
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            bitplane_roundtrip(x).sum().backward()
+    traceback = "\n".join(str(w.message) for w in caught)
+    named = [int(n) for n in re.findall(rf'File "{re.escape(str(SEED))}", line (\d+)', traceback)]
+    assert named and named[-1] == line_of(SEED, "out = ((-1) ** s)")
+    assert not {line_of(SEED, "out *= 2**e_decimal"), line_of(SEED, "out *= 1.0 + torch.sum")} \
+        & set(named)
 
 
 def test_leaf_fill_is_an_error(run):

@@ -125,3 +125,28 @@ def test_empty_report():
     report = fxquant.LintReport(mode="dynamic")
     assert str(report) == "fxquant lint (dynamic): no findings"
     validate_sarif(json.loads(report.to_sarif()), expected_results=0)
+
+
+class _CachedConvRelu(torch.nn.Module):
+    """An in-place ReLU on a cached GCNConv's output: the symbolic lint probes the conv."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import GCNConv
+
+        self.conv = GCNConv(4, 4, cached=True)
+
+    def forward(self, x, edge_index):
+        return torch.nn.functional.relu(self.conv(x, edge_index), inplace=True)
+
+
+def test_symbolic_lint_leaves_the_model_as_it_was(graph):
+    """Probing runs on a copy: a GCNConv(cached=True) keeps no cache built from random
+    probe data, and its outputs stay those of an untouched copy."""
+    import copy
+
+    model = _CachedConvRelu()
+    untouched = copy.deepcopy(model)
+    fxquant.lint(model)
+    assert model.conv._cached_edge_index is None
+    assert torch.equal(model(graph.x, graph.edge_index), untouched(graph.x, graph.edge_index))

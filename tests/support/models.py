@@ -54,3 +54,28 @@ class MLPGCN(nn.Module):
     def forward(self, x, edge_index):
         h = F.relu(self.lin(x))
         return self.conv(h, edge_index).log_softmax(dim=-1)
+
+
+class Block(nn.Module):
+    """Data-dependent Python: traceable only as a leaf."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.lin(x)
+        return -x
+
+
+class WithBlock(nn.Module):
+    """A GCN behind a block that symbolic tracing cannot follow."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+        self.conv = GCNConv(4, 2)
+
+    def forward(self, x, edge_index):
+        return self.conv(self.block(x), edge_index)

@@ -1,0 +1,92 @@
+"""fxquant.save / fxquant.load: a transformed model round-trips without pickling code."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+from torch_geometric.nn.models import GCN as PygGCN
+
+import fxquant
+from tests.support.models import GCN, Block, WithBlock
+
+
+def test_round_trip_with_every_kind_of_point(tmp_path, graph):
+    """Formats, running amax, node overrides (index and mask): identical outputs in train
+    and eval after save -> load into a fresh model, summary included."""
+    mask = torch.zeros(graph.num_nodes, dtype=torch.bool).index_fill(0, torch.tensor([2]), True)
+    kwargs = dict(bits={"conv1": "e4m3", "sigmoid": 10, "conv2": "e3m2"}, scale="tensor",
+                  momentum=0.5, node_bits={"conv1": ([1, 4], "e2m1"), "sigmoid": (mask, 4)})
+    gm = fxquant.transform(GCN(), **kwargs)
+    gm(graph.x, graph.edge_index)  # the running amax moves
+    fxquant.save(gm, tmp_path / "gm.pt")
+    again = fxquant.load(tmp_path / "gm.pt", GCN())
+    assert fxquant.summary(again) == fxquant.summary(gm)
+    for mode in (True, False):
+        gm.train(mode), again.train(mode)
+        with torch.no_grad():
+            assert torch.equal(again(graph.x, graph.edge_index), gm(graph.x, graph.edge_index))
+
+
+def test_zoo_model_with_weights_only(tmp_path, graph):
+    """PyG's GCN (its optional arguments fixed while tracing) round-trips; the file holds
+    only tensors and strings, so plain weights_only loading accepts it."""
+    model = PygGCN(4, 8, num_layers=2, out_channels=2)
+    gm = fxquant.transform(model, bits=11, rounding="stochastic").eval()
+    fxquant.save(gm, tmp_path / "gm.pt")
+    assert set(torch.load(tmp_path / "gm.pt", weights_only=True)) == {
+        "format", "points", "trace", "state_dict"}
+    again = fxquant.load(tmp_path / "gm.pt", PygGCN(4, 8, num_layers=2, out_channels=2)).eval()
+    torch.manual_seed(1)
+    a = gm(graph.x, graph.edge_index)
+    torch.manual_seed(1)
+    assert torch.equal(again(graph.x, graph.edge_index), a)
+
+
+def test_leaf_modules_by_class_are_found_again(tmp_path, graph):
+    model = WithBlock()
+    gm = fxquant.transform(model, bits=10, layers=["block", "conv"], leaf_modules=[Block])
+    fxquant.save(gm, tmp_path / "gm.pt")
+    fresh = WithBlock()
+    again = fxquant.load(tmp_path / "gm.pt", fresh)
+    assert torch.equal(again(graph.x, graph.edge_index), gm(graph.x, graph.edge_index))
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned_by_fxquant_load",))
+
+
+def test_a_crafted_pickle_is_refused_and_never_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pt"
+    with path.open("wb") as f:
+        pickle.dump({"format": "fxquant-state-1", "points": _Evil()}, f, protocol=2)
+    with pytest.raises(ValueError, match="refused"):
+        fxquant.load(path, GCN())
+    assert not (tmp_path / "pwned_by_fxquant_load").exists()
+
+
+def test_wrong_model_and_bad_files(tmp_path):
+    gm = fxquant.transform(GCN(), bits=10)
+    fxquant.save(gm, tmp_path / "gm.pt")
+    with pytest.raises(ValueError, match="unknown layer 'conv1'"):
+        fxquant.load(tmp_path / "gm.pt", PygGCN(4, 8, num_layers=2, out_channels=2))
+    torch.save({"x": torch.ones(1)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"not a file fxquant\.save wrote"):
+        fxquant.load(tmp_path / "other.pt", GCN())
+    with pytest.raises(TypeError, match="expects the GraphModule"):
+        fxquant.save(GCN(), tmp_path / "x.pt")
+
+
+def test_torch_export_round_trip(tmp_path, graph):
+    """The other code-free route: torch.export of a transformed model, identical outputs."""
+    gm = fxquant.transform(GCN(add_self_loops=False, normalize=False), bits=10,
+                           rounding="nearest").eval()
+    args = (graph.x, graph.edge_index)
+    exported = torch.export.export(gm, args)
+    torch.export.save(exported, tmp_path / "gm.pt2")
+    loaded = torch.export.load(tmp_path / "gm.pt2")
+    assert torch.equal(loaded.module()(*args), gm(*args))
