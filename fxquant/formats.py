@@ -1,5 +1,6 @@
-"""Number formats fxquant can simulate: minifloats (FP8, the OCP MX element types, custom)
-and top-N truncation of the input's own pattern.
+"""Number formats fxquant can simulate: minifloats (FP8, the OCP MX element types, custom),
+integers (fixed point with a scale: ``int8``, ``int4``, ``uint8``, ``int8:asym``) and
+top-N truncation of the input's own pattern.
 
 A :class:`Format` is frozen and validated. Formats travel inside graphs as short strings
 (``"e4m3"``, ``"top16"``, ``"e3m2:bias=3:special=none:subnormals=1:overflow=saturate"``):
@@ -26,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["PRESETS", "Format", "TopN", "parse"]
+__all__ = ["PRESETS", "Format", "IntFormat", "Number", "TopN", "parse"]
 
 Special = Literal["ieee", "nan_only", "none"]
 Overflow = Literal["saturate", "inf"]
@@ -187,6 +188,65 @@ class TopN:
         return self.spec()
 
 
+@dataclass(frozen=True)
+class IntFormat:
+    """Integers of ``bits`` bits, read as fixed point through a scale.
+
+    Args:
+        bits (int): ``2..16`` signed, ``1..16`` unsigned.
+        signed (bool, optional): ``[-2**(bits-1), 2**(bits-1) - 1]`` (two's complement) or
+            ``[0, 2**bits - 1]``. (default: :obj:`True`)
+        asymmetric (bool, optional): an affine grid with a zero point, mapping the range
+            ``[lo, hi]`` (which always includes 0) onto ``[0, 2**bits - 1]``.
+            (default: :obj:`False`: the grid is symmetric around 0 and ``amax`` maps to
+            the largest code)
+
+    Example:
+        >>> parse("int8"), parse("uint4").qmax, parse("int2").qmin
+        (IntFormat(bits=8, signed=True, asymmetric=False), 15, -2)
+        >>> parse("int8:asym").spec(), parse(("int", 3)).spec()
+        ('int8:asym', 'int3')
+    """
+
+    bits: int
+    signed: bool = True
+    asymmetric: bool = False
+
+    def __post_init__(self) -> None:
+        low = 2 if self.signed and not self.asymmetric else 1
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not low <= self.bits <= 16:
+            raise ValueError(f"IntFormat: bits must be an int in {low}..16, got {self.bits!r}")
+        if self.asymmetric:
+            object.__setattr__(self, "signed", False)
+
+    @property
+    def qmin(self) -> int:
+        """The smallest code."""
+        return -(1 << (self.bits - 1)) if self.signed else 0
+
+    @property
+    def qmax(self) -> int:
+        """The largest code."""
+        return (1 << (self.bits - 1)) - 1 if self.signed else (1 << self.bits) - 1
+
+    @property
+    def max_finite(self) -> float:
+        """The largest code, in units of the scale."""
+        return float(self.qmax)
+
+    def spec(self) -> str:
+        if self.asymmetric:
+            return f"int{self.bits}:asym"
+        return f"{'' if self.signed else 'u'}int{self.bits}"
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+#: What values are rounded to: kept bits of the pattern, a float format or integers.
+Number = TopN | Format | IntFormat
+
+
 def _ldexp(mantissa: int, exponent: int) -> float:
     try:
         return math.ldexp(float(mantissa), exponent)
@@ -212,12 +272,21 @@ _ALIASES: Final = {"e4m3fn": "e4m3", "float16": "fp16", "half": "fp16", "bfloat1
                    "fp6_e2m3": "e2m3", "fp4_e2m1": "e2m1", "fp4": "e2m1"}
 _CUSTOM = re.compile(r"e(\d+)m(\d+)")
 _TOP = re.compile(r"top(\d+)")
+_INT = re.compile(r"(u?)int(\d+)")
+
+
+def _int_option(spec: str, key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"format option {key}={value!r} in {spec!r} must be an integer") from None
 
 
 @functools.lru_cache(maxsize=256)
-def parse(spec: str | Format | TopN | tuple[int, int]) -> Format | TopN:
-    """A format from a preset name, ``"eXmY"``, ``(exp_bits, man_bits)``, ``"topN"`` or the
-    long form :meth:`Format.spec` writes.
+def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Number:
+    """A number from a preset name, ``"eXmY"``, ``(exp_bits, man_bits)``, ``"topN"``,
+    ``"intN"`` / ``"uintN"`` / ``"intN:asym"`` / ``("int", N)``, or the long form
+    :meth:`Format.spec` writes.
 
     Example:
         >>> parse("e3m2") == PRESETS["e3m2"], parse((3, 2)).spec(), parse("top16")
@@ -227,12 +296,15 @@ def parse(spec: str | Format | TopN | tuple[int, int]) -> Format | TopN:
         ...
         ValueError: Format: 1 + exp_bits + man_bits = 41 bits; ...
     """
-    if isinstance(spec, (Format, TopN)):
+    if isinstance(spec, (Format, TopN, IntFormat)):
         return spec
+    if isinstance(spec, tuple) and len(spec) == 2 and spec[0] in ("int", "uint"):
+        return IntFormat(spec[1], signed=spec[0] == "int")  # type: ignore[arg-type]
     if isinstance(spec, tuple) and len(spec) == 2:
-        return Format(*spec)
+        return Format(*spec)  # type: ignore[arg-type]
     if not isinstance(spec, str):
-        raise TypeError(f"a format is a name, 'eXmY', (exp_bits, man_bits) or Format; got {spec!r}")
+        raise TypeError(f"a format is a name ('e4m3', 'int8', 'top16'), 'eXmY', (exp_bits, "
+                        f"man_bits), ('int', bits) or a Format; got {spec!r}")
     text = spec.strip().lower()
     text = _ALIASES.get(text, text)
     if text in PRESETS:
@@ -241,17 +313,25 @@ def parse(spec: str | Format | TopN | tuple[int, int]) -> Format | TopN:
     top = _TOP.fullmatch(head)
     if top and not options:
         return TopN(int(top.group(1)))
+    integer = _INT.fullmatch(head)
+    if integer:
+        if options and options != ["asym"]:
+            raise ValueError(f"unknown integer format option in {spec!r}; the one option is "
+                             "':asym' (an affine grid with a zero point)")
+        return IntFormat(int(integer.group(2)), signed=not integer.group(1),
+                         asymmetric=bool(options))
     custom = _CUSTOM.fullmatch(head)
     if custom is None:
         raise ValueError(
             f"unknown format {spec!r}; presets: {sorted(PRESETS)}, or 'eXmY' for X exponent and "
-            "Y mantissa bits (e.g. 'e3m0'), or 'topN' for top-N truncation."
+            "Y mantissa bits (e.g. 'e3m0'), 'intN' / 'uintN' / 'intN:asym' for integers, or "
+            "'topN' for top-N truncation."
         )
     kwargs: dict[str, object] = {}
     for option in options:
         key, _, value = option.partition("=")
         if key == "bias":
-            kwargs["bias"] = int(value)
+            kwargs["bias"] = _int_option(spec, key, value)
         elif key == "special":
             kwargs["special"] = value
         elif key == "subnormals":

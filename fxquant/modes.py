@@ -74,7 +74,8 @@ class Scale(_Vocabulary):
     ``NONE`` casts without scaling; ``TENSOR`` uses one scale for the whole tensor, ``ROW``
     one per row (dim 0: one per node of a GNN activation, one per edge of a message
     tensor). The ``-pow2`` variants round each scale down to a power of two, so that
-    scaling itself is exact.
+    scaling itself is exact. ``BLOCK32`` is the OCP Microscaling (MX) scheme: one shared
+    power-of-two (E8M0) scale per block of 32 consecutive values along the last dim.
     """
 
     NONE = "none"
@@ -82,6 +83,7 @@ class Scale(_Vocabulary):
     ROW = "row"
     TENSOR_POW2 = "tensor-pow2"
     ROW_POW2 = "row-pow2"
+    BLOCK32 = "block32"
 
     @classmethod
     def parse(cls, value: object, arg: str | None = None) -> Scale:
@@ -97,5 +99,10 @@ class Scale(_Vocabulary):
         return self in (Scale.ROW, Scale.ROW_POW2)
 
     @property
+    def per_block(self) -> bool:
+        return self is Scale.BLOCK32
+
+    @property
     def pow2(self) -> bool:
-        return self.value.endswith("-pow2")
+        """Scales are powers of two (exact scaling)."""
+        return self.value.endswith("-pow2") or self is Scale.BLOCK32

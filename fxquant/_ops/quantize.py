@@ -1,103 +1,505 @@
-"""Round to a number format, with optional scaling: :func:`quantize` and its registered op.
+"""Round to a number format, with optional scaling: the ``fxquant::quantize`` op.
 
-``quantize(x, "e4m3")`` with ``scale=None`` is a plain cast: for ``"e4m3"``, ``"e5m2"``,
-``"fp16"`` and ``"bf16"`` it is bit-identical to ``x.to(torch.float8_e4m3fn).float()`` and
-friends (ties to even, subnormals, saturation or inf on overflow), NaN stays NaN and the
-sign never flips. Formats torch lacks (``"e3m2"``, ``"e2m3"``, ``"e2m1"``, any ``(e, m)``)
-follow the same rules.
+Numbers (:mod:`fxquant.formats`): minifloats (:class:`~fxquant.formats.Format`), integers
+(:class:`~fxquant.formats.IntFormat`) and top-N truncation (:class:`~fxquant.formats.TopN`,
+which calls the truncation kernels). float32, float16 and bfloat16 inputs are computed in
+float32, float64 inputs in float64; nothing is ever widened beyond that.
 
-Scaling lets small formats cover the data: ``scale="tensor"`` multiplies by
-``max_finite / amax`` (amax over the finite values of the whole tensor), casts, and
-divides back; ``scale="row"`` does the same per row (dim 0: nodes of a GNN activation).
-The ``"-pow2"`` variants round each scale down to a power of two, so scaling is exact.
-A running per-tensor amax for eval comes from an observer module
-(:class:`fxquant.quant.RunningAmax`), handed to the op as ``amax``.
+**Minifloats.** ``scale="none"`` rounds every value to the format's grid: with ``e`` the
+exponent of ``|x|`` (at least the format's ``emin``) the spacing there is
+``q = 2**(e - man_bits)`` and ``|x| / q`` (exact: a power of two) is rounded to an integer
+(half to even; ``trunc``; or ``floor(. + U[0, 1))``). Ties of formats without mantissa
+bits go to the even exponent field. Then the format's overflow rule applies (saturate, or
+inf when the format has inf and the rounding is not toward zero), subnormals flush to
+zero when the format has none, NaN stays NaN (with its payload) and +-inf stays +-inf
+where the format has inf (else it saturates). For ``"e4m3"``, ``"e5m2"``, ``"fp16"`` and
+``"bf16"`` this is bit-identical to torch's casts (and uses them in eager).
 
-The rounding works on the value grid of the format: with ``q`` the spacing of the format's
-values around ``|x|``, ``|x| / q`` is rounded to an integer (``torch.round``: half to even;
-``trunc``; or ``floor(. + U[0, 1))``) in float64, where all these steps are exact. Ties go
-to the even code (for formats without mantissa bits: the even exponent field).
+With a scale, ``y = x * factor`` is rounded and divided back: ``factor = max_finite /
+amax`` per tensor or per row (``amax`` over finite values, from the data or from an
+observer's ``bounds``; a zero or non-finite ``amax`` gives factor 1; a factor past the
+dtype's range is capped, so a tiny ``amax`` never turns into inf or NaN); ``-pow2`` modes
+round the factor down to a power of two; ``"block32"`` is OCP MX: per block of 32 values
+along the last dim, ``factor = 2**(emax - floor(log2 amax_block))`` (an E8M0 scale,
+exponent clamped to [-127, 127]) and overflow saturates. A result past the input dtype's
+range (float16: a scaled value rounded up, then divided back) saturates at the dtype's
+largest finite value for formats without inf, and is inf for formats with inf.
+
+**Integers** (``y`` read as ``round(x / scale)`` clamped to ``[qmin, qmax]``, times
+``scale``), as ``torch.fake_quantize_per_tensor_affine`` computes them (which eager
+nearest rounding calls): ``inv = 1 / scale`` in the compute dtype,
+``out = (clamp(round(x * inv) + zp, qmin, qmax) - zp) * scale``. Symmetric signed:
+``scale = amax / qmax``; unsigned: ``scale = max(hi, 0) / qmax``; ``":asym"``: ``[lo, hi]``
+(extended to include 0) onto ``[0, 2**bits - 1]``, ``zp = qmin - round(lo / scale)``; a
+zero range gives scale 1; ``"block32"``: ``scale = 2**ceil(log2(amax / qmax))`` per block.
+``scale="none"`` rounds to the integers themselves (clamped), the building block of
+learned step sizes. NaN stays NaN; +-inf clamps to the extreme codes.
+
+Eager evaluation goes through the tensor in chunks of about a million elements, so the
+temporaries of the elementwise chain stay small: extra peak memory is the output plus a
+few chunks. Under ``torch.compile`` the op decomposes into the same per-element functions,
+which inductor fuses into one loop (stochastic rounding stays one opaque call, so it
+follows ``torch.manual_seed`` exactly).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+from collections.abc import Iterator
 from typing import Final
 
 import torch
 from torch import Tensor
 
-from fxquant._ops.layouts import layout_of
+from fxquant._ops.layouts import FloatLayout, layout_of
 from fxquant._ops.rows import row_mask
 from fxquant._ops.truncate import check_bits, truncate_values
-from fxquant.formats import Format, TopN, parse
+from fxquant.formats import PRESETS, Format, IntFormat, Number, TopN, parse
 from fxquant.modes import Grad, Rounding, Scale
 
-__all__ = ["ARGS", "SIGNATURE", "amax_of", "quantize_values"]
+__all__ = [
+    "ARGS",
+    "SIGNATURE",
+    "bounds_of",
+    "quantize_values",
+    "round_float",
+    "round_int",
+]
+
+#: Elements per chunk of the eager kernels (temporaries stay this small).
+CHUNK: Final = 1 << 20
+_COMPUTE = {torch.float32: torch.float32, torch.float16: torch.float32,
+            torch.bfloat16: torch.float32, torch.float64: torch.float64}
+_TORCH_CASTS = {PRESETS["e4m3"]: torch.float8_e4m3fn, PRESETS["e5m2"]: torch.float8_e5m2,
+                PRESETS["fp16"]: torch.float16, PRESETS["bf16"]: torch.bfloat16}
+_BIAS = {32: 127, 64: 1023}
 
 
-def _cast(x: Tensor, fmt: Format, rounding: str, generator: torch.Generator | None) -> Tensor:
-    """Round every element of ``x`` to a value of ``fmt``; float64 in, float64 out."""
-    a = x.abs()
-    finite = torch.isfinite(x)
-    if fmt.exp_bits == 0:
-        exponent = torch.full_like(a, fmt.emin)
-    else:
-        _, e = torch.frexp(torch.where(finite, a, 0.0))
-        exponent = torch.clamp(e.to(a.dtype) - 1, min=fmt.emin)
-    step = torch.exp2(exponent - fmt.man_bits)  # spacing of the format's values around |x|
-    scaled = a / step  # exact: a power-of-two division
-    if rounding == "nearest":
-        units = torch.round(scaled)  # half to even
+# -- per-element rounding: shared by the eager chunks and the inductor decomposition ----------
+
+
+def _finite(value: float, dtype: torch.dtype) -> float:
+    """A format constant as a finite number of ``dtype`` (formats may reach beyond it)."""
+    return min(value, torch.finfo(dtype).max)
+
+
+def _pow2(k: Tensor, layout: FloatLayout, dtype: torch.dtype) -> Tensor:
+    """``2.0 ** k`` for integer tensors ``k`` in the dtype's normal exponent range, exactly."""
+    bias = _BIAS[layout.width]
+    return ((k + bias) << layout.man_bits).view(dtype)
+
+
+def round_float(y: Tensor, fmt: Format, rounding: str, noise: Tensor | None = None) -> Tensor:
+    """Every element of ``y`` (float32 or float64) rounded to a value of ``fmt``.
+
+    Example:
+        >>> round_float(torch.tensor([0.3, 5.0, 7.0, -1e9, float("nan")]), parse("e2m1"), "nearest")
+        tensor([ 0.5000,  4.0000,  6.0000, -6.0000,     nan])
+    """
+    layout = layout_of(y.dtype)
+    bias = _BIAS[layout.width]
+    a = y.abs()
+    exponent = a.view(layout.int_dtype) >> layout.man_bits  # biased; all ones for inf and NaN
+    if fmt.emin < 1 - bias:  # normals below the dtype's: subnormal inputs need their exponent
+        _, e2 = torch.frexp(a)
+        exponent = torch.where(exponent == 0, e2.to(layout.int_dtype) - 1 + bias, exponent)
+    e = torch.clamp(exponent - bias, min=fmt.emin)
+    k = e - fmt.man_bits  # the spacing of the format around |y| is 2**k
+    h1 = k >> 1
+    h2 = k - h1
+    v = a * _pow2(-h1, layout, y.dtype) * _pow2(-h2, layout, y.dtype)  # exact
+    if rounding == Rounding.NEAREST:
+        n = torch.round(v)  # half to even
         if fmt.man_bits == 0 and fmt.exp_bits > 0:
-            # Without mantissa bits every normal significand is 1: "even" is the code's last
-            # bit, the exponent field's parity, as in a bit-pattern implementation.
-            tie = (scaled - torch.floor(scaled) == 0.5) & (scaled >= 1)
-            down = ((exponent + int(fmt.bias)) % 2) == 0  # type: ignore[arg-type]
-            units = torch.where(tie, torch.floor(scaled) + (~down).to(scaled.dtype), units)
-    elif rounding == "toward_zero":
-        units = torch.trunc(scaled)
+            # Every normal significand is 1: "even" is the exponent field's last bit.
+            floor = torch.floor(v)
+            tie = (v - floor == 0.5) & (v >= 1)
+            n = torch.where(tie, floor + ((e + int(fmt.bias)) & 1).to(y.dtype), n)  # type: ignore[arg-type]
+    elif rounding == Rounding.TOWARD_ZERO:
+        n = torch.trunc(v)
     else:
-        noise = torch.rand(x.shape, dtype=a.dtype, device=x.device, generator=generator)
-        units = torch.floor(scaled + noise)
-    y = units * step
+        assert noise is not None
+        n = torch.floor(v + noise)
+    r = n * _pow2(h1, layout, y.dtype) * _pow2(h2, layout, y.dtype)
+    big = _finite(fmt.max_finite, y.dtype)
+    if fmt.overflow == "inf" and rounding != Rounding.TOWARD_ZERO:  # IEEE: toward zero saturates
+        r = torch.where(r > big, math.inf, r)
+    else:
+        r = torch.clamp(r, max=big)
     if not fmt.subnormals:
-        y = torch.where(y < fmt.min_normal, 0.0, y)
-    big = fmt.max_finite
-    if fmt.overflow == "inf" and rounding != "toward_zero":  # IEEE: toward zero saturates
-        y = torch.where(y > big, torch.inf, y)
+        r = torch.where(r < fmt.min_normal, 0.0, r)
+    r = torch.where(a == math.inf, math.inf if fmt.special == "ieee" else big, r)
+    r = torch.copysign(r, y)
+    return torch.where(torch.isnan(y), y, r)
+
+
+def round_int(y: Tensor, fmt: IntFormat, rounding: str, noise: Tensor | None = None,
+              zero_point: Tensor | None = None) -> Tensor:
+    """Codes: ``clamp(round(y) + zero_point, qmin, qmax)`` (as floats); NaN stays NaN.
+
+    Example:
+        >>> round_int(torch.tensor([-9.0, -2.5, 0.5, 1.5, 300.0]), parse("int4"), "nearest")
+        tensor([-8., -2.,  0.,  2.,  7.])
+    """
+    if rounding == Rounding.NEAREST:
+        n = torch.round(y)
+    elif rounding == Rounding.TOWARD_ZERO:
+        n = torch.trunc(y)
     else:
-        y = torch.clamp(y, max=big)
-    y = torch.where(torch.isinf(x), torch.inf if fmt.special == "ieee" else big, y)
-    y = torch.copysign(y, x)
-    return torch.where(torch.isnan(x), x, y)
+        assert noise is not None
+        n = torch.floor(y + noise)
+    if zero_point is not None:
+        n = n + zero_point
+    return torch.clamp(n, fmt.qmin, fmt.qmax)
 
 
-def amax_of(x: Tensor, scale: str) -> Tensor:
-    """Largest finite magnitude: one value, or one per row shaped to broadcast."""
-    magnitude = torch.where(torch.isfinite(x), x.abs(), 0.0)
-    if scale.startswith("tensor"):
-        return magnitude.amax() if x.numel() else magnitude.new_zeros(())
-    rows = magnitude.reshape(x.shape[0], -1)
-    per_row = rows.amax(dim=1) if rows.shape[1] else rows.new_zeros(x.shape[0])
-    return per_row.view((x.shape[0],) + (1,) * (x.dim() - 1))
+# -- ranges and scales ------------------------------------------------------------------------
 
 
-def _apply(x: Tensor, fmt: Format | TopN, rounding: str, scale: str, amax: Tensor | None,
+def bounds_of(x: Tensor, per_row: bool, sync: bool = True) -> Tensor:
+    """``(lo, hi)`` over the finite values of ``x`` (shape ``(2,)``) or of each row (``(n, 2)``);
+    zeros where there are none. With ``sync`` (eager, on the CPU) one read of the extremes
+    decides whether the masked pass over non-finite values is needed; off the CPU, or
+    compiled, it always runs."""
+    flat = x.reshape(x.shape[0], -1) if per_row else x.reshape(1, -1)
+    if flat.shape[1] == 0:
+        out = x.new_zeros((flat.shape[0], 2))
+        return out if per_row else out[0]
+    compute = _COMPUTE[x.dtype]
+    flat = flat.to(compute)
+    lo, hi = torch.aminmax(flat, dim=1)
+    clean = sync and x.device.type == "cpu" and bool(
+        torch.isfinite(lo).all() & torch.isfinite(hi).all())
+    if not clean:
+        finite = torch.isfinite(flat)
+        lo = torch.where(finite, flat, math.inf).amin(dim=1)
+        hi = torch.where(finite, flat, -math.inf).amax(dim=1)
+        lo = torch.where(torch.isfinite(lo), lo, 0.0)
+        hi = torch.where(torch.isfinite(hi), hi, 0.0)
+    out = torch.stack([lo, hi], dim=1)
+    return out if per_row else out[0]
+
+
+def _amax(bounds: Tensor) -> Tensor:
+    return torch.maximum(bounds[..., 0].abs(), bounds[..., 1].abs())
+
+
+def _floor_pow2(t: Tensor) -> Tensor:
+    """Positive normal floats rounded down to a power of two (mantissa bits cleared)."""
+    layout = layout_of(t.dtype)
+    return (t.view(layout.int_dtype) & ~((1 << layout.man_bits) - 1)).view(t.dtype)
+
+
+def _exponent(t: Tensor) -> Tensor:
+    """``floor(log2 t)`` of positive normal floats, as integers."""
+    layout = layout_of(t.dtype)
+    return (t.view(layout.int_dtype) >> layout.man_bits) - _BIAS[layout.width]
+
+
+def _format_factor(amax: Tensor, fmt: Format, mode: Scale) -> Tensor:
+    """``max_finite / amax`` where amax is positive and finite, else 1; capped at the largest
+    power of two of the dtype; floored to a power of two for ``-pow2`` modes."""
+    dtype = amax.dtype
+    layout = layout_of(dtype)
+    usable = (amax > 0) & torch.isfinite(amax)
+    # torch.div on tensors: `scalar / tensor` would multiply by the reciprocal instead.
+    big = torch.full_like(amax, _finite(fmt.max_finite, dtype))
+    factor = torch.where(usable, torch.div(big, torch.where(usable, amax, 1.0)), 1.0)
+    cap = 2.0 ** (_BIAS[layout.width] - 1)
+    factor = torch.clamp(factor, max=cap)
+    if mode.pow2:
+        factor = _floor_pow2(torch.clamp(factor, min=torch.finfo(dtype).tiny))
+    return factor.to(dtype)
+
+
+def _mx_factor(amax: Tensor, emax: int) -> Tensor:
+    """OCP MX: ``1 / X`` with ``X = 2**(floor(log2 amax) - emax)``, the E8M0 exponent
+    clamped to [-127, 127] (factor 1 where amax is 0 or not finite)."""
+    layout = layout_of(amax.dtype)
+    usable = (amax > 0) & torch.isfinite(amax) & (amax >= torch.finfo(amax.dtype).tiny)
+    shared = torch.clamp(_exponent(torch.where(usable, amax, 1.0)) - emax, -127, 127)
+    shared = torch.where(usable, shared, 0)
+    h1 = (-shared) >> 1
+    return _pow2(h1, layout, amax.dtype) * _pow2(-shared - h1, layout, amax.dtype)
+
+
+def _int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tensor | None]:
+    """``(scale, zero_point)`` of an integer format from ``(lo, hi)`` bounds."""
+    lo, hi = bounds[..., 0], bounds[..., 1]
+    zero_point = None
+    if fmt.asymmetric:
+        lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
+        span = hi - lo
+        scale = span / (fmt.qmax - fmt.qmin)
+    elif fmt.signed:
+        span = _amax(bounds)
+        scale = span / fmt.qmax
+    else:
+        span = torch.clamp(hi, min=0.0)
+        scale = span / fmt.qmax
+    usable = (scale > 0) & torch.isfinite(scale) & (scale >= torch.finfo(scale.dtype).tiny)
+    scale = torch.where(usable, scale, 1.0)
+    if mode.pow2:  # ceil to a power of two, so the largest value stays on the grid
+        floor = _floor_pow2(scale)
+        scale = torch.where(floor < scale, floor * 2, floor)
+    if fmt.asymmetric:
+        zero_point = torch.clamp(fmt.qmin - torch.round(lo / scale), fmt.qmin, fmt.qmax)
+    return scale, zero_point
+
+
+# -- the whole op, on one chunk or one tensor -------------------------------------------------
+
+
+def _scaled(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+            bounds: Tensor | None, noise: Tensor | None) -> Tensor:
+    """Quantize ``x`` (compute dtype) whose rows or blocks line up with ``bounds``."""
+    if isinstance(fmt, Format):
+        if mode is Scale.NONE:
+            return round_float(x, fmt, rounding, noise)
+        assert bounds is not None
+        amax = _amax(bounds)
+        factor = _mx_factor(amax, fmt.emax) if mode.per_block else _format_factor(amax, fmt, mode)
+        factor = _broadcast(factor, x, mode)
+        target = _saturating(fmt) if mode.per_block else fmt  # MX saturates
+        return round_float(x * factor, target, rounding, noise) / factor
+    if mode is Scale.NONE:
+        return torch.where(torch.isnan(x), x, round_int(x, fmt, rounding, noise))
+    assert bounds is not None
+    scale, zero_point = _int_scale(bounds, fmt, mode)
+    scale = _broadcast(scale, x, mode)
+    inv = torch.reciprocal(scale)
+    zp = None if zero_point is None else _broadcast(zero_point, x, mode)
+    codes = round_int(x * inv, fmt, rounding, noise, zp)
+    out = (codes - zp if zp is not None else codes) * scale
+    return torch.where(torch.isnan(x), x, out)
+
+
+def _broadcast(per: Tensor, x: Tensor, mode: Scale) -> Tensor:
+    """A per-tensor, per-row or per-block value shaped to broadcast against ``x``."""
+    if mode.per_row:
+        return per.view((x.shape[0],) + (1,) * (x.dim() - 1))
+    if mode.per_block:
+        return per.unsqueeze(-1)  # x is (..., blocks, 32) here
+    return per
+
+
+def _blocks(x: Tensor) -> Tensor:
+    """``x`` as ``(rows, blocks, 32)``, zero-padded along the last dim."""
+    last = x.shape[-1] if x.dim() else 1
+    pad = -last % 32
+    flat = x.reshape(-1, last) if x.dim() else x.reshape(1, 1)
+    if pad:
+        flat = torch.nn.functional.pad(flat, (0, pad))
+    return flat.reshape(flat.shape[0], -1, 32)
+
+
+def _noise(shape: torch.Size, dtype: torch.dtype, device: torch.device,
            generator: torch.Generator | None) -> Tensor:
+    return torch.rand(shape, dtype=dtype, device=device, generator=generator)
+
+
+def _whole(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+           bounds: Tensor | None, generator: torch.Generator | None, sync: bool = True) -> Tensor:
+    """The op on the whole tensor at once: what the decomposition compiles (``sync=False``:
+    no value is read back to the host)."""
+    compute = _COMPUTE[x.dtype]
+    xc = x.to(compute)
+    noise = (_noise(xc.shape, compute, x.device, generator)
+             if rounding == Rounding.STOCHASTIC else None)
+    if mode.per_block:
+        blocks = _blocks(xc)
+        block_bounds = _block_bounds(blocks, sync) if bounds is None else None
+        if noise is not None:
+            noise = _blocks(noise)
+        out = _scaled(blocks, fmt, rounding, mode, block_bounds if bounds is None else bounds,
+                      noise)
+        last = xc.shape[-1] if xc.dim() else 1
+        out = out.reshape(out.shape[0], -1)[:, :last].reshape(xc.shape)
+    else:
+        if mode is not Scale.NONE and bounds is None:
+            bounds = bounds_of(xc, mode.per_row, sync)
+        out = _scaled(xc, fmt, rounding, mode, bounds, noise)
+    return _to_dtype(out, fmt, x.dtype, mode is not Scale.NONE, x, sync)
+
+
+def _to_dtype(out: Tensor, fmt: Format | IntFormat, dtype: torch.dtype, scaled: bool,
+              x: Tensor, sync: bool = True) -> Tensor:
+    """``out`` in the input's dtype ``x.dtype``, never inf from a finite input by accident.
+
+    Dividing a rounded value by a scale can step past the dtype's largest value (the
+    rounding went up at the top of the range): scaled results are clamped to the dtype's
+    finite range, and infinite inputs stay infinite where the format has inf. Unscaled, a
+    narrower input dtype may not hold the format's largest value: formats without inf
+    saturate there, formats with inf overflow to it (as a cast does).
+    """
+    ieee = isinstance(fmt, Format) and fmt.special == "ieee"
+    if scaled or (not ieee and out.dtype != dtype):
+        big = torch.finfo(dtype).max
+        # In place on the fresh output in eager; out of place where the compiler traces.
+        out = out.clamp_(-big, big) if sync else torch.clamp(out, -big, big)
+        if scaled and ieee and (not sync or x.device.type != "cpu" or bool(torch.isinf(x).any())):
+            out = torch.where(torch.isinf(x), x.to(out.dtype), out)
+    return out.to(dtype)
+
+
+def _block_bounds(blocks: Tensor, sync: bool) -> Tensor:
+    """``(-amax, amax)`` per block of 32 over finite values (two fast reductions when clean)."""
+    lo, hi = blocks.amin(dim=-1), blocks.amax(dim=-1)
+    amax = torch.maximum(lo.abs(), hi.abs())
+    if not (sync and blocks.device.type == "cpu" and bool(torch.isfinite(amax).all())):
+        finite = torch.isfinite(blocks)
+        amax = torch.where(finite, blocks.abs(), 0.0).amax(dim=-1)
+    return torch.stack([-amax, amax], dim=-1)
+
+
+def _per_tensor_bounds(x: Tensor) -> Tensor:
+    """``(lo, hi)`` of finite values: one fast full reduction, masked only when needed."""
+    lo, hi = torch.aminmax(x)
+    if bool(torch.isfinite(lo) & torch.isfinite(hi)):
+        return torch.stack([lo, hi])
+    return bounds_of(x, per_row=False, sync=False)
+
+
+def _per_row_bounds(x: Tensor) -> Tensor:
+    """``(lo, hi)`` per row; ``amin``/``amax`` along a dim are faster than ``aminmax`` there."""
+    flat = x.reshape(x.shape[0], -1)
+    if flat.shape[1] == 0:
+        return x.new_zeros((x.shape[0], 2))
+    lo, hi = flat.amin(dim=1), flat.amax(dim=1)
+    if bool(torch.isfinite(lo).all() & torch.isfinite(hi).all()):
+        return torch.stack([lo, hi], dim=1)
+    return bounds_of(x, per_row=True, sync=False)
+
+
+def _chunks(t: Tensor) -> Iterator[Tensor]:
+    flat = t.view(-1)
+    for start in range(0, flat.numel(), CHUNK):
+        yield flat[start:start + CHUNK]
+
+
+def _saturating(fmt: Format) -> Format:
+    """The same format with overflow clamped to its largest value (MX scaling saturates)."""
+    if fmt.overflow == "saturate":
+        return fmt
+    return Format(fmt.exp_bits, fmt.man_bits, fmt.bias, fmt.special, fmt.subnormals, "saturate")
+
+
+def _split_rounds(fmt: Format, rounding: str) -> bool:
+    """Whether :func:`_round_nearest_split` computes exactly what :func:`round_float` does."""
+    return (rounding == Rounding.NEAREST and fmt.man_bits >= 1 and fmt.subnormals
+            and fmt.overflow == "saturate" and fmt.special != "ieee" and fmt.exp_bits >= 1)
+
+
+def _round_nearest_split(part: Tensor, fmt: Format) -> None:
+    """Round ``part`` in place to ``fmt`` (nearest, saturating), as :func:`round_float` does.
+
+    Normal values: Veltkamp's splitting (``c = y * (2**s + 1)``, ``hi = c - (c - y)``) keeps
+    ``man_bits + 1`` significant bits, rounded to nearest even by the hardware; values below
+    the smallest normal: adding and subtracting ``1.5 * 2**(emin - man_bits + p - 1)`` rounds
+    them to the subnormal spacing. Each step is its own kernel, so nothing fuses them into
+    a fused multiply-add (which would change the result); the tests check every tie.
+    """
+    layout = layout_of(part.dtype)
+    big = _finite(fmt.max_finite, part.dtype)
+    part.clamp_(-big, big)
+    c = part * float(2 ** (layout.man_bits - fmt.man_bits) + 1)
+    c.sub_(c - part)
+    magic = 1.5 * 2.0 ** (fmt.emin - fmt.man_bits + layout.man_bits)
+    small = (part + magic).sub_(magic).copysign_(part)
+    torch.where(part.abs() < 2.0 ** fmt.emin, small, c, out=part)
+
+
+def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+           bounds: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    """The same values as :func:`_whole`, computed into one output buffer: the scaling and
+    integer steps in place on it, the float rounding in chunks (so temporaries stay small
+    and the allocator reuses them). Extra memory: the output and a few chunks."""
+    if x.device.type == "meta":
+        return _whole(x, fmt, rounding, mode, bounds, generator)
+    compute = _COMPUTE[x.dtype]
+    xc = (x if x.dtype == compute else x.to(compute)).contiguous()
+    view = _blocks(xc) if mode.per_block else xc
+    if mode.per_block:
+        bounds = _block_bounds(view, sync=True)
+    elif mode is not Scale.NONE and bounds is None:
+        bounds = _per_row_bounds(xc) if mode.per_row else _per_tensor_bounds(xc)
+    stochastic = rounding == Rounding.STOCHASTIC
+    if isinstance(fmt, IntFormat):
+        out = _eager_int(view, fmt, rounding, mode, bounds, generator)
+    else:
+        target = _saturating(fmt) if mode.per_block else fmt
+        factor = None
+        if mode is not Scale.NONE:
+            assert bounds is not None
+            amax = _amax(bounds)
+            per = _mx_factor(amax, fmt.emax) if mode.per_block else _format_factor(amax, fmt, mode)
+            factor = _broadcast(per, view, mode)
+            out = torch.mul(view, factor)
+        else:
+            out = view.clone()
+        cast = _TORCH_CASTS.get(target) if rounding == Rounding.NEAREST and \
+            compute == torch.float32 else None
+        split = _split_rounds(target, rounding)
+        for part in _chunks(out):
+            if cast is not None:
+                part.copy_(part.to(cast))
+            elif split:
+                _round_nearest_split(part, target)
+            else:
+                noise = _noise(part.shape, compute, x.device, generator) if stochastic else None
+                part.copy_(round_float(part, target, rounding, noise))
+        if factor is not None:
+            out.div_(factor)
+    if mode.per_block:
+        last = xc.shape[-1] if xc.dim() else 1
+        out = out.reshape(out.shape[0], -1)[:, :last].reshape(xc.shape)
+    return _to_dtype(out, fmt, x.dtype, mode is not Scale.NONE, x)
+
+
+def _eager_int(view: Tensor, fmt: IntFormat, rounding: str, mode: Scale, bounds: Tensor | None,
+               generator: torch.Generator | None) -> Tensor:
+    """``(clamp(round(x * inv) + zp, qmin, qmax) - zp) * scale``, in place on the output."""
+    if mode is Scale.NONE:
+        out = view.clone()
+        scale = zero_point = None
+    else:
+        assert bounds is not None
+        per_scale, per_zero = _int_scale(bounds, fmt, mode)
+        scale = _broadcast(per_scale, view, mode)
+        zero_point = None if per_zero is None else _broadcast(per_zero, view, mode)
+        out = torch.mul(view, torch.reciprocal(scale))
+    for part in _chunks(out):
+        if rounding == Rounding.STOCHASTIC:
+            part.add_(_noise(part.shape, part.dtype, part.device, generator)).floor_()
+        elif rounding == Rounding.NEAREST:
+            part.round_()
+        else:
+            part.trunc_()
+    if zero_point is not None:
+        out.add_(zero_point).clamp_(fmt.qmin, fmt.qmax).sub_(zero_point)
+    else:
+        out.clamp_(fmt.qmin, fmt.qmax)
+    if scale is not None:
+        out.mul_(scale)
+    return out
+
+
+def quantize_values(x: Tensor, fmt: Number, rounding: str, scale: str = "none",
+                    bounds: Tensor | None = None,
+                    generator: torch.Generator | None = None) -> Tensor:
+    """The eager numerics without checks or autograd (arguments already validated)."""
     if isinstance(fmt, TopN):
         return truncate_values(x, fmt.bits, rounding, generator)
     if x.numel() == 0:
         return x.clone()
-    xd = x.double()
-    if scale == "none":
-        return _cast(xd, fmt, rounding, generator).to(x.dtype)
-    m = (amax if amax is not None else amax_of(x, scale)).double()
-    usable = (m > 0) & torch.isfinite(m)
-    factor = torch.where(usable, fmt.max_finite / torch.where(usable, m, 1.0), 1.0)
-    if scale.endswith("pow2"):
-        factor = torch.exp2(torch.floor(torch.log2(factor)))
-    return (_cast(xd * factor, fmt, rounding, generator) / factor).to(x.dtype)
+    mode = Scale.parse(scale)
+    if bounds is not None:
+        bounds = bounds.to(_COMPUTE[x.dtype])
+    return _eager(x, fmt, rounding, mode, bounds, generator)
+
+
+# -- validation -------------------------------------------------------------------------------
 
 
 def _where(name: str) -> str:
@@ -105,7 +507,7 @@ def _where(name: str) -> str:
 
 
 def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_format: str,
-           grad_format: str, name: str) -> tuple[Format | TopN, Format | TopN | None]:
+           grad_format: str, name: str, bounds: Tensor | None = None) -> tuple[Number, Number | None]:
     where = _where(name)
     what = f"the input of quantization point {name!r}" if name else "x"
     layout = layout_of(x.dtype, what)
@@ -118,22 +520,27 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
             f"tensor with rows and columns; got shape {tuple(x.shape)}. Please use "
             "scale='tensor' for a 1-D tensor."
         )
-    fmts = []
+    numbers = []
     for arg, spec in (("format", format), ("rows_format", rows_format),
                       ("grad_format", grad_format)):
         if not spec:
             continue
         try:
-            fmt = parse(spec)
+            number = parse(spec)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{where}: {arg}: {e}") from e
-        if isinstance(fmt, TopN):
-            check_bits(fmt.bits, layout.width, arg, where)
-        fmts.append(fmt)
-    main = fmts[0]
+        if isinstance(number, TopN):
+            check_bits(number.bits, layout.width, arg, where)
+        numbers.append(number)
+    main = numbers[0]
     if isinstance(main, TopN) and mode is not Scale.NONE:
         raise ValueError(f"{where}: scale={scale!r} applies to formats, not to top-N "
                          f"truncation ({main.spec()})")
+    if bounds is not None:
+        expected = (x.shape[0], 2) if mode.per_row else (2,)
+        if mode is Scale.NONE or mode.per_block or tuple(bounds.shape) != expected:
+            raise ValueError(f"{where}: bounds must have shape {expected} for scale={scale!r} "
+                             f"(got {tuple(bounds.shape)}); block scales come from the data")
     return main, parse(rows_format) if rows_format else None
 
 
@@ -141,7 +548,7 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
 
 _SCHEMA: Final = (
     "(Tensor x, str format, str rounding='nearest', str scale='none', str grad='ste', "
-    "Generator? generator=None, Tensor? amax=None, Tensor? rows=None, str rows_format='', "
+    "Generator? generator=None, Tensor? bounds=None, Tensor? rows=None, str rows_format='', "
     "str grad_format='', str name='', str numerics='') -> Tensor"
 )
 
@@ -153,18 +560,18 @@ def _quantize_impl(
     scale: str = "none",
     grad: str = "ste",
     generator: torch.Generator | None = None,
-    amax: Tensor | None = None,
+    bounds: Tensor | None = None,
     rows: Tensor | None = None,
     rows_format: str = "",
     grad_format: str = "",
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
-    fmt, rows_fmt = _check(x, format, rounding, scale, grad, rows_format, grad_format, name)
-    y = _apply(x, fmt, rounding, scale, amax, generator)
+    fmt, rows_fmt = _check(x, format, rounding, scale, grad, rows_format, grad_format, name, bounds)
+    y = quantize_values(x, fmt, rounding, scale, bounds, generator)
     if rows is not None and rows_fmt is not None:
         mask = row_mask(rows, x, _where(name))
-        y = torch.where(mask, _apply(x, rows_fmt, rounding, scale, amax, generator), y)
+        y = torch.where(mask, quantize_values(x, rows_fmt, rounding, scale, bounds, generator), y)
     return y
 
 
@@ -182,14 +589,14 @@ def _(
     scale: str = "none",
     grad: str = "ste",
     generator: torch.Generator | None = None,
-    amax: Tensor | None = None,
+    bounds: Tensor | None = None,
     rows: Tensor | None = None,
     rows_format: str = "",
     grad_format: str = "",
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
-    _check(x, format, rounding, scale, grad, rows_format, grad_format, name)
+    _check(x, format, rounding, scale, grad, rows_format, grad_format, name, bounds)
     if rows is not None:
         row_mask(rows, x, _where(name))
     return torch.empty_like(x)
@@ -210,17 +617,70 @@ def _backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple:
     if grad_format:
         # The gradient is quantized like the forward value: same rounding and scaling mode,
         # with the scale taken from the gradient itself.
-        fmt = parse(grad_format)
-        grad_x = _apply(grad_x, fmt, rounding, "none" if isinstance(fmt, TopN) else scale,
-                        None, None)
+        number = parse(grad_format)
+        mode = "none" if isinstance(number, TopN) or (Scale.parse(scale).per_row and grad_x.dim() < 2) \
+            else scale
+        grad_x = quantize_values(grad_x, number, rounding, mode)
     return (grad_x,) + (None,) * (len(ARGS) - 1)
 
 
 _quantize_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def quantize_values(x: Tensor, fmt: Format | TopN, rounding: str, scale: str = "none",
-                    amax: Tensor | None = None,
-                    generator: torch.Generator | None = None) -> Tensor:
-    """The eager numerics without checks or autograd (arguments already validated)."""
-    return _apply(x, fmt, rounding, scale, amax, generator)
+def _decomposed(
+    x: Tensor,
+    format: str,
+    rounding: str = "nearest",
+    scale: str = "none",
+    grad: str = "ste",
+    generator: torch.Generator | None = None,
+    bounds: Tensor | None = None,
+    rows: Tensor | None = None,
+    rows_format: str = "",
+    grad_format: str = "",
+    name: str = "",
+    numerics: str = "",
+) -> Tensor:
+    """What inductor compiles: the per-element functions on the whole tensor, fused."""
+    fmt, rows_fmt = parse(format), parse(rows_format) if rows_format else None
+    if rounding == Rounding.STOCHASTIC:
+        return torch.ops.fxquant._stochastic_quantize(x, format, scale, bounds, rows,
+                                                       rows_format, name)
+
+    def one(number: Number) -> Tensor:
+        if isinstance(number, TopN):
+            return torch.ops.fxquant.truncate.default(x, number.bits, rounding)
+        given = None if bounds is None else bounds.to(_COMPUTE[x.dtype])
+        return _whole(x, number, rounding, Scale.parse(scale), given, None, sync=False)
+
+    y = one(fmt)
+    if rows is not None and rows_fmt is not None:
+        y = torch.where(row_mask(rows, x, _where(name)), one(rows_fmt), y)
+    return y
+
+
+@torch.library.custom_op(
+    "fxquant::_stochastic_quantize", mutates_args=(),
+    schema="(Tensor x, str format, str scale, Tensor? bounds, Tensor? rows, str rows_format, "
+           "str name) -> Tensor",
+)
+def _stochastic_quantize(x: Tensor, format: str, scale: str, bounds: Tensor | None,
+                         rows: Tensor | None, rows_format: str, name: str) -> Tensor:
+    """The eager stochastic kernel as an op without a decomposition, for compiled graphs."""
+    return _quantize_impl(x, format, "stochastic", scale, "ste", None, bounds, rows, rows_format,
+                          "", name)
+
+
+@_stochastic_quantize.register_fake
+def _(x: Tensor, format: str, scale: str, bounds: Tensor | None, rows: Tensor | None,
+      rows_format: str, name: str) -> Tensor:
+    return torch.empty_like(x)
+
+
+def _register_inductor_decomposition() -> None:
+    from torch._inductor.decomposition import register_decomposition
+
+    register_decomposition([torch.ops.fxquant.quantize.default])(_decomposed)
+
+
+_register_inductor_decomposition()

@@ -6,7 +6,7 @@ from fxquant.quant.config import NodeOverride, QuantConfig, QuantMapping, Site
 from fxquant.quant.describe import quantization_points, summary
 from fxquant.quant.functional import quantize, truncate
 from fxquant.quant.nodes import top_degree_nodes
-from fxquant.quant.observers import RunningAmax
+from fxquant.quant.observers import RangeObserver
 from fxquant.quant.persist import load, save
 from fxquant.quant.points import QuantPoint
 
@@ -15,7 +15,7 @@ __all__ = [
     "QuantConfig",
     "QuantMapping",
     "QuantPoint",
-    "RunningAmax",
+    "RangeObserver",
     "Site",
     "load",
     "quantization_points",

@@ -8,7 +8,8 @@ method); a **site** is where on a layer a value is rounded (today: its output); 
 pass inserts are **quantization points**.
 
 A *number* is what values are rounded to: :class:`~fxquant.formats.TopN` (keep the top
-bits of the pattern; an ``int`` means this) or a :class:`~fxquant.formats.Format`.
+bits of the pattern; an ``int`` means this), a :class:`~fxquant.formats.Format` or an
+:class:`~fxquant.formats.IntFormat`.
 
 Example:
     >>> from torch_geometric.nn import GCNConv
@@ -27,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -38,7 +40,7 @@ from torch import Tensor, nn
 from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
-from fxquant.formats import Format, TopN, parse
+from fxquant.formats import Format, IntFormat, Number, TopN, parse
 from fxquant.fx.selectors import layer_name, layer_names, matches
 from fxquant.modes import Grad, Rounding, Scale
 
@@ -54,13 +56,10 @@ __all__ = [
     "describe_nodes",
 ]
 
-#: What values are rounded to.
-Number = TopN | Format
-
-
 def as_number(value: object, arg: str = "number", max_bits: int = 64) -> Number:
-    """A :class:`TopN` (an ``int`` of kept bits, ``"topN"``) or a :class:`Format` (a preset
-    name, ``"eXmY"``, ``(exp_bits, man_bits)``), validated; errors name ``arg``.
+    """A :class:`TopN` (an ``int`` of kept bits, ``"topN"``), a :class:`Format` (a preset
+    name, ``"eXmY"``, ``(exp_bits, man_bits)``) or an :class:`IntFormat` (``"int8"``,
+    ``("int", 4)``), validated; errors name ``arg``.
 
     Example:
         >>> as_number(16), as_number("e4m3").spec()
@@ -83,7 +82,7 @@ pattern, so 1 <= bits <= 32.
             parsed = parse(value)
         except (ValueError, TypeError) as e:
             raise type(e)(f"{arg}: {e}") from e
-        if isinstance(parsed, Format):
+        if not isinstance(parsed, TopN):
             return parsed
         bits = parsed.bits
     if not 1 <= bits <= max_bits:
@@ -95,7 +94,7 @@ pattern, so 1 <= bits <= 32.
 
 
 def describe(number: Number) -> str:
-    """``"top-16"`` for kept bits, the format's spec otherwise."""
+    """``"top-16"`` for kept bits, the number's spec otherwise."""
     return f"top-{number.bits}" if isinstance(number, TopN) else number.spec()
 
 
@@ -117,20 +116,47 @@ class Site(str, Enum):
         return str(self.value)
 
 
+_RANGES = ("minmax", "percentile", "lsq")
+
+
+def _parse_range(value: object) -> str:
+    """``"minmax"``, ``"lsq"`` or ``"percentile:Q"`` with ``50 < Q <= 100``, normalized."""
+    if not isinstance(value, str):
+        raise TypeError(f"range must be 'minmax', 'percentile:Q' or 'lsq', got {value!r}")
+    kind, _, q = value.partition(":")
+    if kind == "percentile":
+        try:
+            number = float(q)
+        except ValueError:
+            number = math.nan
+        if not 50 < number <= 100:
+            raise ValueError(f"range={value!r}: please give the percentile as 'percentile:Q' "
+                             "with 50 < Q <= 100, e.g. 'percentile:99.9'")
+        return f"percentile:{number:g}"
+    if kind not in _RANGES or q:
+        raise ValueError(f"range={value!r} is not one of ['minmax', 'percentile:Q', 'lsq']")
+    return kind
+
+
 @dataclass(frozen=True, init=False)
 class QuantConfig:
-    """How one quantization point rounds: number, rounding, scale, gradient rule.
+    """How one quantization point rounds: number, rounding, scale and range, gradient rule.
 
     Args:
-        number (int, str, tuple, Format or TopN): an ``int`` keeps the top bits of each
-            value's pattern (:func:`fxquant.truncate`); a format (``"e4m3"``, ``(3, 2)``, a
-            :class:`~fxquant.formats.Format`) rounds to its values (:func:`fxquant.quantize`).
+        number (int, str, tuple, Format, IntFormat or TopN): an ``int`` keeps the top bits of
+            each value's pattern (:func:`fxquant.truncate`); a float format (``"e4m3"``,
+            ``(3, 2)``, a :class:`~fxquant.formats.Format`) or an integer format (``"int8"``,
+            ``"uint4"``, ``"int8:asym"``) rounds to its values (:func:`fxquant.quantize`).
         rounding (str, optional): ``"toward_zero"``, ``"nearest"`` or ``"stochastic"``.
             (default: :obj:`None`: toward_zero for kept bits, nearest for formats)
         scale (str, optional): for formats: :obj:`None` (a plain cast), ``"tensor"``,
-            ``"row"`` or a ``"-pow2"`` variant. (default: :obj:`None`)
-        momentum (float, optional): with a per-tensor scale, keep a running amax
-            (:class:`~fxquant.quant.observers.RunningAmax`) and scale with it in eval.
+            ``"row"``, a ``"-pow2"`` variant, or ``"block32"`` (OCP MX). (default:
+            :obj:`None`)
+        range (str, optional): where a scale's range comes from: ``"minmax"`` of the
+            values (default), ``"percentile:Q"`` (the ``100-Q``..``Q`` percentiles,
+            Degree-Quant's choice), or ``"lsq"`` (integers: a learned step size, LSQ).
+        momentum (float, optional): with a per-tensor scale, keep a running range
+            (:class:`~fxquant.quant.observers.RangeObserver`) and use it in eval.
             (default: :obj:`None`)
         grad (str, optional): ``"ste"`` (straight-through) or ``"zero"``. (default: ``"ste"``)
         grad_number (optional): also round the gradient flowing back, to kept bits or a
@@ -139,17 +165,21 @@ class QuantConfig:
     Example:
         >>> QuantConfig(16)
         QuantConfig(number=TopN(bits=16), rounding=<Rounding.TOWARD_ZERO: 'toward_zero'>, \
-scale=<Scale.NONE: 'none'>, momentum=None, grad=<Grad.STE: 'ste'>, grad_number=None)
+scale=<Scale.NONE: 'none'>, range='minmax', momentum=None, grad=<Grad.STE: 'ste'>, \
+grad_number=None)
+        >>> QuantConfig("int4", scale="tensor", range="lsq").describe()
+        'int4, nearest, scale tensor (lsq), ste'
         >>> QuantConfig(16, momentum=0.9)
         Traceback (most recent call last):
         ...
-        ValueError: momentum=0.9 keeps a running amax for a scaled format, so it needs a format \
-with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
+        ValueError: momentum=0.9 keeps a running range for a scaled format, so it needs a \
+format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
     """
 
     number: Number
     rounding: Rounding
     scale: Scale
+    range: str
     momentum: float | None
     grad: Grad
     grad_number: Number | None
@@ -160,6 +190,7 @@ with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         rounding: Rounding | str | None = None,
         *,
         scale: Scale | str | None = None,
+        range: str = "minmax",
         momentum: float | None = None,
         grad: Grad | str = "ste",
         grad_number: Number | int | str | tuple[int, int] | None = None,
@@ -167,30 +198,48 @@ with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         parsed = as_number(number, "number")
         default = Rounding.TOWARD_ZERO if isinstance(parsed, TopN) else Rounding.NEAREST
         mode = Scale.parse(scale)
-        if mode is not Scale.NONE and not isinstance(parsed, Format):
+        source = _parse_range(range)
+        if mode is not Scale.NONE and isinstance(parsed, TopN):
             raise ValueError(
-                f"scale={mode.value!r} applies to formats (e.g. 'e4m3'), not to top-N "
+                f"scale={mode.value!r} applies to formats (e.g. 'e4m3', 'int8'), not to top-N "
                 f"truncation ({describe(parsed)}); please drop scale= or round to a format."
             )
+        if source != "minmax" and not (mode.per_tensor or mode.per_row):
+            raise ValueError(f"range={source!r} sets a per-tensor or per-row scale; please pass "
+                             f"scale='tensor' or 'row' (got scale={mode.value!r})")
+        if source == "lsq" and not isinstance(parsed, IntFormat):
+            raise ValueError(f"range='lsq' learns the step of an integer grid; please use an "
+                             f"integer format such as 'int4' (got {describe(parsed)})")
+        if source.startswith("percentile") and mode.per_row:
+            raise ValueError("range='percentile:Q' is taken per tensor; please use "
+                             "scale='tensor'")
         if momentum is not None:
             m = momentum
             if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
                 raise ValueError(f"momentum must be a number in [0, 1), got {m!r}")
-            if not mode.per_tensor:
+            if not mode.per_tensor or source == "lsq":
                 raise ValueError(
-                    f"momentum={m} keeps a running amax for a scaled format, so it needs a "
+                    f"momentum={m} keeps a running range for a scaled format, so it needs a "
                     "format with scale='tensor' (or 'tensor-pow2'); got "
-                    f"{describe(parsed)} with scale={mode.value!r}."
+                    f"{describe(parsed)} with scale={mode.value!r}"
+                    + (" and range='lsq' (a learned step has no running range)."
+                       if source == "lsq" else ".")
                 )
             momentum = float(m)
         set_ = object.__setattr__
         set_(self, "number", parsed)
         set_(self, "rounding", default if rounding is None else Rounding.parse(rounding))
         set_(self, "scale", mode)
+        set_(self, "range", source)
         set_(self, "momentum", momentum)
         set_(self, "grad", Grad.parse(grad))
         set_(self, "grad_number",
              None if grad_number is None else as_number(grad_number, "grad_number"))
+
+    @property
+    def percentile(self) -> float | None:
+        """``Q`` of a ``"percentile:Q"`` range, else None."""
+        return float(self.range.split(":")[1]) if self.range.startswith("percentile") else None
 
     @property
     def op(self) -> str:
@@ -202,12 +251,20 @@ with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         """One line: ``"e4m3, nearest, scale tensor (running, momentum 0.9), ste"``."""
         parts = [self.number.spec(), self.rounding.value]
         if self.scale is not Scale.NONE:
-            running = f" (running, momentum {self.momentum})" if self.momentum is not None else ""
-            parts.append(f"scale {self.scale.value}{running}")
+            parts.append(f"scale {self.scale_description()}")
         parts.append(self.grad.value)
         if self.grad_number is not None:
             parts.append(f"grad {self.grad_number.spec()}")
         return ", ".join(parts)
+
+    def scale_description(self) -> str:
+        """``"tensor (percentile:99.9, running, momentum 0.9)"``, or ``"-"`` unscaled."""
+        if self.scale is Scale.NONE:
+            return "-"
+        notes = [self.range] if self.range != "minmax" else []
+        if self.momentum is not None:
+            notes.append(f"running, momentum {self.momentum}")
+        return self.scale.value + (f" ({', '.join(notes)})" if notes else "")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values; :meth:`from_dict` reads them back."""
@@ -215,6 +272,7 @@ with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
             "number": self.number.spec(),
             "rounding": self.rounding.value,
             "scale": self.scale.value,
+            "range": self.range,
             "momentum": self.momentum,
             "grad": self.grad.value,
             "grad_number": None if self.grad_number is None else self.grad_number.spec(),

@@ -6,7 +6,6 @@ from tabulate import tabulate
 from torch import nn
 from torch.fx import GraphModule
 
-from fxquant.modes import Scale
 from fxquant.quant.config import describe
 from fxquant.quant.points import QuantPoint
 
@@ -53,9 +52,7 @@ def summary(gm: nn.Module, tablefmt: str = "simple") -> str:
     rows = []
     for name, point in quantization_points(gm):
         c = point.config
-        scale = "-" if c.scale is Scale.NONE else c.scale.value
-        if point.observer is not None:
-            scale += f" (running, momentum {point.observer.momentum})"
+        scale = c.scale_description()
         grad = c.grad.value + (f", grad {describe(c.grad_number)}" if c.grad_number else "")
         bits = c.number.bits
         rows.append([name, point.layer, point.site.value, describe(c.number), bits,

@@ -1,52 +1,112 @@
 """Observers: modules that watch what flows through a quantization point and hand its op a
-range (today a running amax for eval-time scaling)."""
+range, ``bounds = (lo, hi)``.
+
+- :class:`RangeObserver`: min/max or a percentile range (Degree-Quant's, robust to the
+  outliers high-degree aggregation makes), of the current batch in training and, with
+  ``momentum``, of a running average in eval (as BatchNorm keeps its statistics).
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
 
-from fxquant._ops.quantize import amax_of
+from fxquant._ops.quantize import bounds_of
 
-__all__ = ["RunningAmax"]
+__all__ = ["SAMPLE", "RangeObserver", "percentile_bounds"]
+
+#: Values a percentile is taken over at most (a strided sample of the tensor).
+SAMPLE = 1 << 16
 
 
-class RunningAmax(nn.Module):
-    """Tracks the per-tensor amax of what flows through it, for eval-time scaling.
+def percentile_bounds(x: Tensor, q: float) -> Tensor:
+    """``(lo, hi)``: the ``100 - q`` and ``q`` percentiles of the finite values of ``x``.
 
-    In training mode it returns the current amax and updates
-    ``running_amax = momentum * running_amax + (1 - momentum) * amax`` (the first batch sets
-    it); in eval mode it returns ``running_amax``. The buffer is saved in ``state_dict``.
-
-    Args:
-        momentum (float): weight of the history, in ``[0, 1)``.
+    Taken on an evenly strided sample of at most :data:`SAMPLE` values (deterministic: no
+    random numbers are drawn), so an observer step costs less than one pass over ``x``.
 
     Example:
-        >>> obs = RunningAmax(0.5)
-        >>> obs(torch.tensor([1.0, -4.0])), obs(torch.tensor([2.0])), obs.running_amax
-        (tensor(4.), tensor(2.), tensor(3.))
+        >>> x = torch.cat([torch.linspace(-1, 1, 1001), torch.tensor([1000.0])])
+        >>> percentile_bounds(x, 99.0)
+        tensor([-0.9800,  0.9800])
+    """
+    flat = x.detach().reshape(-1)
+    stride = max(1, math.ceil(flat.numel() / SAMPLE))
+    sample = flat[::stride].float()
+    sample = sample[torch.isfinite(sample)]
+    if sample.numel() == 0:
+        return x.new_zeros(2, dtype=torch.float32)
+    qs = torch.tensor([1.0 - q / 100.0, q / 100.0], dtype=sample.dtype, device=sample.device)
+    return torch.quantile(sample, qs, interpolation="lower")
+
+
+class RangeObserver(nn.Module):
+    """Gives the range ``(lo, hi)`` of what flows through it (a tensor of shape ``(2,)``, or
+    ``(rows, 2)`` with ``per_row``).
+
+    Args:
+        per_row (bool, optional): one range per row (dim 0). (default: :obj:`False`)
+        momentum (float, optional): keep ``running = momentum * running + (1 - momentum) *
+            current`` (the first batch sets it) and use it in eval; per tensor only.
+            (default: :obj:`None`: always the current range)
+        percentile (float, optional): ``q`` in ``(50, 100]``: the range is the ``100 - q``
+            to ``q`` percentile instead of min to max. (default: :obj:`None`)
+
+    Example:
+        >>> obs = RangeObserver(momentum=0.5)
+        >>> obs(torch.tensor([1.0, -4.0])), obs(torch.tensor([2.0, 0.0])), obs.running
+        (tensor([-4.,  1.]), tensor([0., 2.]), tensor([-2.0000,  1.5000]))
         >>> obs.eval()(torch.tensor([100.0]))
-        tensor(3.)
+        tensor([-2.0000,  1.5000])
     """
 
-    running_amax: Tensor
+    running: Tensor
+    seen: Tensor
 
-    def __init__(self, momentum: float = 0.9) -> None:
+    def __init__(self, per_row: bool = False, momentum: float | None = None,
+                 percentile: float | None = None) -> None:
         super().__init__()
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+        if momentum is not None and (isinstance(momentum, bool) or not isinstance(
+                momentum, (int, float)) or not 0 <= momentum < 1):
             raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
-        self.momentum = float(momentum)
-        self.register_buffer("running_amax", torch.zeros(()))
+        if momentum is not None and per_row:
+            raise ValueError("a running range is kept per tensor; rows are different nodes in "
+                             "every batch, so per-row ranges are always the current ones")
+        if percentile is not None and (isinstance(percentile, bool) or not isinstance(
+                percentile, (int, float)) or not 50 < percentile <= 100):
+            raise ValueError(f"percentile must be a number in (50, 100], got {percentile!r}")
+        if percentile is not None and per_row:
+            raise ValueError("percentile ranges are taken per tensor; please use scale='tensor'")
+        self.per_row = per_row
+        self.momentum = None if momentum is None else float(momentum)
+        self.percentile = None if percentile is None else float(percentile)
+        self.register_buffer("running", torch.zeros(2))
+        self.register_buffer("seen", torch.zeros((), dtype=torch.bool))
+
+    def current(self, x: Tensor) -> Tensor:
+        """The range of ``x`` itself."""
+        if self.percentile is not None:
+            return percentile_bounds(x, self.percentile)
+        return bounds_of(x.detach(), self.per_row).float()
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.momentum is None:
+            return self.current(x)
         if not self.training:
-            return self.running_amax
-        amax = amax_of(x.detach(), "tensor").to(self.running_amax.dtype)
+            return self.running
+        now = self.current(x).to(self.running.dtype)
         with torch.no_grad():
-            fresh = self.running_amax == 0
-            blended = self.momentum * self.running_amax + (1 - self.momentum) * amax
-            self.running_amax.copy_(torch.where(fresh, amax, blended))
-        return amax
+            blended = self.momentum * self.running + (1 - self.momentum) * now
+            self.running.copy_(torch.where(self.seen, blended, now))
+            self.seen.fill_(True)
+        return now
 
     def extra_repr(self) -> str:
-        return f"momentum={self.momentum}"
+        parts = ["per_row" if self.per_row else "per tensor"]
+        if self.percentile is not None:
+            parts.append(f"percentile={self.percentile}")
+        if self.momentum is not None:
+            parts.append(f"momentum={self.momentum}")
+        return ", ".join(parts)

@@ -1,14 +1,16 @@
 """The module the pass inserts: one :class:`QuantPoint` per quantization point.
 
 A point holds its :class:`~fxquant.quant.config.QuantConfig`, the observer that gives a
-running range (if any) and the node ids of a per-node override, and calls one registered
-op (``torch.ops.fxquant.truncate`` or ``quantize``) in ``forward``. Being a module, it is
-visible in ``print(gm)``, follows ``.to()``, keeps its state in ``state_dict``, survives
-pickling with its config, and torch.compile inlines it (the op's decomposition fuses).
+range (if any), a learned step (``range="lsq"``) and the node ids of a per-node
+override, and calls one registered op (``torch.ops.fxquant.truncate`` or ``quantize``) in
+``forward``. Being a module, it is visible in ``print(gm)``, follows ``.to()``, keeps its
+state in ``state_dict``, survives pickling with its config, and torch.compile inlines it
+(the op's decomposition fuses with its neighbours).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -16,9 +18,9 @@ from torch import Tensor, nn
 
 from fxquant._ops.calls import OpCall, op_call
 from fxquant._ops.version import NUMERICS
-from fxquant.formats import TopN
+from fxquant.formats import IntFormat, TopN
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
-from fxquant.quant.observers import RunningAmax
+from fxquant.quant.observers import RangeObserver
 
 __all__ = ["QuantPoint"]
 
@@ -31,10 +33,15 @@ class QuantPoint(nn.Module):
     """Rounds what flows through it as its config says; the gradient follows ``config.grad``.
 
     Args:
-        config (QuantConfig): number, rounding, scale, gradient rule.
+        config (QuantConfig): number, rounding, scale and range, gradient rule.
         layer (str): the layer it serves (for messages and the summary).
         site (Site or str, optional): where on the layer. (default: ``"output"``)
         override (NodeOverride, optional): nodes whose rows get another number.
+
+    With ``range="lsq"`` the step ``s`` is a parameter (LSQ, Esser et al., ICLR 2020): set
+    to ``2 * mean|x| / sqrt(qmax)`` on the first training batch, then learned with the LSQ
+    gradient (scaled by ``1 / sqrt(numel * qmax)``); values are ``s * round(clamp(x / s,
+    qmin, qmax))``, whose gradient is straight-through inside the range and zero outside.
 
     Example:
         >>> point = QuantPoint(QuantConfig(9), "conv1")
@@ -52,7 +59,14 @@ class QuantPoint(nn.Module):
         self.config = config
         self.layer = layer
         self.site = Site.parse(site)
-        self.observer = RunningAmax(config.momentum) if config.momentum is not None else None
+        self.observer = None
+        if config.momentum is not None or config.percentile is not None:
+            self.observer = RangeObserver(config.scale.per_row, config.momentum,
+                                          config.percentile)
+        self.step: nn.Parameter | None = None
+        self.step_ready = False
+        if config.range == "lsq":
+            self.step = nn.Parameter(torch.ones(()))
         self.override_number: Number | None = override.number if override is not None else None
         self.override_max_index = override.max_index if override is not None else None
         self.register_buffer("override_nodes",
@@ -76,7 +90,8 @@ class QuantPoint(nn.Module):
             if c.grad_number is not None:
                 args["grad_bits"] = c.grad_number.bits
             return "truncate", args
-        args.update(format=c.number.spec(), scale=c.scale.value, grad=c.grad.value,
+        scale = "none" if c.range == "lsq" else c.scale.value
+        args.update(format=c.number.spec(), scale=scale, grad=c.grad.value,
                     rows_format=_spec(extra), grad_format=_spec(c.grad_number), name=self.name)
         return "quantize", args
 
@@ -91,9 +106,32 @@ class QuantPoint(nn.Module):
         rows = None if self.override_nodes is None else self._rows(x)
         if self._op == "truncate":
             return torch.ops.fxquant.truncate.default(x, rows=rows, numerics=NUMERICS, **self._args)
-        amax = self.observer(x) if self.observer is not None else None
-        return torch.ops.fxquant.quantize.default(x, amax=amax, rows=rows, numerics=NUMERICS,
+        if self.step is not None:
+            return self._lsq(x, rows)
+        bounds = self.observer(x) if self.observer is not None else None
+        return torch.ops.fxquant.quantize.default(x, bounds=bounds, rows=rows, numerics=NUMERICS,
                                                   **self._args)
+
+    def _lsq(self, x: Tensor, rows: Tensor | None) -> Tensor:
+        """``s * round(clamp(x / s, qmin, qmax))`` with LSQ's gradients."""
+        number = self.config.number
+        assert isinstance(number, IntFormat) and self.step is not None
+        if self.training and not self.step_ready:
+            with torch.no_grad():
+                mean = x.detach().abs().mean().to(self.step.dtype)
+                self.step.copy_(torch.clamp(2 * mean / math.sqrt(number.qmax), min=1e-8))
+            self.step_ready = True
+        gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.qmax)
+        s = self.step.abs() + torch.finfo(self.step.dtype).tiny
+        s = (s - s * gain).detach() + s * gain  # the forward value of s, LSQ's scaled gradient
+        y = torch.clamp(x / s, number.qmin, number.qmax)
+        codes = torch.ops.fxquant.quantize.default(y, rows=rows, numerics=NUMERICS, **self._args)
+        return codes * s
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        if self.step is not None and prefix + "step" in state_dict:
+            self.step_ready = True  # a loaded step is not initialized again
 
     def _rows(self, x: Tensor) -> Tensor:
         """The override as a bool mask over ``x``'s rows (a shape check, never a value check)."""

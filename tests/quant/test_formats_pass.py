@@ -11,7 +11,7 @@ import torch
 
 import fxquant
 from fxquant.formats import TopN
-from fxquant.quant import RunningAmax
+from fxquant.quant import RangeObserver
 from tests.support.models import GCN, tiny_graph
 
 
@@ -69,28 +69,29 @@ def test_row_override_with_a_format(main, kind, graph):
     assert "2 nodes -> e2m1" in fxquant.summary(gm)
 
 
-def test_running_amax_trains_evaluates_and_is_saved(tmp_path, graph):
-    """momentum= keeps an amax buffer: updated in train, used in eval, in state_dict, reloaded."""
+def test_running_range_trains_evaluates_and_is_saved(tmp_path, graph):
+    """momentum= keeps a range buffer: updated in train, used in eval, in state_dict, reloaded."""
     model = GCN()
     kwargs = {"format": "e4m3", "scale": "tensor", "momentum": 0.5, "layers": "conv1"}
     gm = fxquant.transform(model, **kwargs)
     observer = gm.get_submodule("conv1_quant.observer")
-    assert isinstance(observer, RunningAmax) and observer.running_amax.item() == 0
+    assert isinstance(observer, RangeObserver) and not observer.seen
     gm.train()
     gm(graph.x, graph.edge_index)
-    first = model.conv1(graph.x, graph.edge_index).abs().max().item()
-    assert observer.running_amax.item() == pytest.approx(first)
+    raw = model.conv1(graph.x, graph.edge_index).detach()
+    first = torch.stack([raw.min(), raw.max()])
+    assert torch.allclose(observer.running, first)
     gm(graph.x * 3, graph.edge_index)
-    assert observer.running_amax.item() == pytest.approx(0.5 * first + 0.5 * 3 * first, rel=1e-5)
+    assert torch.allclose(observer.running, 0.5 * first + 0.5 * 3 * first, rtol=1e-5)
     gm.eval()
     with torch.no_grad():
         out = gm(graph.x, graph.edge_index)
-        raw = model.conv1(graph.x, graph.edge_index)
-        factor = 448.0 / observer.running_amax.double()
-        expected_h = (fxquant.quantize(raw.double() * factor, "e4m3") / factor).float()
+        amax = observer.running.abs().max()
+        factor = torch.div(torch.tensor(448.0), amax)
+        expected_h = fxquant.quantize(raw * factor, "e4m3") / factor
         h = model.conv2(torch.sigmoid(expected_h), graph.edge_index)
         assert torch.allclose(out, torch.log_softmax(h, dim=1))
-    assert "conv1_quant.observer.running_amax" in gm.state_dict()
+    assert "conv1_quant.observer.running" in gm.state_dict()
     assert "running, momentum 0.5" in fxquant.summary(gm)
 
     torch.save(gm.state_dict(), tmp_path / "sd.pt")

@@ -134,7 +134,7 @@ def test_pyg_modulelist_names():
         ({"bits": 8.5}, TypeError, "must be an int"),
         ({"bits": None}, ValueError, "please give bits="),
         ({"bits": 8, "layers": 123}, TypeError, "layers entries must be a name or pattern"),
-        ({"bits": 8, "momentum": 0.9}, ValueError, "momentum=0.9 keeps a running amax"),
+        ({"bits": 8, "momentum": 0.9}, ValueError, "momentum=0.9 keeps a running range"),
         ({"format": "e4m3", "scale": "tensor", "momentum": "0.9"}, ValueError,
          "momentum must be a number"),
         ({"bits": 8, "node_bits": [([0], 2)]}, TypeError, r"node_bits must be a dict"),
