@@ -149,8 +149,23 @@ def truncate_fast(
         y += i
         y &= mask
     if _needs_nan_fix(x):
-        y = torch.where(torch.isnan(x), i, y)
+        _patch_nan(y, i, x)
     return y.view(x.dtype)
+
+
+#: Elements per chunk where a kernel needs temporaries (they stay this small).
+CHUNK: Final = 1 << 20
+
+
+def _chunks(t: Tensor) -> list[Tensor]:
+    flat = t.view(-1)
+    return [flat[start:start + CHUNK] for start in range(0, flat.numel(), CHUNK)]
+
+
+def _patch_nan(y: Tensor, i: Tensor, x: Tensor) -> None:
+    """Put the input's pattern back where it is NaN, in place, a chunk at a time."""
+    for yp, ip, xp in zip(_chunks(y), _chunks(i), _chunks(x), strict=True):
+        yp.copy_(torch.where(torch.isnan(xp), ip, yp))
 
 
 def truncate_exact(x: Tensor, bits: int, rounding: str, random: Tensor | None) -> Tensor:
@@ -211,12 +226,18 @@ def truncate_fused(x: Tensor, bits: int, rounding: str, random: Tensor | None) -
 def truncate_eager(
     x: Tensor, bits: int, rounding: str, layout: FloatLayout, generator: torch.Generator | None
 ) -> Tensor:
+    """The eager kernel: in place on one output, chunk by chunk where it needs temporaries,
+    so extra memory stays the output plus a few chunks."""
     if bits == layout.width or x.numel() == 0:
         return x.clone()
+    x = x.contiguous()
     if bits > layout.exp_bits:
         return truncate_fast(x, bits, rounding, layout, generator)
-    random = random_bits(x, layout, generator) if rounding == "stochastic" else None
-    return truncate_exact(x, bits, rounding, random)
+    out = torch.empty_like(x)
+    for op, xp in zip(_chunks(out), _chunks(x), strict=True):
+        random = random_bits(xp, layout, generator) if rounding == "stochastic" else None
+        op.copy_(truncate_exact(xp, bits, rounding, random))
+    return out
 
 
 

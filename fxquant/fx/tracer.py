@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.fx import Graph, GraphModule, Tracer
+from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.nn import MessagePassing
 
 from fxquant.fx.graph_utils import attr_of, free_name
@@ -56,7 +57,8 @@ def check_leaf_modules(leaf_modules: object) -> tuple[LeafSpec, ...]:
 
 
 class GNNTracer(Tracer):
-    """:class:`torch.fx.Tracer` that keeps PyG ``MessagePassing`` modules as leaves.
+    """:class:`torch.fx.Tracer` that keeps PyG ``MessagePassing`` modules (and PyG's
+    ``Linear``, a layer like ``torch.nn.Linear``) as leaves.
 
     Args:
         leaf_modules (iterable, optional): more modules to keep opaque, as classes or
@@ -84,7 +86,7 @@ class GNNTracer(Tracer):
         self._stack: list[str] = []
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, (MessagePassing, *self._leaf_types)):
+        if isinstance(m, (MessagePassing, PygLinear, *self._leaf_types)):
             return True
         if module_qualified_name in self._leaf_names:
             return True

@@ -14,14 +14,23 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule, Node
+from torch_geometric.nn import MessagePassing
 
 from fxquant._ops.layouts import bit_width
 from fxquant.formats import Format, TopN
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
 from fxquant.fx.tracer import LeafSpec, check_leaf_modules, trace
-from fxquant.quant.config import NodeOverride, QuantConfig, QuantMapping, Resolved, as_number
-from fxquant.quant.insert import insert_quant_points
+from fxquant.quant.config import (
+    NodeOverride,
+    QuantConfig,
+    QuantMapping,
+    Resolved,
+    Site,
+    as_number,
+)
+from fxquant.quant.insert import edge_index_of, insert_quant_points
 from fxquant.quant.points import QuantPoint
+from fxquant.quant.sites import weights_of
 
 __all__ = ["TRACE_KEY", "plan", "remember_trace", "transform"]
 
@@ -147,7 +156,8 @@ def remember_trace(gm: GraphModule, concrete_args: dict[str, Any] | None,
 
 
 def plan(gm: GraphModule, mapping: QuantMapping) -> list[Resolved]:
-    """The quantization points ``mapping`` gives ``gm``; raises if it selects none."""
+    """The quantization points ``mapping`` gives ``gm``; raises if it selects none or a
+    site does not fit its layer."""
     candidates = layers_of(gm, exclude=lambda n: _is_point(gm, n))
     points = mapping.resolve(gm, candidates)
     if not points:
@@ -157,7 +167,41 @@ def plan(gm: GraphModule, mapping: QuantMapping) -> list[Resolved]:
             "none); please name the layers, e.g. "
             f"layers={[layer_name(n) for n in candidates][:3]}"
         )
+    for p in points:
+        _check_site(gm, p)
     return points
+
+
+def _check_site(gm: GraphModule, p: Resolved) -> None:
+    """A clear error where a site cannot be rounded on its layer, never a silent no-op."""
+    layer, site = layer_name(p.node), p.site.value
+    module = gm.get_submodule(str(p.node.target)) if p.node.op == "call_module" else None
+    where = f"fxquant.transform: the {site} site of layer {layer!r}"
+    if p.site.inner and module is None:
+        raise ValueError(f"{where}: rounding inside a layer needs a module; {layer!r} is a "
+                         f"{p.node.op.replace('call_', '')} call. Please round its 'input' or "
+                         "'output' instead.")
+    if p.site is Site.WEIGHT:
+        assert module is not None
+        if not weights_of(module):
+            raise ValueError(f"{where}: {type(module).__name__} has no weight to round (a "
+                             "floating parameter with at least two dims)")
+        if p.override is not None:
+            raise ValueError(f"{where}: weights belong to no node, so node_bits cannot apply")
+    if p.site in (Site.MESSAGE, Site.AGGREGATE) and not isinstance(module, MessagePassing):
+        raise ValueError(f"{where}: only PyG MessagePassing layers have messages and an "
+                         f"aggregation; {layer!r} is {type(module).__name__ if module else 'a function'}")
+    if p.site is Site.INPUT:
+        first = p.node.args[0] if p.node.args else None
+        parts = first if isinstance(first, (tuple, list)) else [first]
+        if not any(isinstance(part, Node) for part in parts):
+            raise ValueError(f"{where}: the layer's first argument is not a tensor of the graph")
+    if p.config.protect is not None and (
+            p.site is Site.WEIGHT or (p.site in (Site.INPUT, Site.OUTPUT)
+                                      and edge_index_of(gm, p.node) is None)):
+        raise ValueError(f"{where}: protect= draws per node from in-degrees, so it needs the "
+                         "input, output, message or aggregate site of a MessagePassing layer "
+                         "called with an edge_index")
 
 
 def transform(

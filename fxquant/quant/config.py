@@ -99,9 +99,25 @@ def describe(number: Number) -> str:
 
 
 class Site(str, Enum):
-    """Where on a layer values are rounded. Adding a site adds a value here, nothing else."""
+    """Where on a layer values are rounded. Adding a site adds a value here, nothing else.
+
+    ``OUTPUT``: what the layer returns; ``INPUT``: its first argument (node features; both
+    parts of a ``(source, target)`` pair; non-float arguments pass through); ``WEIGHT``:
+    each of its floating parameters with at least two dims; ``MESSAGE``: the output of
+    ``message()``, one row per edge (PyG ``MessagePassing`` layers); ``AGGREGATE``: the
+    aggregation, one row per node, before ``update()``.
+    """
 
     OUTPUT = "output"
+    INPUT = "input"
+    WEIGHT = "weight"
+    MESSAGE = "message"
+    AGGREGATE = "aggregate"
+
+    @property
+    def inner(self) -> bool:
+        """Rounded inside the layer's own call (not in the traced graph around it)."""
+        return self in (Site.WEIGHT, Site.MESSAGE, Site.AGGREGATE)
 
     @classmethod
     def parse(cls, value: object) -> Site:
@@ -161,12 +177,17 @@ class QuantConfig:
         grad (str, optional): ``"ste"`` (straight-through) or ``"zero"``. (default: ``"ste"``)
         grad_number (optional): also round the gradient flowing back, to kept bits or a
             format. (default: :obj:`None`)
+        protect (tuple, optional): ``(p_min, p_max)``: Degree-Quant's protective mask
+            (Tailor et al., ICLR 2021). In training, each node stays at full precision with
+            probability ``p_min + (p_max - p_min) * F(in-degree)``, ``F`` the fraction of
+            nodes with at most its in-degree (messages follow their target node); in eval
+            everything is rounded. (default: :obj:`None`)
 
     Example:
         >>> QuantConfig(16)
         QuantConfig(number=TopN(bits=16), rounding=<Rounding.TOWARD_ZERO: 'toward_zero'>, \
 scale=<Scale.NONE: 'none'>, range='minmax', momentum=None, grad=<Grad.STE: 'ste'>, \
-grad_number=None)
+grad_number=None, protect=None)
         >>> QuantConfig("int4", scale="tensor", range="lsq").describe()
         'int4, nearest, scale tensor (lsq), ste'
         >>> QuantConfig(16, momentum=0.9)
@@ -183,6 +204,7 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
     momentum: float | None
     grad: Grad
     grad_number: Number | None
+    protect: tuple[float, float] | None
 
     def __init__(
         self,
@@ -194,8 +216,16 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         momentum: float | None = None,
         grad: Grad | str = "ste",
         grad_number: Number | int | str | tuple[int, int] | None = None,
+        protect: tuple[float, float] | None = None,
     ) -> None:
         parsed = as_number(number, "number")
+        if protect is not None:
+            ok = isinstance(protect, (tuple, list)) and len(protect) == 2 and all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) for p in protect)
+            if not ok or not 0 <= protect[0] <= protect[1] <= 1:
+                raise ValueError(f"protect must be (p_min, p_max) with 0 <= p_min <= p_max <= 1, "
+                                 f"got {protect!r}")
+            protect = (float(protect[0]), float(protect[1]))
         default = Rounding.TOWARD_ZERO if isinstance(parsed, TopN) else Rounding.NEAREST
         mode = Scale.parse(scale)
         source = _parse_range(range)
@@ -235,6 +265,7 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         set_(self, "grad", Grad.parse(grad))
         set_(self, "grad_number",
              None if grad_number is None else as_number(grad_number, "grad_number"))
+        set_(self, "protect", protect)
 
     @property
     def percentile(self) -> float | None:
@@ -255,6 +286,8 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         parts.append(self.grad.value)
         if self.grad_number is not None:
             parts.append(f"grad {self.grad_number.spec()}")
+        if self.protect is not None:
+            parts.append(f"protect {self.protect[0]:g}..{self.protect[1]:g}")
         return ", ".join(parts)
 
     def scale_description(self) -> str:
@@ -276,12 +309,15 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
             "momentum": self.momentum,
             "grad": self.grad.value,
             "grad_number": None if self.grad_number is None else self.grad_number.spec(),
+            "protect": None if self.protect is None else list(self.protect),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantConfig:
         """The config :meth:`to_dict` wrote."""
         data = dict(data)
+        if data.get("protect") is not None:
+            data["protect"] = tuple(data["protect"])
         return cls(data.pop("number"), data.pop("rounding", None), **data)
 
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from tabulate import tabulate
 from torch import nn
 from torch.fx import GraphModule
 
-from fxquant.quant.config import describe
+from fxquant.fx.selectors import layer_name
+from fxquant.quant.config import Site, describe
 from fxquant.quant.points import QuantPoint
 
 __all__ = ["quantization_points", "summary"]
+
+_CALLS = ("call_module", "call_function", "call_method")
+_SITE_ORDER = [Site.INPUT, Site.WEIGHT, Site.MESSAGE, Site.AGGREGATE, Site.OUTPUT]
 
 
 def quantization_points(model: nn.Module) -> list[tuple[str, QuantPoint]]:
@@ -18,21 +25,25 @@ def quantization_points(model: nn.Module) -> list[tuple[str, QuantPoint]]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a model returned by fxquant.transform, got {type(model).__name__}")
     points = {name: m for name, m in model.named_modules() if isinstance(m, QuantPoint)}
-    order: list[str] = []
+    layers: list[str] = []
     if isinstance(model, GraphModule):
-        order = [str(n.target) for n in model.graph.nodes
-                 if n.op == "call_module" and str(n.target) in points]
-    order += [name for name in points if name not in order]
+        layers = [layer_name(n) for n in model.graph.nodes if n.op in _CALLS]
+    rank = {layer: i for i, layer in reversed(list(enumerate(layers)))}
+    order = sorted(points, key=lambda name: (rank.get(points[name].layer, len(rank)),
+                                             _SITE_ORDER.index(points[name].site), name))
     return [(name, points[name]) for name in order]
 
 
-def summary(gm: nn.Module, tablefmt: str = "simple") -> str:
+def summary(gm: nn.Module, *example_inputs: Any, tablefmt: str = "simple") -> str:
     """A table of the quantization points fxquant inserted into ``gm``.
 
-    Works on a GraphModule reloaded with ``torch.load`` too.
+    Works on a GraphModule reloaded with ``torch.load`` too. With example inputs, one
+    forward runs (in eval mode, without gradients; the model's state is put back) and the
+    table shows the shape of what each point rounds.
 
     Args:
         gm (torch.nn.Module): a model returned by :func:`fxquant.transform`.
+        *example_inputs: forward arguments, for the ``shape`` column.
         tablefmt (str, optional): any :mod:`tabulate` format, e.g. ``"github"``.
 
     Example:
@@ -49,20 +60,50 @@ def summary(gm: nn.Module, tablefmt: str = "simple") -> str:
             f"fxquant.summary expects the GraphModule fxquant.transform returns, got "
             f"{type(gm).__name__}; please pass gm = fxquant.transform(model, ...)"
         )
+    points = quantization_points(gm)
+    shapes = _shapes(gm, points, example_inputs) if example_inputs else {}
     rows = []
-    for name, point in quantization_points(gm):
+    for name, point in points:
         c = point.config
         scale = c.scale_description()
         grad = c.grad.value + (f", grad {describe(c.grad_number)}" if c.grad_number else "")
         bits = c.number.bits
-        rows.append([name, point.layer, point.site.value, describe(c.number), bits,
-                     c.rounding.value, scale, grad, point.override_description()])
+        site = point.site.value + (f" {point.tensor}" if point.tensor else "")
+        row = [name, point.layer, site, describe(c.number), bits, c.rounding.value, scale, grad,
+               point.override_description()]
+        if example_inputs:
+            row.insert(3, shapes.get(name, "-"))
+        rows.append(row)
     if not rows:
         return "no fxquant quantization points in this model"
-    return tabulate(
-        rows,
-        headers=["point", "layer", "site", "format", "bits", "rounding", "scale", "grad",
-                 "node override"],
-        tablefmt=tablefmt,
-    )
+    headers = ["point", "layer", "site", "format", "bits", "rounding", "scale", "grad",
+               "node override"]
+    if example_inputs:
+        headers.insert(3, "shape")
+    return tabulate(rows, headers=headers, tablefmt=tablefmt)
+
+
+def _shapes(gm: nn.Module, points: list[tuple[str, QuantPoint]],
+            inputs: tuple[Any, ...]) -> dict[str, str]:
+    """The shape each point rounds in one eval forward (its hooks removed, state restored)."""
+    seen: dict[str, list[str]] = {}
+    handles = []
+    for name, point in points:
+        def hook(module: nn.Module, args: tuple[Any, ...], name: str = name) -> None:
+            if args and isinstance(args[0], torch.Tensor):
+                seen.setdefault(name, []).append("x".join(map(str, args[0].shape)) or "scalar")
+        handles.append(point.register_forward_pre_hook(hook))
+    modes = {m: m.training for m in gm.modules()}
+    rng = torch.get_rng_state()
+    try:
+        gm.eval()
+        with torch.no_grad():
+            gm(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m, mode in modes.items():
+            m.training = mode
+        torch.set_rng_state(rng)
+    return {name: ", ".join(dict.fromkeys(shapes)) for name, shapes in seen.items()}
 

@@ -1,6 +1,10 @@
 """The graph pass: insert a :class:`~fxquant.quant.points.QuantPoint` at each resolved
 quantization point of a traced model.
 
+Around a layer (``output``, ``input``) a point is a ``call_module`` node of the graph;
+inside it (``weight``, ``message``, ``aggregate``) points are installed on the layer's
+transformed copy by :mod:`fxquant.quant.sites` and registered on the GraphModule too.
+
 Node metadata written (documented keys, as torch.fx passes do):
 
 ``node.meta["fxquant"]``
@@ -11,47 +15,96 @@ Node metadata written (documented keys, as torch.fx passes do):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassResult
+from torch_geometric.nn import MessagePassing
 
 from fxquant.fx.graph_utils import free_name
 from fxquant.fx.selectors import layer_name
 from fxquant.quant.config import Resolved, Site
 from fxquant.quant.points import QuantPoint
+from fxquant.quant.sites import install, weights_of
 
-__all__ = ["insert_quant_points"]
+__all__ = ["edge_index_of", "insert_quant_points"]
 
 
-def _other_than(new: Node) -> Callable[[Node], bool]:
-    return lambda user: user is not new
+def _other_than(*new: Node) -> Callable[[Node], bool]:
+    return lambda user: all(user is not n for n in new)
+
+
+def edge_index_of(gm: GraphModule, node: Node) -> Node | None:
+    """The ``edge_index`` argument of a call of a PyG ``MessagePassing`` layer, if a node."""
+    if node.op != "call_module" or not isinstance(gm.get_submodule(str(node.target)),
+                                                  MessagePassing):
+        return None
+    arg = node.args[1] if len(node.args) > 1 else node.kwargs.get("edge_index")
+    return arg if isinstance(arg, Node) else None
 
 
 def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResult:
-    """Insert a point after each resolved ``output`` site of ``gm``, in place.
+    """Insert every point of ``points`` into ``gm`` in place (see the module docs).
 
-    Every user of a selected node reads the rounded value instead (out of place: the
-    original value is still there for whatever backward saved). The points' buffers are
-    created on the device of ``gm``'s parameters.
+    Every user of a rounded value reads the new value instead (out of place: the original
+    value is still there for whatever backward saved). The points' buffers are created on
+    the device of ``gm``'s parameters.
     """
     if not points:
         return PassResult(gm, False)
     device = next((b.device for b in gm.buffers()), None) or next(
         (p.device for p in gm.parameters()), torch.device("cpu"))
     graph = gm.graph
+    inner: dict[str, dict[str, Any]] = {}
     for p in points:
-        if p.site is not Site.OUTPUT:
-            raise NotImplementedError(f"site {p.site.value!r} is not supported yet")
         node, layer = p.node, layer_name(p.node)
-        name = free_name(gm, f"{node.name}_quant")
-        gm.add_submodule(name, QuantPoint(p.config, layer, p.site, p.override).to(device))
-        with graph.inserting_after(node):
-            new = graph.call_module(name, (node,))
-        new.meta["fxquant"] = {"layer": layer, "site": p.site}
-        if "stack_trace" in node.meta:
-            new.meta["stack_trace"] = node.meta["stack_trace"]
-        node.replace_all_uses_with(new, delete_user_cb=_other_than(new))
+        if p.site is Site.WEIGHT:
+            module = gm.get_submodule(str(node.target))
+            weights = inner.setdefault(str(node.target), {"layer": layer}).setdefault("weights", {})
+            for param in weights_of(module):
+                name = free_name(gm, f"{node.name}_weight_{param.replace('.', '_')}_quant")
+                point = QuantPoint(p.config, layer, p.site, None, tensor=param).to(device)
+                gm.add_submodule(name, point)
+                weights[param] = point
+            continue
+        name = free_name(gm, f"{node.name}_quant" if p.site is Site.OUTPUT
+                         else f"{node.name}_{p.site.value}_quant")
+        point = QuantPoint(p.config, layer, p.site, p.override).to(device)
+        gm.add_submodule(name, point)
+        if p.site.inner:
+            inner.setdefault(str(node.target), {"layer": layer})[p.site.value] = point
+            continue
+        edge_index = edge_index_of(gm, node) if p.config.protect is not None else None
+        extra = (edge_index,) if edge_index is not None else ()
+        if p.site is Site.OUTPUT:
+            with graph.inserting_after(node):
+                new = graph.call_module(name, (node, *extra))
+            _annotate(new, node, layer, p.site)
+            node.replace_all_uses_with(new, delete_user_cb=_other_than(new))
+        else:  # INPUT: the first argument, or each tensor of a (source, target) pair
+            first = node.args[0]
+            parts = list(first) if isinstance(first, (tuple, list)) else [first]
+            rounded: list[Any] = []
+            with graph.inserting_before(node):
+                for part in parts:
+                    if isinstance(part, Node):
+                        new = graph.call_module(name, (part, *extra))
+                        _annotate(new, node, layer, p.site)
+                        rounded.append(new)
+                    else:
+                        rounded.append(part)
+            value = type(first)(rounded) if isinstance(first, (tuple, list)) else rounded[0]
+            node.args = (value, *node.args[1:])
+    for target, sites in inner.items():
+        install(sites["layer"], gm.get_submodule(target), sites.get("weights"),
+                sites.get("message"), sites.get("aggregate"))
     graph.lint()
     gm.recompile()
     return PassResult(gm, True)
+
+
+def _annotate(new: Node, node: Node, layer: str, site: Site) -> None:
+    new.meta["fxquant"] = {"layer": layer, "site": site}
+    if "stack_trace" in node.meta:
+        new.meta["stack_trace"] = node.meta["stack_trace"]

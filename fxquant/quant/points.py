@@ -22,7 +22,16 @@ from fxquant.formats import IntFormat, TopN
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
 from fxquant.quant.observers import RangeObserver
 
-__all__ = ["QuantPoint"]
+__all__ = ["QuantPoint", "in_degree"]
+
+
+def in_degree(edge_index: Tensor, num_nodes: int, like: Tensor) -> Tensor:
+    """In-degree of each node (``edge_index[1]`` counts), as floats on ``like``'s device;
+    a fixed-size scatter, so it compiles without data-dependent shapes."""
+    target = edge_index[1]
+    ones = torch.ones(target.shape[0], dtype=torch.float32, device=like.device)
+    return torch.zeros(num_nodes, dtype=torch.float32, device=like.device).index_add(
+        0, target, ones)
 
 
 def _spec(number: Number | None) -> str:
@@ -37,6 +46,7 @@ class QuantPoint(nn.Module):
         layer (str): the layer it serves (for messages and the summary).
         site (Site or str, optional): where on the layer. (default: ``"output"``)
         override (NodeOverride, optional): nodes whose rows get another number.
+        tensor (str, optional): which tensor of the layer (a weight's name).
 
     With ``range="lsq"`` the step ``s`` is a parameter (LSQ, Esser et al., ICLR 2020): set
     to ``2 * mean|x| / sqrt(qmax)`` on the first training batch, then learned with the LSQ
@@ -54,11 +64,12 @@ class QuantPoint(nn.Module):
     override_nodes: Tensor | None
 
     def __init__(self, config: QuantConfig, layer: str, site: Site | str = Site.OUTPUT,
-                 override: NodeOverride | None = None) -> None:
+                 override: NodeOverride | None = None, tensor: str = "") -> None:
         super().__init__()
         self.config = config
         self.layer = layer
         self.site = Site.parse(site)
+        self.tensor = tensor
         self.observer = None
         if config.momentum is not None or config.percentile is not None:
             self.observer = RangeObserver(config.scale.per_row, config.momentum,
@@ -74,9 +85,16 @@ class QuantPoint(nn.Module):
         self._op, self._args = self._op_arguments()
 
     @property
+    def needs_nodes(self) -> bool:
+        """Whether rounding depends on which node a row belongs to (protection, overrides)."""
+        return self.config.protect is not None or self.override_nodes is not None
+
+    @property
     def name(self) -> str:
-        """``"output of 'conv1'"``: how messages refer to this point."""
-        return f"{self.site.value} of {self.layer!r}"
+        """``"output of 'conv1'"``, ``"weight 'lin.weight' of 'conv1'"``: how messages
+        refer to this point."""
+        what = f"{self.site.value} {self.tensor!r}" if self.tensor else self.site.value
+        return f"{what} of {self.layer!r}"
 
     def _op_arguments(self) -> tuple[str, dict[str, Any]]:
         """Which op, and its constant keyword arguments (computed once)."""
@@ -102,8 +120,28 @@ class QuantPoint(nn.Module):
         assert call is not None
         return call
 
-    def forward(self, x: Tensor) -> Tensor:
-        rows = None if self.override_nodes is None else self._rows(x)
+    def forward(self, x: Tensor, edge_index: Tensor | None = None, *,
+                node_degree: Tensor | None = None, row_nodes: Tensor | None = None) -> Tensor:
+        """Round ``x``. Rows are nodes, unless ``row_nodes`` gives each row's node (the target
+        of a message); degrees (for protection) come from ``node_degree`` or from the
+        layer's ``edge_index`` (in-degree, ``edge_index[1]``)."""
+        if self.site is Site.INPUT and not x.is_floating_point():
+            return x  # an input site passes integer inputs (indices, masks) through
+        num_nodes = x.shape[0] if x.dim() else 1
+        if node_degree is None and edge_index is not None and self.config.protect is not None:
+            node_degree = in_degree(edge_index, num_nodes, x)
+        if node_degree is not None:
+            num_nodes = node_degree.shape[0]
+        rows = None if self.override_nodes is None else self._rows(x, num_nodes, row_nodes)
+        y = self._round(x, rows)
+        if self.config.protect is not None and self.training and node_degree is not None:
+            keep = self._protected(node_degree)
+            if row_nodes is not None:
+                keep = keep[row_nodes]
+            y = torch.where(keep.view((-1,) + (1,) * (x.dim() - 1)), x, y)
+        return y
+
+    def _round(self, x: Tensor, rows: Tensor | None) -> Tensor:
         if self._op == "truncate":
             return torch.ops.fxquant.truncate.default(x, rows=rows, numerics=NUMERICS, **self._args)
         if self.step is not None:
@@ -111,6 +149,17 @@ class QuantPoint(nn.Module):
         bounds = self.observer(x) if self.observer is not None else None
         return torch.ops.fxquant.quantize.default(x, bounds=bounds, rows=rows, numerics=NUMERICS,
                                                   **self._args)
+
+    def _protected(self, degree: Tensor) -> Tensor:
+        """Degree-Quant's protective mask: node ``i`` stays at full precision with probability
+        ``p_min + (p_max - p_min) * F(deg_i)``, ``F`` the fraction of nodes whose in-degree
+        is at most ``deg_i`` (so the probability grows with in-degree)."""
+        assert self.config.protect is not None
+        p_min, p_max = self.config.protect
+        ordered = torch.sort(degree).values
+        rank = torch.searchsorted(ordered, degree, right=True).to(torch.float32)
+        p = p_min + (p_max - p_min) * rank / max(degree.numel(), 1)
+        return torch.bernoulli(p).to(torch.bool)
 
     def _lsq(self, x: Tensor, rows: Tensor | None) -> Tensor:
         """``s * round(clamp(x / s, qmin, qmax))`` with LSQ's gradients."""
@@ -133,20 +182,22 @@ class QuantPoint(nn.Module):
         if self.step is not None and prefix + "step" in state_dict:
             self.step_ready = True  # a loaded step is not initialized again
 
-    def _rows(self, x: Tensor) -> Tensor:
+    def _rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None) -> Tensor:
         """The override as a bool mask over ``x``'s rows (a shape check, never a value check)."""
         nodes = self.override_nodes
         assert nodes is not None
         if nodes.dtype == torch.bool:
-            return nodes
-        n = x.shape[0] if x.dim() else 0
-        if self.override_max_index is not None and self.override_max_index >= n:
-            raise IndexError(
-                f"fxquant: the node override of quantization point {self.name} names node "
-                f"{self.override_max_index}, but the tensor there has {n} rows; please pass node "
-                f"ids in [0, {n})."
-            )
-        return torch.zeros(n, dtype=torch.bool, device=x.device).index_fill(0, nodes, True)
+            mask = nodes
+        else:
+            if self.override_max_index is not None and self.override_max_index >= num_nodes:
+                raise IndexError(
+                    f"fxquant: the node override of quantization point {self.name} names node "
+                    f"{self.override_max_index}, but the graph there has {num_nodes} nodes; "
+                    f"please pass node ids in [0, {num_nodes})."
+                )
+            mask = torch.zeros(num_nodes, dtype=torch.bool, device=x.device).index_fill(
+                0, nodes, True)
+        return mask if row_nodes is None else mask[row_nodes]
 
     def extra_repr(self) -> str:
         text = f"{self.name}: {self.config.describe()}"
