@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, SAGEConv
 from torch_geometric.nn import Linear as PygLinear
-from torch_geometric.nn.models import GAT, GIN, GCN, GraphSAGE
+from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
 import fxquant
 from fxquant import QuantConfig, QuantMapping
