@@ -72,16 +72,23 @@ def main(argv: list[str] | None = None) -> str:
         dataset = load_planetoid("Cora", transform=T.NormalizeFeatures())
         data, num_classes = dataset[0], dataset.num_classes
 
+    every_site = fxquant.QuantMapping()
+    for site in ("input", "weight", "message", "aggregate", "output"):
+        every_site.set_global(fxquant.QuantConfig("int8", scale="tensor", momentum=0.9), site=site)
+
     def build(kind: str, seed: int) -> torch.nn.Module:
         torch.manual_seed(seed)
         model: torch.nn.Module = GCN(data.num_features, 16, num_classes)
         if "bits=16" in kind:
             model = fxquant.transform(model, bits=16)
+        if "int8 all sites" in kind:
+            model = fxquant.transform(model, every_site)
         if "compiled" in kind:
             model = torch.compile(model)
         return model
 
-    kinds = ["FP32 eager", "bits=16 eager", "FP32 compiled", "bits=16 compiled"]
+    kinds = ["FP32 eager", "bits=16 eager", "int8 all sites eager", "FP32 compiled",
+             "bits=16 compiled", "int8 all sites compiled"]
     # The four models take turns within each seed, so a ratio compares runs that are
     # neighbours in time; the reported ratios are medians over seeds of per-seed ratios.
     per_seed: dict[str, list[float]] = {k: [] for k in kinds}
@@ -113,6 +120,10 @@ def main(argv: list[str] | None = None) -> str:
     ratios = [
         ["bits=16 eager / FP32 eager", ratio("bits=16 eager", "FP32 eager"), "<= 1.05"],
         ["bits=16 compiled / bits=16 eager", ratio("bits=16 compiled", "bits=16 eager"), "<= 1.00"],
+        ["int8 all sites eager / FP32 eager", ratio("int8 all sites eager", "FP32 eager"),
+         "<= 1.5"],
+        ["int8 all sites compiled / FP32 compiled",
+         ratio("int8 all sites compiled", "FP32 compiled"), "<= 1.1"],
         ["FP32 compiled / FP32 eager", ratio("FP32 compiled", "FP32 eager"), ""],
         ["transform(GCN, bits=16), lint on (ms)", f"{transform_ms:.1f}", "<= 100"],
         ["transform(GCN, bits=16, lint='off') (ms)", f"{transform_nolint_ms:.1f}", ""],
@@ -123,7 +134,9 @@ def main(argv: list[str] | None = None) -> str:
     source = "a generated graph (quick run)" if args.quick else "Cora (public split)"
     body = (
         f"## bench_train\n\n`python -m benchmarks.bench_train` on {machine()}; {source}, "
-        f"{seeds} seeds x {epochs} epochs per model.\n\n{table}\n\n{ratio_table}\n\n"
+        f"{seeds} seeds x {epochs} epochs per model; 'int8 all sites': input, weight, "
+        "message, aggregate and output of both convs, int8 with a per-tensor running range "
+        f"(momentum 0.9).\n\n{table}\n\n{ratio_table}\n\n"
         f"Compiled transformed GCN (eval forward): inductor kernels that contain the truncation: "
         f"{kernels or 'none'}; opaque fxquant.truncate call left in the generated code: "
         f"{'yes' if opaque else 'no'}.\n"

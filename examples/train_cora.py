@@ -1,9 +1,12 @@
-"""Train the Kipf & Welling GCN on Cora in FP32 and with reduced-precision layer outputs.
+"""Train GNNs on Cora / CiteSeer in FP32 and with reduced precision, inside and between layers.
 
-The model is PyG's ``examples/gcn.py`` as written there (row-normalized features, two
-GCNConv layers with 16 hidden units, ReLU, dropout 0.5 on the input and hidden layer, Adam
-with lr 0.01 and weight decay 5e-4 on the first layer, 200 epochs, test accuracy at the
-best validation epoch); fxquant transforms it without touching its code.
+The GCN is PyG's ``examples/gcn.py`` as written there (row-normalized features, two GCNConv
+layers with 16 hidden units, ReLU, dropout 0.5 on the input and hidden layer, Adam with
+lr 0.01 and weight decay 5e-4 on the first layer, 200 epochs, test accuracy at the best
+validation epoch); ``--model gin`` / ``gat`` use PyG's ``models.GIN`` / ``models.GAT`` (two
+layers, hidden 16 (GAT: 8 x 8 heads), dropout 0.5, the same optimizer and protocol).
+fxquant transforms them without touching their code. Seeds are paired: each seed's FP32
+and quantized runs start from the same initial weights.
 
 Run (data: ``FXQUANT_DATA`` or ``--root`` pointing at a folder with ``Cora/raw/ind.cora.*``):
 
@@ -13,6 +16,12 @@ Run (data: ``FXQUANT_DATA`` or ``--root`` pointing at a folder with ``Cora/raw/i
     python examples/train_cora.py --sweep e4m3,e5m2,e3m2,e2m3,e2m1 --scale row --plot f.png
     python examples/train_cora.py --bits 10 --rounding nearest --super-nodes 0.1:8
     python examples/train_cora.py --bits 16 --grad zero          # no straight-through gradient
+    python examples/train_cora.py --sites all --format int4 --range lsq --protect 0.0:0.2
+    python examples/train_cora.py --sites all --format e2m1 --scale block32 --model gin
+
+``--sites`` rounds inside the layers too: ``input``, ``weight``, ``message``,
+``aggregate`` and ``output`` of every GNN layer (``all``); protection (Degree-Quant) keeps
+nodes at full precision in training with a probability growing with in-degree.
 """
 
 from __future__ import annotations
@@ -31,13 +40,16 @@ import torch.nn.functional as F
 import torch_geometric.transforms as T
 from tabulate import tabulate
 from torch_geometric.nn import GCNConv
+from torch_geometric.nn.models import GAT, GIN
 from tqdm import tqdm
 
 import fxquant
 from fxquant.datasets import PLANETOID_NAMES, load_planetoid
-from fxquant.formats import TopN, parse
+from fxquant.formats import IntFormat, TopN, parse
 
 ROUNDINGS = ("toward_zero", "nearest", "stochastic")
+SITES = ("input", "weight", "message", "aggregate", "output")
+MODELS = ("gcn", "gin", "gat")
 
 
 class GCN(torch.nn.Module):
@@ -68,12 +80,19 @@ class Config:
     momentum: float | None = None
     layers: list[str] | None = None
     super_nodes: tuple[float, int | str] | None = None
+    sites: list[str] = field(default_factory=lambda: ["output"])
+    range: str = "minmax"
+    protect: tuple[float, float] | None = None
     accs: list[float] = field(default_factory=list)
     epoch_ms: list[float] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
-        return "fp32" if self.number is None else "top" if isinstance(self.number, int) else "format"
+        if self.number is None:
+            return "fp32"
+        if isinstance(self.number, int):
+            return "top"
+        return "int" if isinstance(parse(self.number), IntFormat) else "format"
 
     @property
     def bits(self) -> int:
@@ -93,36 +112,77 @@ class Config:
         mean = 100 * statistics.mean(self.accs)
         std = 100 * statistics.stdev(self.accs) if len(self.accs) > 1 else 0.0
         scale = self.scale or "-"
+        if self.range != "minmax":
+            scale += f" ({self.range})"
         grad = "-" if self.number is None else self.grad
-        return [self.name, self.bits, self.rounding_label, scale, grad,
+        sites = "-" if self.number is None else ",".join(self.sites)
+        protect = "-" if self.protect is None else f"{self.protect[0]:g}:{self.protect[1]:g}"
+        return [self.name, self.bits, self.rounding_label, scale, sites, protect, grad,
                 f"{mean:.1f} +- {std:.1f}", f"{statistics.median(self.epoch_ms):.1f}"]
 
 
-def build(cfg: Config, data, num_classes: int, seed: int) -> torch.nn.Module:
+def make_model(kind: str, in_channels: int, num_classes: int) -> torch.nn.Module:
+    """The untouched FP32 model: PyG's gcn.py GCN, or PyG's GIN / GAT."""
+    if kind == "gcn":
+        return GCN(in_channels, 16, num_classes)
+    if kind == "gin":
+        return GIN(in_channels, 16, num_layers=2, out_channels=num_classes, dropout=0.5)
+    return GAT(in_channels, 8, num_layers=2, out_channels=num_classes, heads=8, dropout=0.5)
+
+
+def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
+    """The quantization points of one configuration, at every site it names."""
+    mapping = fxquant.QuantMapping()
+    for site in cfg.sites:
+        protect = cfg.protect if site != "weight" else None
+        number = cfg.number if cfg.kind != "top" else int(cfg.number)  # type: ignore[arg-type]
+        scale = cfg.scale if cfg.kind in ("format", "int") else None
+        momentum = cfg.momentum if scale is not None and scale.startswith("tensor") and \
+            cfg.range != "lsq" else None
+        config = fxquant.QuantConfig(number, cfg.rounding, scale=scale, range=cfg.range,
+                                     momentum=momentum, grad=cfg.grad, protect=protect)
+        if cfg.layers:
+            for layer in cfg.layers:
+                mapping.set_name(layer, config, site=site)
+        else:
+            mapping.set_global(config, site=site)
+    if cfg.super_nodes is not None:
+        fraction, over = cfg.super_nodes
+        hubs = fxquant.top_degree_nodes(data.edge_index, fraction, data.num_nodes)
+        for site in cfg.sites:
+            if site in ("output", "input", "aggregate", "message"):
+                for layer in cfg.layers or ["conv1", "conv2"]:
+                    mapping.set_nodes(layer, hubs, over, site=site)
+    return mapping
+
+
+def build(cfg: Config, data, num_classes: int, seed: int, model_kind: str = "gcn"
+          ) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = GCN(data.num_features, 16, num_classes)
+    model = make_model(model_kind, data.num_features, num_classes)
     if cfg.number is None:
         return model
-    node_bits = None
-    if cfg.super_nodes is not None:
-        fraction, number = cfg.super_nodes
-        hubs = fxquant.top_degree_nodes(data.edge_index, fraction, data.num_nodes)
-        node_bits = {layer: (hubs, number) for layer in cfg.layers or ["conv1", "conv2"]}
-    if cfg.kind == "top":
-        return fxquant.transform(model, bits=cfg.number, layers=cfg.layers, rounding=cfg.rounding,
-                                 grad=cfg.grad, node_bits=node_bits)
-    return fxquant.transform(model, format=cfg.number, scale=cfg.scale, momentum=cfg.momentum,
-                             layers=cfg.layers, rounding=cfg.rounding, grad=cfg.grad,
-                             node_bits=node_bits)
+    if cfg.super_nodes is not None and model_kind != "gcn" and not cfg.layers:
+        raise SystemExit("--super-nodes names conv1/conv2 of the GCN; with --model gin/gat "
+                         "please also pass --layers convs.0,convs.1")
+    return fxquant.transform(model, mapping_for(cfg, data))
+
+
+def _param_groups(model: torch.nn.Module) -> list[dict]:
+    """gcn.py's weight decay on the first layer only; for the zoo models on all."""
+    first = getattr(model, "conv1", None)
+    if first is None:
+        return [{"params": model.parameters(), "weight_decay": 5e-4}]
+    mine = {id(p) for p in first.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in mine]
+    return [{"params": first.parameters(), "weight_decay": 5e-4},
+            {"params": rest, "weight_decay": 0.0}]
 
 
 def train_one(model: torch.nn.Module, data, epochs: int, desc: str, device: torch.device):
     """PyG's gcn.py loop; returns (test accuracy at the best validation epoch, epoch times)."""
     model.to(device)
-    optimizer = torch.optim.Adam([
-        {"params": model.conv1.parameters(), "weight_decay": 5e-4},
-        {"params": model.conv2.parameters(), "weight_decay": 0.0},
-    ], lr=0.01)
+    optimizer = torch.optim.Adam(_param_groups(model), lr=0.01)
     best_val = test_acc = 0.0
     times = []
     bar = tqdm(range(epochs), desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
@@ -171,6 +231,36 @@ def _names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+def _sites(text: str) -> list[str]:
+    names = _names(text)
+    if names == ["all"]:
+        return list(SITES)
+    unknown = [n for n in names if n not in SITES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown site(s) {unknown}; choose from {list(SITES)} "
+                                         "or 'all'")
+    return [s for s in SITES if s in names]
+
+
+def _range(text: str) -> str:
+    try:
+        return fxquant.QuantConfig("int8", scale="tensor", range=text).range
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _protect(text: str) -> tuple[float, float]:
+    low, sep, high = text.partition(":")
+    try:
+        pair = (float(low), float(high))
+    except ValueError:
+        pair = (-1.0, -1.0)
+    if not sep or not 0 <= pair[0] <= pair[1] <= 1:
+        raise argparse.ArgumentTypeError(f"expected P_MIN:P_MAX with 0 <= P_MIN <= P_MAX <= 1, "
+                                         f"got {text!r}")
+    return pair
+
+
 def _super_nodes(text: str) -> tuple[float, int | str]:
     fraction, sep, number = text.partition(":")
     try:
@@ -189,12 +279,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     what.add_argument("--bits", type=int, default=None,
                       help="keep the top BITS of each float32 pattern (default 16)")
     what.add_argument("--format", default=None, type=_number,
-                      help="round to a number format instead: e4m3, e5m2, e3m2, e2m3, e2m1, eXmY")
+                      help="round to a number format instead: e4m3, e5m2, e3m2, e2m3, e2m1, eXmY, "
+                           "or integers: int8, int4, uint8, int8:asym, ...")
     p.add_argument("--scale", default="tensor", choices=["tensor", "row", "none", "tensor-pow2",
-                                                         "row-pow2"],
-                   help="scaling for formats (default: tensor)")
+                                                         "row-pow2", "block32"],
+                   help="scaling for formats (default: tensor; block32: OCP MX)")
+    p.add_argument("--range", default="minmax", type=_range, metavar="{minmax,percentile:Q,lsq}",
+                   help="where a scale's range comes from (default: minmax)")
     p.add_argument("--momentum", type=float, default=None,
-                   help="formats with --scale tensor: running amax for eval")
+                   help="formats with --scale tensor: running range for eval")
+    p.add_argument("--sites", type=_sites, default=["output"], metavar="SITES",
+                   help="comma list of output,input,weight,message,aggregate, or all "
+                        "(default: output)")
+    p.add_argument("--protect", type=_protect, default=None, metavar="P_MIN:P_MAX",
+                   help="Degree-Quant protection: nodes stay at full precision in training "
+                        "with a probability from P_MIN to P_MAX, growing with in-degree")
+    p.add_argument("--model", default="gcn", choices=list(MODELS),
+                   help="gcn: PyG's examples/gcn.py; gin / gat: PyG's models.GIN / GAT")
     p.add_argument("--layers", type=_names, default=None,
                    help="comma-separated layers to round after (default: both convs)")
     p.add_argument("--rounding", default=None, choices=[*ROUNDINGS, "all"],
@@ -224,12 +325,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--plot needs --sweep or --from-json")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available here")
+    numbers = args.sweep or [args.format or args.bits or 16]
+    if args.range != "minmax" and not all(isinstance(n, str) for n in numbers):
+        p.error("--range needs --format (integers or formats with --scale tensor/row)")
+    if args.range == "lsq" and not all(isinstance(parse(n), IntFormat) for n in numbers
+                                       if isinstance(n, str)):
+        p.error("--range lsq learns the step of an integer format; please use --format int4 ...")
+    if args.protect is not None and args.sites == ["weight"]:
+        p.error("--protect needs a site that belongs to nodes (input, message, aggregate, output)")
     return args
 
 
 def configs_for(args: argparse.Namespace) -> list[Config]:
     numbers: list[int | str] = args.sweep or [args.format or args.bits or 16]
-    common = {"grad": args.grad, "layers": args.layers, "super_nodes": args.super_nodes}
+    common = {"grad": args.grad, "layers": args.layers, "super_nodes": args.super_nodes,
+              "sites": args.sites, "protect": args.protect}
     configs = [Config("FP32", None)]
     has_bits = any(isinstance(n, int) for n in numbers)
     if args.rounding == "all" or (args.rounding is None and args.sweep and has_bits):
@@ -241,9 +351,10 @@ def configs_for(args: argparse.Namespace) -> list[Config]:
         configs += [Config(f"top-{n}", n, r, **common) for n in numbers if isinstance(n, int)]
     for n in numbers:
         if isinstance(n, str):
-            configs.append(Config(f"{n} ({args.scale})", n, None if args.rounding == "all"
+            label = args.scale + (f", {args.range}" if args.range != "minmax" else "")
+            configs.append(Config(f"{n} ({label})", n, None if args.rounding == "all"
                                   else args.rounding, scale=scale, momentum=args.momentum,
-                                  **common))
+                                  range=args.range, **common))
     return configs
 
 
@@ -309,15 +420,43 @@ def load_results(paths: Sequence[str]) -> list[Config]:
                 cfg = Config(**{k: v for k, v in r.items() if k in names})
                 if cfg.super_nodes is not None:
                     cfg.super_nodes = tuple(cfg.super_nodes)  # type: ignore[assignment]
+                if cfg.protect is not None:
+                    cfg.protect = tuple(cfg.protect)  # type: ignore[assignment]
                 if cfg.number is None and any(c.number is None for c in configs):
                     continue
                 configs.append(cfg)
     return configs
 
 
+def paired(fp32: Config, cfg: Config) -> str:
+    """Mean difference to FP32 over the seeds both ran, and its 95% interval (t)."""
+    n = min(len(fp32.accs), len(cfg.accs))
+    if cfg is fp32 or n < 2:
+        return "-"
+    diffs = [100 * (q - f) for q, f in zip(cfg.accs[:n], fp32.accs[:n], strict=True)]
+    mean = statistics.mean(diffs)
+    half = _t95(n - 1) * statistics.stdev(diffs) / n**0.5
+    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
+
+
+def _t95(dof: int) -> float:
+    """Two-sided 95% quantile of Student's t (the table's values; 1.96 beyond 30)."""
+    table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+             10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 24: 2.06,
+             29: 2.05}
+    return next((v for k, v in sorted(table.items()) if dof <= k), 1.96)
+
+
 def report(configs: list[Config], args: argparse.Namespace) -> None:
-    headers = ["config", "bits", "rounding", "scale", "grad", "test acc (%)", "median epoch (ms)"]
-    print(tabulate([c.row() for c in configs], headers=headers, tablefmt="github"))
+    headers = ["config", "bits", "rounding", "scale", "sites", "protect", "grad", "test acc (%)",
+               "vs FP32 (pt, 95% CI)", "median epoch (ms)"]
+    fp32 = next((c for c in configs if c.number is None), None)
+    rows = []
+    for c in configs:
+        row = c.row()
+        row.insert(-1, paired(fp32, c) if fp32 is not None else "-")
+        rows.append(row)
+    print(tabulate(rows, headers=headers, tablefmt="github"))
     for rounding in ROUNDINGS:
         tops = [c for c in configs if c.kind == "top" and c.rounding_label == rounding]
         if len(tops) > 1:
@@ -353,15 +492,17 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
     configs = configs_for(args)
 
     example = next(c for c in configs if c.number is not None)
-    gm = build(example, data, dataset.num_classes, seed=0)
-    print(f"{args.dataset}: {data.num_nodes} nodes, {data.num_edges} edges, device {device}")
-    print(f"\nTransformed graph ({example.name}):\n" + fxquant.summary(gm) + "\n")
+    gm = build(example, data, dataset.num_classes, seed=0, model_kind=args.model)
+    print(f"{args.dataset}: {data.num_nodes} nodes, {data.num_edges} edges, device {device}, "
+          f"model {args.model}")
+    print(f"\nTransformed graph ({example.name}):\n"
+          + fxquant.summary(gm, data.x, data.edge_index) + "\n")
     print("Lint of the transformed graph on the real data:\n"
           + str(fxquant.lint(gm, data.x, data.edge_index)) + "\n")
 
     for cfg in configs:
         for seed in range(args.seeds):
-            model = build(cfg, data, dataset.num_classes, seed)
+            model = build(cfg, data, dataset.num_classes, seed, args.model)
             desc = f"{cfg.name} {cfg.rounding_label} seed {seed}"
             acc, times = train_one(model, data, args.epochs, desc, device)
             cfg.accs.append(acc)
@@ -370,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
     report(configs, args)
     if args.json:
         payload = {"args": vars(args), "device": str(device), "torch": torch.__version__,
+                   "model": args.model, "dataset": args.dataset,
                    "results": [{**asdict(c), "bits": c.bits} for c in configs]}
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)

@@ -35,11 +35,11 @@ def percentile_bounds(x: Tensor, q: float) -> Tensor:
     flat = x.detach().reshape(-1)
     stride = max(1, math.ceil(flat.numel() / SAMPLE))
     sample = flat[::stride].float()
-    sample = sample[torch.isfinite(sample)]
-    if sample.numel() == 0:
-        return x.new_zeros(2, dtype=torch.float32)
+    # Non-finite values are left out (as NaN, which nanquantile skips): fixed shapes compile.
+    sample = torch.where(torch.isfinite(sample), sample, math.nan)
     qs = torch.tensor([1.0 - q / 100.0, q / 100.0], dtype=sample.dtype, device=sample.device)
-    return torch.quantile(sample, qs, interpolation="lower")
+    bounds = torch.nanquantile(sample, qs, interpolation="lower")
+    return torch.where(torch.isnan(bounds), 0.0, bounds)
 
 
 class RangeObserver(nn.Module):

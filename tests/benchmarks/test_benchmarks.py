@@ -34,3 +34,13 @@ def test_bench_train_quick():
     body = bench_train.main(["--quick", "--no-write"])
     assert "bits=16 compiled" in body and "lint(GCN, x, edge_index)" in body
     assert "opaque fxquant.truncate call left in the generated code: no" in body
+
+
+def test_bench_quantize_quick():
+    """Every format has a row, and the memory table runs its subprocess cases."""
+    from benchmarks import bench_quantize
+
+    body = bench_quantize.main(["--quick", "--no-write"])
+    for name in bench_quantize.FORMATS:
+        assert f"| {name} " in body
+    assert "truncate(5, toward_zero, one NaN)" in body

@@ -83,3 +83,60 @@ def test_no_data_gives_one_clear_message(tmp_path, monkeypatch):
     message = str(e.value)
     assert "--root" in message and "FXQUANT_DATA" in message and "ind.cora" in message
     assert "root=" not in message.replace("--root", "")
+
+
+@needs_data
+def test_sites_contract_smoke(tmp_path, capsys):
+    """The command-line contract of the inside-the-layer flags, on 2 epochs of one seed:
+    --sites all, an integer --format, --range, --protect; --json keeps its schema."""
+    out = tmp_path / "r.json"
+    configs = train_cora.main(["--sites", "all", "--format", "int4", "--range", "lsq",
+                               "--protect", "0.0:0.2", "--seeds", "1", "--epochs", "2",
+                               "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "conv1_message_quant" in printed and "weight lin.weight" in printed
+    payload = json.loads(out.read_text())
+    results = payload["results"]
+    assert results[0]["name"] == "FP32" and all(len(r["accs"]) == 1 for r in results)
+    assert results[1]["sites"] == ["input", "weight", "message", "aggregate", "output"]
+    assert results[1]["range"] == "lsq" and results[1]["protect"] == [0.0, 0.2]
+    assert [c.name for c in configs] == ["FP32", "int4 (tensor, lsq)"]
+
+
+@needs_data
+@pytest.mark.parametrize("model", ["gin", "gat"])
+def test_zoo_models_smoke(model, tmp_path):
+    """--model gin / gat train with every site quantized (2 epochs, 1 seed)."""
+    configs = train_cora.main(["--model", model, "--sites", "all", "--format", "e2m1",
+                               "--scale", "block32", "--seeds", "1", "--epochs", "2",
+                               "--dataset", "CiteSeer"])
+    assert len(configs) == 2 and all(len(c.accs) == 1 for c in configs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sites", "edges"], "unknown site(s) ['edges']"),
+        (["--protect", "0.5:0.1"], "P_MIN:P_MAX"),
+        (["--range", "percentile:40"], "percentile"),
+        (["--bits", "8", "--range", "lsq"], "--range needs --format"),
+        (["--format", "e4m3", "--range", "lsq"], "--range lsq learns the step of an integer"),
+        (["--sites", "weight", "--protect", "0:0.1"], "--protect needs a site"),
+    ],
+)
+def test_sites_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train_cora.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+@needs_data
+def test_dq_table_smoke(tmp_path, capsys):
+    """The Degree-Quant table script: two rows, one seed, two epochs, JSON and re-reading."""
+    from examples import dq_table
+
+    out = tmp_path / "dq.json"
+    dq_table.main(["--only", "int8,mxfp4", "--seeds", "1", "--epochs", "2", "--json", str(out)])
+    dq_table.main(["--from-json", str(out)])
+    printed = capsys.readouterr().out
+    assert "| INT8 |" in printed and "| MXFP4 (E2M1, block-32) |" in printed

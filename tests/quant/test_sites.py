@@ -320,3 +320,26 @@ def test_compiled_equals_eager_with_every_site(kind):
             grads[run is gm] = [p.grad.clone() for p in gm.parameters() if p.grad is not None]
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads[True], grads[False],
                                                                      strict=True))
+
+
+@pytest.mark.slow
+def test_observers_learned_steps_and_protection_compile_without_breaks():
+    """Running ranges, percentile ranges, LSQ steps and protection inside one fullgraph
+    compile; in eval (no random masks) compiled == eager."""
+    torch.manual_seed(0)
+    mapping = (QuantMapping()
+               .set_name("layer", QuantConfig("int8", scale="tensor", momentum=0.9), site="input")
+               .set_name("layer", QuantConfig("int4", scale="tensor", range="percentile:99"),
+                         site="message")
+               .set_name("layer", QuantConfig("int4", scale="tensor", range="lsq"), site="weight")
+               .set_name("layer", QuantConfig("e4m3", scale="row", protect=(0.0, 0.5)),
+                         site="aggregate")
+               .set_name("layer", QuantConfig(10, protect=(0.1, 0.2)), site="output"))
+    gm = fxquant.transform(One(GCNConv(4, 8)), mapping)
+    x, ei = graph_data()
+    gm(x, ei).sum().backward()  # initializes the LSQ step and the running range
+    compiled = torch.compile(gm, fullgraph=True)
+    compiled(x, ei).sum().backward()  # training: masks, range updates, LSQ gradient
+    gm.eval()
+    with torch.no_grad():
+        assert torch.allclose(compiled(x, ei), gm(x, ei), atol=1e-5)
