@@ -56,7 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--protect", type=train_cora._protect, default=(0.0, 0.2),  # noqa: SLF001
+    p.add_argument("--protect", type=train_cora._protect, default=(0.0, 0.2),
                    metavar="P_MIN:P_MAX", help="Degree-Quant protection (default 0:0.2)")
     p.add_argument("--only", default=None,
                    help="comma list of row keys to run (FP32 always): " + ",".join(rows((0, 0))))

@@ -23,8 +23,10 @@ from fxquant.formats import Format, TopN
 from fxquant.fx import GNNTracer, TraceError, trace
 from fxquant.linter import (
     Finding,
+    FunctionalizeError,
     LintError,
     LintReport,
+    ShapeSpec,
     check,
     functionalize_inplace,
     lint,
@@ -49,6 +51,7 @@ __version__ = "0.2.0"
 __all__ = [
     "Finding",
     "Format",
+    "FunctionalizeError",
     "GNNTracer",
     "Grad",
     "LintError",
@@ -58,6 +61,7 @@ __all__ = [
     "QuantPoint",
     "Rounding",
     "Scale",
+    "ShapeSpec",
     "TopN",
     "TraceError",
     "check",

@@ -40,7 +40,7 @@ line, not the victim's), writes into leaves, .data, tensors created without devi
 anomaly mode in forward, and ops that give parameters zero gradient.
 
 WARNING: linting imports the file, which runs its top-level code, and then runs the
-model's forward once on random example inputs. Only lint code you trust.
+model's forward once (on fake tensors, or on random data). Only lint code you trust.
 """
 
 _EPILOG = """\
@@ -49,9 +49,13 @@ or a function returning a model or (model, example_inputs).
 
 --input NAME=SHAPE[:DTYPE] makes an example input for forward's argument NAME, e.g.
   --input x=2708,1433 --input edge_index=2,10556:int64
-Floating inputs are randn; integer inputs are in [0, N), N the first dimension of the first
-floating input (so an edge_index indexes real rows). Without --input, the model is linted
-symbolically (what the FX graph shows).
+and --input NAME.FIELD=SHAPE[:DTYPE] a field of a PyG Data passed as NAME, e.g.
+  --input data.x=2708,1433 --input data.edge_index=2,10556:int64
+lint runs the forward on fake tensors of those shapes: no data, no real compute (a forward
+that needs values runs on random data instead, and the report says so). --check runs
+backward on random data: floats randn, integers in [0, N), N the first dimension of the
+first floating input (so an edge_index indexes real rows). Without --input, the model is
+linted symbolically (what the FX graph shows).
 
 exit status: 0 no errors, 1 errors found, 2 could not lint (usage, import or build error)
 """
@@ -141,7 +145,9 @@ def _shape(name: str, text: str) -> tuple[int, ...]:
     return shape
 
 
-def _inputs(model: nn.Module, specs: list[str]) -> tuple[Any, ...]:
+def _inputs(model: nn.Module, specs: list[str], real: bool) -> tuple[Any, ...]:
+    """Example inputs from --input specs: meta tensors (lint runs on fake tensors, from
+    shapes alone), or random data when ``real`` (check runs backward on values)."""
     try:
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError) as e:
@@ -149,36 +155,54 @@ def _inputs(model: nn.Module, specs: list[str]) -> tuple[Any, ...]:
     params = [p for p in signature.parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     order = [p.name for p in params]
-    given: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    given: dict[str, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}
     for spec in specs:
         name, eq, rest = spec.partition("=")
         shape_text, _, dtype_text = rest.partition(":")
         if not eq or not name or not shape_text:
             raise _UsageError(f"--input must look like NAME=SHAPE[:DTYPE], got {spec!r}")
-        if name not in order:
-            raise _UsageError(f"--input {name!r}: forward has no argument {name!r}; it takes {order}")
+        arg, dot, field = name.partition(".")
+        if arg not in order:
+            raise _UsageError(f"--input {name!r}: forward has no argument {arg!r}; it takes {order}")
+        if dot and not field.isidentifier():
+            raise _UsageError(f"--input {name!r}: a Data field is NAME.FIELD, e.g. data.x")
         shape = _shape(name, shape_text)
         dtype = _DTYPES.get(dtype_text or "float32")
         if dtype is None:
             raise _UsageError(f"--input {name!r}: unknown dtype {dtype_text!r}; "
                               f"choose from {sorted(_DTYPES)}")
-        given[name] = (shape, dtype)
+        fields = given.setdefault(arg, {})
+        if bool(dot) != bool(fields and "" not in fields) and fields:
+            raise _UsageError(f"--input {name!r}: {arg!r} is given both as a tensor and as "
+                              "Data fields")
+        fields[field] = (shape, dtype)
     missing = [p.name for p in params if p.name not in given and p.default is p.empty]
     if missing:
         raise _UsageError(f"forward needs {missing}; please add --input for them")
-    first_float = next((s for s, d in given.values() if d.is_floating_point), None)
+    first_float = next((s for f in given.values() for s, d in f.values()
+                        if d.is_floating_point), None)
     rows = first_float[0] if first_float else 10
+
+    def make(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if not real:
+            return torch.empty(shape, dtype=dtype, device="meta")
+        if dtype.is_floating_point:
+            return torch.randn(shape, dtype=dtype)
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape).bool()
+        return torch.randint(0, max(rows, 1), shape, dtype=dtype)
+
     values: list[Any] = []
     for p in params:
         if p.name not in given:
             break
-        shape, dtype = given[p.name]
-        if dtype.is_floating_point:
-            values.append(torch.randn(shape, dtype=dtype))
-        elif dtype == torch.bool:
-            values.append(torch.randint(0, 2, shape).bool())
-        else:
-            values.append(torch.randint(0, max(rows, 1), shape, dtype=dtype))
+        fields = given[p.name]
+        if "" in fields:
+            values.append(make(*fields[""]))
+        else:  # NAME.FIELD specs: a PyG Data with those fields
+            from torch_geometric.data import Data
+
+            values.append(Data(**{f: make(*spec) for f, spec in fields.items()}))
     return tuple(values)
 
 
@@ -197,7 +221,7 @@ def _run(args: argparse.Namespace) -> LintReport:
         obj = _load(args.target)
         model, inputs = _build(obj, args.target.rpartition(":")[2])
         if args.input:
-            inputs = _inputs(model, args.input)
+            inputs = _inputs(model, args.input, real=args.check)
         if args.check and not inputs:
             raise _UsageError("--check runs backward and needs example inputs (--input)")
         run = check if args.check else lint

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -36,11 +37,31 @@ def test_json_and_sarif_formats(capsys):
     validate_sarif(log, expected_results=len(log["runs"][0]["results"]))
 
 
-def test_clean_model_with_generated_inputs_exits_0(capsys):
-    """--input makes randn floats and integer indices into the rows of the first float input."""
-    code = main(["lint", f"{MODELS}:GCN", "--input", "x=6,4", "--input", "edge_index=2,12:int64"])
+def test_clean_model_from_shapes_exits_0(capsys):
+    """--input gives shapes: lint runs the forward on fake tensors (no data, no compute)."""
+    code = main(["lint", f"{MODELS}:GCN", "--input", "x=6,4", "--input", "edge_index=2,12:int64",
+                 "--format", "json"])
     assert code == 0
-    assert "no findings" in capsys.readouterr().out
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "shapes"
+    assert [f["rule"] for f in report["findings"]] == ["FXQ010"]  # the note: shapes only
+
+
+def test_seed_model_lints_from_shapes_of_data_fields(capsys):
+    """A PyG Data argument, field by field; Cora's shapes, nothing computed."""
+    code = main(["lint", SEED, "--input", "data.x=2708,8", "--input",
+                 "data.edge_index=2,10556:int64", "--format", "json"])
+    assert code == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "shapes"
+    assert {f["rule"] for f in report["findings"] if f["severity"] == "error"} == {"FXQ001"}
+
+
+def test_check_with_inputs_runs_on_random_data(capsys):
+    code = main(["lint", f"{MODELS}:GCN", "--input", "x=6,4", "--input", "edge_index=2,12:int64",
+                 "--check", "--format", "json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["mode"] == "check"
 
 
 def test_check_flag_runs_backward(capsys):
@@ -125,7 +146,7 @@ def test_model_output_goes_to_stderr_and_json_stays_valid(misbehaving, capsys):
     before = list(sys.path)
     assert main(["lint", f"{misbehaving}:Chatty", "--input", "x=4,3", "--format", "json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["findings"] == []
+    assert [f["rule"] for f in json.loads(captured.out)["findings"]] == ["FXQ010"]
     assert "hello from forward" in captured.err
     assert sys.path == before
 
@@ -167,3 +188,38 @@ def test_module_entry_point_and_help(tmp_path):
     done = _run_module(["lint", SEED], tmp_path)
     assert done.returncode == 1, done.stderr
     assert "FXQ001" in done.stdout
+
+
+def _hooks():
+    """(id, entry) of each hook in .pre-commit-hooks.yaml (no YAML library needed)."""
+    text = (Path(__file__).resolve().parents[1] / ".pre-commit-hooks.yaml").read_text()
+    ids = re.findall(r"^- id: (\S+)$", text, re.M)
+    entries = re.findall(r"^  entry: (.+)$", text, re.M)
+    assert len(ids) == len(entries) >= 1
+    return list(zip(ids, entries, strict=True))
+
+
+@pytest.mark.parametrize(("hook", "entry"), _hooks())
+def test_pre_commit_hooks_run_the_cli(hook, entry, tmp_path):
+    """Each hook's entry, run as pre-commit would: 1 on a buggy model, 0 on a clean one."""
+    model_file = tmp_path / "models.py"
+    model_file.write_text(
+        "import torch\n"
+        "class Buggy(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(3, 3)\n"
+        "    def forward(self, x):\n"
+        "        y = self.lin(x).sigmoid()\n"
+        "        y += 1\n"
+        "        return y\n"
+        "class Clean(Buggy):\n"
+        "    def forward(self, x):\n"
+        "        return self.lin(x).sigmoid() + 1\n")
+    command = entry.split()
+    assert command[:3] == ["python", "-m", "fxquant"]
+    for name, status in (("Buggy", 1), ("Clean", 0)):
+        done = subprocess.run([sys.executable, *command[1:], f"{model_file}:{name}",
+                               "--input", "x=4,3"], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=300)
+        assert done.returncode == status, (hook, name, done.stdout, done.stderr)

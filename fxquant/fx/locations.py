@@ -1,9 +1,10 @@
 """Where in the user's code something happened: one idea of "user code" for every tool.
 
 A frame is *internal* when it belongs to torch, torch_geometric, fxquant itself or
-Python's standard library (site-packages excepted), or has no file (``<string>``,
-generated FX code). Everything fxquant reports (trace errors, lint findings, exceptions
-raised by a model) points at the innermost frame that is not internal.
+Python's standard library (site-packages excepted), or is generated code (``<string>``,
+FX's ``<eval_with_key>``); code typed at a prompt or in a doctest is the user's.
+Everything fxquant reports (trace errors, lint findings, exceptions raised by a model)
+points at the innermost frame that is not internal.
 """
 
 from __future__ import annotations
@@ -67,10 +68,15 @@ class Location:
         return f"{self.display_path}:{self.line}"
 
 
+#: Pseudo-files of generated code (FX's ``<eval_with_key>.N``, dataclasses, frozen
+#: imports); other ``<...>`` names are code a person typed (``<stdin>``, ``<doctest ...>``).
+_GENERATED = ("<eval_with_key", "<string>", "<frozen", "<built-in", "<unknown")
+
+
 def is_internal(filename: str) -> bool:
     """Whether a frame in ``filename`` is library code rather than the user's."""
     if filename.startswith("<"):
-        return True
+        return filename.startswith(_GENERATED)
     if filename.startswith(_LIBRARY_DIRS):
         return True
     in_site = filename.startswith((_PURELIB, _PLATLIB))

@@ -13,9 +13,11 @@ process, so it runs behind :data:`fxquant.fx.serial.PROCESS_LOCK`.
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.fx import Graph, GraphModule, Tracer
@@ -56,9 +58,19 @@ def check_leaf_modules(leaf_modules: object) -> tuple[LeafSpec, ...]:
     return specs
 
 
+class _Proxy(torch.fx.Proxy):
+    """A proxy that records index assignment, ``x[idx] = v``, as an ``operator.setitem``
+    node (plain torch.fx raises "'Proxy' object does not support item assignment")."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+
 class GNNTracer(Tracer):
     """:class:`torch.fx.Tracer` that keeps PyG ``MessagePassing`` modules (and PyG's
-    ``Linear``, a layer like ``torch.nn.Linear``) as leaves.
+    ``Linear``, a layer like ``torch.nn.Linear``) as leaves, records ``x[idx] = v`` as an
+    ``operator.setitem`` node, and stores NumPy scalars as Python numbers (so the generated
+    code runs).
 
     Args:
         leaf_modules (iterable, optional): more modules to keep opaque, as classes or
@@ -84,6 +96,14 @@ class GNNTracer(Tracer):
         self._leaf_names = {s for s in specs if isinstance(s, str)}
         self._leaf_types = tuple(s for s in specs if isinstance(s, type))
         self._stack: list[str] = []
+
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return _Proxy(node, self)
+
+    def create_arg(self, a: Any) -> Any:
+        if isinstance(a, np.generic):  # np.float64(2.0) in generated code: NameError np
+            return a.item()
+        return super().create_arg(a)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if isinstance(m, (MessagePassing, PygLinear, *self._leaf_types)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,11 +33,22 @@ from fxquant.linter.recording import (
     run_forward,
 )
 from fxquant.linter.report import Finding, LintReport
+from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import clone_inputs, restored_state
 
-__all__ = ["check"]
+__all__ = ["ProtectedRun", "check", "protected_run"]
 
 Grads = dict[str, Tensor | None]
+
+
+@dataclass
+class ProtectedRun:
+    """What the protected run found: the gradients the forward's own values imply."""
+
+    grads: Grads | None  # by parameter name; None when forward or backward raised
+    rec: Recorder
+    outputs: Any = None  # the forward's output (None when it raised)
+    input_grads: list[Tensor | None] = field(default_factory=list)  # of inputs requiring grad
 
 
 def _sum_outputs(out: Any) -> Tensor:
@@ -112,12 +124,17 @@ def check(
         raise TypeError(f"fxquant.check expects a torch.nn.Module, got {type(model).__name__}")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be a callable mapping the output to a scalar, got {loss_fn!r}")
+    if shape_only(example_inputs):
+        raise ValueError("fxquant.check runs backward on values, but some example inputs are "
+                         "shapes only (ShapeSpec or meta tensors): pass real tensors, or use "
+                         "fxquant.lint(model, *shapes) to lint from shapes alone")
     loss = loss_fn if loss_fn is not None else _sum_outputs
     report = LintReport(mode="check")
     with PROCESS_LOCK, restored_state(model):
         rng = torch.get_rng_state()
         real, real_error = _real_run(model, example_inputs, loss, rng)
-        protected, rec = _protected_run(model, example_inputs, loss, rng, report)
+        run = protected_run(model, example_inputs, loss, rng, report)
+        protected, rec = run.grads, run.rec
         if real is not None and protected is not None:
             _compare(real, protected, rec, report, rtol, atol)
         if real is not None:
@@ -129,15 +146,19 @@ def check(
     return report
 
 
-def _protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], Tensor],
-                   rng: Tensor, report: LintReport) -> tuple[Grads | None, Recorder]:
+def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], Tensor],
+                  rng: Tensor, report: LintReport) -> ProtectedRun:
+    """Forward under the recording modes with saved tensors copied when saved, then
+    backward from ``loss``; from RNG state ``rng``, the model restored afterwards."""
     rec = Recorder(report, scan_saved=False, copy_saved=True)
     with restored_state(model):
         torch.set_rng_state(rng)
         for p in model.parameters():
             p.grad = None
         copies = clone_inputs(inputs)
-        rec.mark_inputs(model_tensors(model, copies), {id(p) for p in model.parameters()})
+        leaves = [t for t in tree_leaves(copies) if isinstance(t, Tensor) and t.requires_grad]
+        rec.mark_inputs(model_tensors(model, copies), model)
+        out = None
         try:
             with watching_anomaly(anomaly_finding(rec)), installed(rec):
                 out = run_forward(model, copies, rec)
@@ -149,8 +170,8 @@ def _protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[An
         except BaseException as e:
             rec.report_modified()  # backward may never have run to see them
             report_exception(report, "forward/backward", e)
-            return None, rec
-        return _grads(model), rec
+            return ProtectedRun(None, rec, out)
+        return ProtectedRun(_grads(model), rec, out, [t.grad for t in leaves])
 
 
 def _compare(real: Grads, protected: Grads, rec: Recorder, report: LintReport,
@@ -164,8 +185,12 @@ def _compare(real: Grads, protected: Grads, rec: Recorder, report: LintReport,
             wrong.append(name)
     if not wrong:
         return
-    silent = [(entry, write) for entry in rec.saved for write in entry.silent]
+    already = {f.location for f in report.by_rule("FXQ012")}  # hidden writes the recorder saw
+    silent = [(entry, write) for entry in rec.saved for write in entry.silent
+              if write[1] is None or write[1] not in already]
     names = ", ".join(repr(n) for n in wrong[:6]) + (" ..." if len(wrong) > 6 else "")
+    if not silent and already:
+        return
     if not silent:
         report.add(Finding(
             "FXQ012", names, None,

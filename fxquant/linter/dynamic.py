@@ -16,6 +16,17 @@ from fxquant.linter.recording import (
     run_forward,
 )
 from fxquant.linter.report import LintReport
+from fxquant.linter.shapes import (
+    NEEDS_VALUES,
+    fake_copy,
+    from_shapes,
+    needs_values_note,
+    new_mode,
+    quiet,
+    random_like,
+    shape_only,
+    shapes_note,
+)
 from fxquant.linter.state import clone_inputs, restored_state
 
 __all__ = ["anomaly_finding", "lint_dynamic"]
@@ -37,17 +48,41 @@ def anomaly_finding(rec: Recorder) -> Any:
 
 
 def lint_dynamic(model: nn.Module, example_inputs: tuple[Any, ...]) -> LintReport:
-    """Lint by running one forward of ``model`` on copies of ``example_inputs``."""
-    report = LintReport(mode="dynamic")
+    """Lint by running one forward of ``model`` on copies of ``example_inputs`` (on fake
+    tensors when some are given by shape only: see :mod:`fxquant.linter.shapes`)."""
+    if not shape_only(example_inputs):
+        return _lint_run(model, example_inputs, LintReport(mode="dynamic"))
+    with PROCESS_LOCK:
+        mode = new_mode()
+        report = LintReport(mode="shapes")
+        try:
+            fake_model = fake_copy(model, mode)
+            fake_inputs = from_shapes(example_inputs, mode)
+            with mode, quiet():  # the fake copy is thrown away: only global state is restored
+                _lint_run(fake_model, fake_inputs, report, reraise=NEEDS_VALUES,
+                          restore=nn.Module())
+        except NEEDS_VALUES as e:
+            report = LintReport(mode="dynamic")
+            report.add(needs_values_note(e))
+            return _lint_run(model, random_like(example_inputs), report)
+        report.add(shapes_note())
+        return report
+
+
+def _lint_run(model: nn.Module, example_inputs: tuple[Any, ...], report: LintReport,
+              reraise: tuple[type[BaseException], ...] = (),
+              restore: nn.Module | None = None) -> LintReport:
     rec = Recorder(report, scan_saved=True, copy_saved=False)
-    with PROCESS_LOCK, restored_state(model):
+    with PROCESS_LOCK, restored_state(model if restore is None else restore):
         inputs = clone_inputs(example_inputs)
-        rec.mark_inputs(model_tensors(model, inputs), {id(p) for p in model.parameters()})
+        rec.mark_inputs(model_tensors(model, inputs), model)
         out = None
         try:
             with watching_anomaly(anomaly_finding(rec)), installed(rec):
                 out = run_forward(model, inputs, rec)
         except KeyboardInterrupt:
+            raise
+        except reraise:
             raise
         except BaseException as e:  # SystemExit from a forward is a finding, not an exit
             report_exception(report, "forward", e)

@@ -1,179 +1,545 @@
-"""Rewrite a model so its forward has no in-place ops: :func:`functionalize_inplace`.
+"""Rewrite a model so its forward has no in-place ops, and prove it: :func:`functionalize_inplace`.
 
-Two ways, as the code allows:
+Four steps:
 
-- **symbolic**: the model traces with :func:`fxquant.trace`; in-place method calls
-  (``x.add_(y)`` -> ``x.add(y)``), in-place functions (``torch.relu_`` -> ``torch.relu``),
-  ``inplace=True`` arguments and modules, and ``out=`` become out of place, and later uses
-  of the written value read the new node. The module structure and train/eval switches
-  stay as they are.
-- **captured**: code symbolic tracing cannot follow (``x[idx] = v``, data-dependent
-  Python) is captured as it really runs on the example inputs with
-  :func:`torch.func.functionalize` under ``make_fx``: an ATen-level graph without mutations
-  that reads the model's own parameters, so backward reaches them. It is specialized to
-  what the example run did (branches, shapes of Python-level loops, dropout's mode).
+1. **Diagnose** with the autograd check's protected run (:func:`fxquant.check`'s second
+   run): it records every in-place call with its source line and gives the gradients the
+   forward's own values imply, also where the real backward crashes. Writes that no rewrite
+   can make equivalent are refused here, naming the line: writes into a leaf that requires
+   grad (FXQ003) and writes autograd does not see (``.data``, a ``.detach()``ed alias,
+   no_grad; FXQ012), whose intended gradient only the author knows.
+2. **Rewrite symbolically** on the :func:`fxquant.trace` graph, which keeps the module
+   structure: in-place methods and functions become out of place (``x.add_(y)`` ->
+   ``x.add(y)``), ``x[idx] = v`` writes into a copy, ``inplace=True`` flags and modules
+   become ``inplace=False``, ``out=`` is dropped. ``x += y``, which symbolic tracing records
+   as an out-of-place add, is recognized from the recorded run by its source line. Every
+   later read of the written value, of the tensor it is a view of, and of the other views
+   of that tensor, reads the new value: a write through a view (slicing, ``chunk``,
+   ``split``, ``view``, ``reshape`` ...) is scattered back into its base with ``index_put``
+   at the positions the view covers, found at run time from the view's strides, and the
+   other views are gathered again from the new base. Writes into buffers (running
+   statistics, queues) are module state and stay as they are.
+3. **Capture** when symbolic tracing fails or its rewrite does not verify: the real forward,
+   recorded on the example inputs by :func:`torch.func.functionalize` under ``make_fx``
+   (ATen ops, no mutations; specialized to the example's shapes and branches).
+4. **Verify** the candidate on the example inputs, from the same RNG state: the outputs
+   (values, dtypes, ``requires_grad``), the buffers after forward, and every parameter's
+   and input's gradient must match the reference (the protected run's gradients; where the
+   original forward itself raises, a dot-product test against forward-mode AD of the
+   original). A candidate that differs is never returned: :class:`FunctionalizeError`.
 
-``gm.meta["fxquant_rewrites"]`` lists what was rewritten (documented key).
+``gm.meta["fxquant_rewrites"]`` lists the :class:`Rewrite` s made (line, before, after);
+``gm.meta["fxquant_functionalized"]`` says how (``"symbolic"`` or ``"captured"``).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
+import math
+import operator
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import torch
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 
-from fxquant.fx.tracer import TraceError, trace
+from fxquant.fx.locations import Location, stack_trace_location
+from fxquant.fx.serial import PROCESS_LOCK
+from fxquant.fx.tracer import LeafSpec, TraceError, trace
+from fxquant.linter.checking import protected_run
+from fxquant.linter.recording import HiddenWrite, InplaceCall
+from fxquant.linter.report import LintReport
+from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import clone_inputs, restored_state
-from fxquant.linter.symbolic import aliases, inplace_name, node_op_name
+from fxquant.linter.symbolic import ALIASING, inplace_name, node_op_name
 
-__all__ = ["functionalize_inplace"]
+__all__ = ["FunctionalizeError", "Rewrite", "functionalize_inplace"]
 
-REWRITES_KEY = "fxquant_rewrites"
+REWRITES_KEY: Final = "fxquant_rewrites"
+HOW_KEY: Final = "fxquant_functionalized"
 
 
-def functionalize_inplace(
-    model: nn.Module,
-    *example_inputs: Any,
-    concrete_args: dict[str, Any] | None = None,
-    leaf_modules: Iterable[str | type[nn.Module]] = (),
-) -> GraphModule:
-    """A GraphModule computing the same forward as ``model`` without in-place ops.
+class FunctionalizeError(RuntimeError):
+    """functionalize_inplace cannot return an equivalent model; the message says where and why."""
 
-    Tries the symbolic rewrite first; when the model cannot be traced symbolically (or the
-    rewritten graph does not reproduce the model's output bit for bit on the example
-    inputs), captures the real forward with :func:`torch.func.functionalize`.
 
-    Args:
-        model (torch.nn.Module): the model; not modified (the result owns a copy).
-        *example_inputs: forward arguments, needed for the captured path and used to
-            check the symbolic rewrite.
-        concrete_args, leaf_modules: passed to :func:`fxquant.trace`.
+@dataclass(frozen=True)
+class Rewrite:
+    """One in-place write made out of place: where, what it was, what it became."""
 
-    Returns:
-        torch.fx.GraphModule: with ``gm.meta["fxquant_rewrites"]``, a list of what changed.
+    location: Location | None
+    before: str
+    after: str
 
-    Example:
-        >>> class Model(torch.nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.lin = torch.nn.Linear(3, 3)
-        ...     def forward(self, x):
-        ...         y = torch.exp(self.lin(x))
-        ...         y.add_(1)
-        ...         return y * 2
-        >>> gm = functionalize_inplace(Model())
-        >>> gm.meta["fxquant_rewrites"]
-        ['add_ -> add (node add_)']
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"fxquant.functionalize_inplace expects a torch.nn.Module, got {type(model).__name__}"
-        )
-    owned = copy.deepcopy(model)
+    def __str__(self) -> str:
+        code = f" `{self.location.code}`" if self.location and self.location.code else ""
+        return f"{self.location or '?'}:{code} {self.before} -> {self.after}"
+
+
+# -- what the rewritten graphs call -----------------------------------------------------------
+
+
+def setitem_on_copy(x: Tensor, index: Any, value: Any) -> Tensor:
+    """``x[index] = value`` on a copy of ``x``; the copy."""
+    out = x.clone()
+    out[index] = value
+    return out
+
+
+def inplace_on_copy(x: Tensor, method: str, *args: Any, **kwargs: Any) -> Tensor:
+    """``x.<method>(*args)`` (an in-place method) on a copy of ``x``; the copy."""
+    out = x.clone()
+    getattr(out, method)(*args, **kwargs)
+    return out
+
+
+def call_on_copy(function: Callable[..., Any], x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """``function(x, *args)`` (which writes into ``x``) on a copy of ``x``; the copy."""
+    out = x.clone()
+    function(out, *args, **kwargs)
+    return out
+
+
+def keep_dtype(new: Any, old: Any) -> Any:
+    """``new`` in ``old``'s dtype, as the in-place op it replaces would have kept it."""
+    if isinstance(new, Tensor) and isinstance(old, Tensor) and new.dtype != old.dtype:
+        return new.to(old.dtype)
+    return new
+
+
+_INDEX_CACHE: OrderedDict[tuple[Any, ...], Tensor] = OrderedDict()
+_INDEX_CACHE_SIZE: Final = 256
+
+
+def _positions(t: Tensor) -> Tensor:
+    """The storage offset of each element of ``t`` (int64, ``t``'s shape)."""
+    pos = torch.full((), int(t.storage_offset()), dtype=torch.long, device=t.device)
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
+        shape = [1] * t.dim()
+        shape[dim] = size
+        pos = pos + (torch.arange(size, device=t.device) * stride).view(shape)
+    return pos.expand(t.shape)
+
+
+def _local_index(parent: Tensor, child: Tensor) -> Tensor:
+    """For each element of ``child`` (a view of ``parent``), its flat index in ``parent``."""
+    key = (tuple(parent.shape), parent.stride(), parent.storage_offset(), tuple(child.shape),
+           child.stride(), child.storage_offset(), parent.device)
+    found = _INDEX_CACHE.get(key)
+    if found is not None:
+        _INDEX_CACHE.move_to_end(key)
+        return found
+    rel = _positions(child) - int(parent.storage_offset())
+    dims = sorted((d for d in range(parent.dim()) if parent.shape[d] != 1),  # size 1: coord 0
+                  key=lambda d: -parent.stride()[d])
+    flat = torch.zeros_like(rel)
+    contiguous = [math.prod(parent.shape[d + 1:]) for d in range(parent.dim())]
+    rest = rel
+    for d in dims:
+        stride = parent.stride(d)
+        coord = rest // stride if stride else torch.zeros_like(rest)
+        rest = rest - coord * stride if stride else rest
+        if bool((coord >= parent.shape[d]).any()) or bool((coord < 0).any()):
+            raise FunctionalizeError("a view reaches outside the tensor it was written back into")
+        flat = flat + coord * contiguous[d]
+    if bool(rest.ne(0).any()):
+        raise FunctionalizeError("a view does not line up with the tensor it views")
+    _INDEX_CACHE[key] = flat
+    if len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
+        _INDEX_CACHE.popitem(last=False)
+    return flat
+
+
+class _NotAView:
+    """The index of a value that is not a view of the written base (its op copied)."""
+
+    def __repr__(self) -> str:
+        return "NOT_A_VIEW"
+
+
+NOT_A_VIEW: Final = _NotAView()
+
+
+def _shares_memory(a: Tensor, b: Tensor) -> bool:
     try:
-        gm = trace(owned, concrete_args, leaf_modules)
-    except TraceError as e:
-        if not example_inputs:
-            raise TraceError(
-                f"{e}\nfunctionalize_inplace can capture the real forward instead: please "
-                "pass example inputs, functionalize_inplace(model, *inputs)."
-            ) from e
-        return _capture(owned, example_inputs)
-    rewrites = _rewrite(gm)
-    if example_inputs and not _same_output(model, gm, example_inputs):
-        return _capture(owned, example_inputs)
-    gm.meta[REWRITES_KEY] = rewrites
-    return gm
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata != 0
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
-def _later_users(value: Node, node: Node, order: dict[Node, int]) -> list[Node]:
-    return [u for u in value.users if u is not node and order[u] > order[node]]
+def view_index(parent: Any, child: Any, parent_index: Any) -> Any:
+    """Flat indices into the written-back base of each element of ``child``, a value
+    computed from ``parent`` by an op that may return a view (:data:`NOT_A_VIEW` where it
+    did not: ``reshape`` that copied, advanced indexing). ``parent_index`` is the same for
+    ``parent`` (None: ``parent`` is the base itself)."""
+
+    def one(c: Tensor) -> Tensor | _NotAView:
+        if parent_index is NOT_A_VIEW or not isinstance(parent, Tensor) \
+                or not _shares_memory(parent, c):
+            return NOT_A_VIEW
+        local = _local_index(parent, c)
+        return local if parent_index is None else parent_index.reshape(-1)[local]
+
+    return tree_map_only(Tensor, one, child)
 
 
-def _rewrite(gm: GraphModule) -> list[str]:
-    graph = gm.graph
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    done: list[str] = []
-    for node in list(graph.nodes):
-        rewrite = _out_of_place(gm, node)
-        if rewrite is None:
-            continue
-        written, apply, description = rewrite
-        if any(a is not written and _later_users(a, node, order) for a in aliases(written)):
-            done.append(f"kept {node.name}: views of its target are read later")
-            continue
-        apply()
-        for user in _later_users(written, node, order):
-            user.replace_input_with(written, node)
-        done.append(f"{description} (node {node.name})")
-    graph.lint()
-    gm.recompile()
-    return done
+def scatter_view(base: Tensor, index: Tensor | _NotAView, value: Tensor) -> Tensor:
+    """``base`` with the elements a view covered (``index``) replaced by ``value``."""
+    if index is None:  # the view is the base itself
+        return value.to(base.dtype).expand(base.shape)
+    if not isinstance(index, Tensor):
+        return base
+    flat = base.reshape(-1).index_put((index.reshape(-1),),
+                                      value.to(base.dtype).expand(index.shape).reshape(-1))
+    return flat.view(base.shape)
 
 
-Rewrite = tuple[Node, Callable[[], None], str]
+def gather_view(base: Tensor, index: Any, old: Any) -> Any:
+    """The values a view of ``base`` shows after ``base`` changed (``old`` where the op
+    that made it copied instead)."""
+    if index is None:
+        return base
+    if isinstance(old, Tensor):
+        return base.reshape(-1)[index] if isinstance(index, Tensor) else old
+    flat_old, spec = tree_flatten(old)
+    flat_index = tree_leaves(index)
+    if len(flat_index) != len(flat_old):
+        return old
+    return spec.unflatten([gather_view(base, i, o) if isinstance(o, Tensor) else o
+                           for i, o in zip(flat_index, flat_old, strict=True)])
 
 
-def _out_of_place(gm: GraphModule, node: Node) -> Rewrite | None:
-    """What ``node`` writes in place, how to make it out of place, and a description."""
-    name = node_op_name(node)
-    out = node.kwargs.get("out")
-    if node.op in ("call_method", "call_function") and isinstance(out, Node):
-        def drop_out() -> None:
-            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "out"}
+# -- the symbolic rewrite --------------------------------------------------------------------
 
-        return out, drop_out, f"{name}(out=...) -> {name}(...)"
-    first = node.args[0] if node.args else None
-    if not isinstance(first, Node):
+#: The in-place calls ``x op= y`` makes on tensors (as the function mode names them), and
+#: the operator symbolic tracing records for it instead.
+_AUGMENTED: Final = {
+    "add_": operator.add, "sub_": operator.sub, "mul_": operator.mul,
+    "div_": operator.truediv, "floor_divide_": operator.floordiv,
+    "remainder_": operator.mod, "pow_": operator.pow, "bitwise_and_": operator.and_,
+    "bitwise_or_": operator.or_, "bitwise_xor_": operator.xor,
+    "bitwise_left_shift_": operator.lshift, "bitwise_right_shift_": operator.rshift,
+    "__iadd__": operator.add, "__isub__": operator.sub, "__imul__": operator.mul,
+    "__itruediv__": operator.truediv, "__ifloordiv__": operator.floordiv,
+    "__imod__": operator.mod, "__ipow__": operator.pow, "__iand__": operator.and_,
+    "__ior__": operator.or_, "__ixor__": operator.xor, "__ilshift__": operator.lshift,
+    "__irshift__": operator.rshift,
+}
+_SYMBOLS: Final = {operator.add: "+", operator.sub: "-", operator.mul: "*",
+                   operator.truediv: "/", operator.floordiv: "//", operator.mod: "%",
+                   operator.pow: "**", operator.and_: "&", operator.or_: "|",
+                   operator.xor: "^", operator.lshift: "<<", operator.rshift: ">>"}
+#: In-place methods whose out-of-place namesake does something else (or does not exist).
+_ON_COPY: Final = frozenset({
+    "copy_", "fill_", "zero_", "uniform_", "normal_", "bernoulli_", "random_",
+    "exponential_", "geometric_", "cauchy_", "log_normal_", "fill_diagonal_",
+})
+_REFUSED_METHODS: Final = frozenset({"set_", "resize_", "resize_as_", "share_memory_"})
+_MULTI_VIEW: Final = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes"})
+_ATTR_VIEWS: Final = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+
+
+@dataclass
+class _Write:
+    node: Node
+    target: Node  # the value written into (as it appears in the traced graph)
+    kind: str  # method, function, setitem, augmented, inplace_kwarg, out, module
+
+
+def _inplace_kwarg(node: Node) -> bool:
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op != "call_function" or "inplace" in node.kwargs:
+        return False
+    try:
+        bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return bound.arguments.get("inplace") is True
+
+
+def _find_write(gm: GraphModule, node: Node, augmented: set[Node]) -> _Write | None:
+    if node.op not in ("call_method", "call_function", "call_module"):
         return None
-    if node.op in ("call_method", "call_function") and node.kwargs.get("inplace") is True:
-        def no_inplace() -> None:
-            node.kwargs = {**node.kwargs, "inplace": False}
-
-        return first, no_inplace, f"{name}(inplace=True) -> inplace=False"
-    if node.op == "call_method" and inplace_name(name):
-        def method() -> None:
-            node.target = name[:-1]
-
-        return first, method, f"{name} -> {name[:-1]}"
-    if node.op == "call_function" and inplace_name(name) and \
-            node.target is getattr(torch, name, None) and hasattr(torch, name[:-1]):
-        def function() -> None:
-            node.target = getattr(torch, name[:-1])
-
-        return first, function, f"torch.{name} -> torch.{name[:-1]}"
+    first = node.args[0] if node.args else None
     if node.op == "call_module":
         module = gm.get_submodule(str(node.target))
-        if getattr(module, "inplace", False) is True:
-            def module_flag() -> None:
-                setattr(module, "inplace", False)  # noqa: B010 - any module with the flag
-
-            return first, module_flag, f"{node.target}.inplace=True -> False"
+        if getattr(module, "inplace", False) is True and isinstance(first, Node):
+            return _Write(node, first, "module")
+        return None
+    out = node.kwargs.get("out")
+    if isinstance(out, Node):
+        return _Write(node, out, "out")
+    if not isinstance(first, Node):
+        return None
+    if node in augmented:
+        return _Write(node, first, "augmented")
+    if node.op == "call_function" and node.target is operator.setitem:
+        return _Write(node, first, "setitem")
+    name = node_op_name(node)
+    if node.op == "call_method" and inplace_name(name):
+        return _Write(node, first, "method")
+    if node.op == "call_function" and inplace_name(name):
+        return _Write(node, first, "function")
+    if _inplace_kwarg(node):
+        return _Write(node, first, "inplace_kwarg")
     return None
 
 
-def _same_output(model: nn.Module, gm: GraphModule, inputs: tuple) -> bool:
-    with restored_state(model), restored_state(gm):
-        torch.manual_seed(0)
-        expected = model(*clone_inputs(inputs))
-        torch.manual_seed(0)
-        got = gm(*clone_inputs(inputs))
-    flat_e = torch.utils._pytree.tree_leaves(expected)
-    flat_g = torch.utils._pytree.tree_leaves(got)
-    return len(flat_e) == len(flat_g) and all(
-        isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape
-        and torch.equal(a.detach().nan_to_num(), b.detach().nan_to_num())
-        if isinstance(a, Tensor) else a == b
-        for a, b in zip(flat_e, flat_g, strict=True)
-    )
+def _parent(node: Node, writes: dict[Node, _Write]) -> Node | None:
+    """The value ``node`` may be a view of (in-place ops return their target)."""
+    if node in writes:
+        return writes[node].target
+    if node.op not in ("call_method", "call_function") or not node.args:
+        return None
+    first = node.args[0]
+    if not isinstance(first, Node):
+        return None
+    name = node_op_name(node)
+    if node.op == "call_function" and node.target is getattr:
+        return first if len(node.args) > 1 and node.args[1] in _ATTR_VIEWS else None
+    if name in ALIASING or name in _MULTI_VIEW:
+        return first
+    return None
+
+
+def _augmented_nodes(gm: GraphModule, calls: list[InplaceCall]) -> set[Node]:
+    """``x += y`` nodes: symbolic tracing recorded an out-of-place op where the real run
+    wrote in place (matched by source line and operator)."""
+    wanted: set[tuple[Location, Any]] = {
+        (c.where, _AUGMENTED[c.name]) for c in calls
+        if c.where and c.name in _AUGMENTED and not c.by_library}
+    found = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _SYMBOLS:
+            where = stack_trace_location(node.meta.get("stack_trace"))
+            if where is not None and (where, node.target) in wanted:
+                found.add(node)
+    return found
+
+
+class _Rewriter:
+    """Renames every read of a written value to its newest version (one pass, in order)."""
+
+    def __init__(self, gm: GraphModule, writes: dict[Node, _Write]) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.writes = writes
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.current: dict[Node, Node] = {}
+        self.index: dict[Node, Node | None] = {}  # member of a written tree -> its index node
+        self.root: dict[Node, Node] = {}
+        self.members: dict[Node, list[Node]] = {}  # root -> its views so far
+        self.rewrites: list[Rewrite] = []
+        self.kept: list[Rewrite] = []
+        self.written_roots = {self._root_of(w.target) for w in writes.values()}
+
+    def _root_of(self, node: Node) -> Node:
+        while (parent := _parent(node, self.writes)) is not None:
+            node = parent
+        return node
+
+    def cur(self, node: Node) -> Node:
+        return self.current.get(node, node)
+
+    def run(self) -> None:
+        for node in list(self.graph.nodes):
+            if node.op == "output":
+                node.args = torch.fx.node.map_arg(node.args, self.cur)
+                continue
+            node.args = torch.fx.node.map_arg(node.args, self.cur)
+            node.kwargs = torch.fx.node.map_arg(node.kwargs, self.cur)
+            if node in self.writes:
+                self._write(self.writes[node])
+            else:
+                self._track(node)
+
+    def _insert_after(self, anchor: Node, target: Any, args: tuple) -> Node:
+        with self.graph.inserting_after(anchor):
+            new = self.graph.call_function(target, args)
+        new.meta["stack_trace"] = anchor.meta.get("stack_trace")
+        return new
+
+    def _track(self, node: Node) -> None:
+        """Give views (possible views) of written values their index into the base."""
+        if node in self.written_roots:
+            self.root[node] = node
+            self.index[node] = None
+            self.members[node] = [node]
+            return
+        parent = _parent(node, self.writes)
+        if parent is None or parent not in self.root:
+            return
+        root = self.root[parent]
+        self.root[node] = root
+        self.members[root].append(node)
+        parent_index = self.index[parent]
+        if node.target is operator.getitem and node_op_name(parent) in _MULTI_VIEW \
+                and isinstance(node.args[1], int):
+            # one piece of chunk/split: its index is the piece's entry of the parent's
+            assert parent_index is not None
+            self.index[node] = self._insert_after(node, operator.getitem,
+                                                  (parent_index, node.args[1]))
+            return
+        self.index[node] = self._insert_after(node, view_index,
+                                              (self.cur(parent), node, parent_index))
+
+    def _write(self, w: _Write) -> None:
+        node, target = w.node, w.target
+        while target in self.writes:  # an in-place op returns its target: write into that
+            target = self.writes[target].target
+        root = self._root_of(target)
+        if root.op == "get_attr" and not str(root.target).startswith("_tensor_constant"):
+            # a buffer or attribute: module state, kept as it is (a `_tensor_constant` is a
+            # tensor the forward created, frozen by tracing: rewritten like any value)
+            self.kept.append(Rewrite(_where(node), _describe(self.gm, w)[0],
+                                     "kept (writes module state)"))
+            return
+        before, after = _describe(self.gm, w)
+        new = self._out_of_place(w)
+        if target is not root:
+            after += f"; written back into `{root.name}` at the positions the view covers"
+        if root.op == "placeholder":
+            after += f" (the caller's `{root.target}` is no longer modified)"
+        self.rewrites.append(Rewrite(_where(node), before, after))
+        if root not in self.root:  # written, but never tracked (a placeholder: track now)
+            self.root[root], self.index[root], self.members[root] = root, None, [root]
+        anchor = new
+        if target is root:
+            new_root = new
+        else:
+            target_index = self.index.get(target)
+            new_root = self._insert_after(anchor, scatter_view,
+                                          (self.cur(root), target_index, new))
+            anchor = new_root
+        self.current[root] = new_root
+        self.current[node] = new if node is not new else node
+        self.current[target] = new
+        later = self.order[node]
+        for member in self.members[root]:
+            if member in (root, target) or not _read_after(member, later, self.order):
+                continue
+            gathered = self._insert_after(anchor, gather_view,
+                                          (new_root, self.index[member], self.cur(member)))
+            anchor = gathered
+            self.current[member] = gathered
+        self.root[node] = root
+        self.index[node] = self.index.get(target)
+
+    def _out_of_place(self, w: _Write) -> Node:
+        """Turn ``w.node`` into (or replace it by) a node computing the new value."""
+        node = w.node
+        target_now = node.args[0] if w.kind != "out" else node.kwargs["out"]
+        if w.kind in ("augmented", "module", "inplace_kwarg"):
+            if w.kind == "module":
+                setattr(self.gm.get_submodule(str(node.target)), "inplace", False)  # noqa: B010
+            elif w.kind == "inplace_kwarg":
+                if "inplace" in node.kwargs:
+                    node.kwargs = {**node.kwargs, "inplace": False}
+                else:
+                    bound = inspect.signature(node.target).bind(  # type: ignore[arg-type]
+                        *node.args, **node.kwargs)
+                    bound.arguments["inplace"] = False
+                    node.args, node.kwargs = bound.args, bound.kwargs
+            return node
+        if w.kind == "out":
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "out"}
+            return self._keep_dtype(node, target_now)
+        if w.kind == "setitem":
+            node.target = setitem_on_copy
+            return node
+        name = node_op_name(node)
+        if name in _REFUSED_METHODS:
+            raise FunctionalizeError(f"`{name}` changes what a tensor is, not only its values")
+        if w.kind == "method":
+            plain = name[:-1]
+            if name in _ON_COPY or not callable(getattr(Tensor, plain, None)):
+                node.op, node.target = "call_function", inplace_on_copy
+                node.args = (node.args[0], name, *node.args[1:])
+                return node
+            node.target = plain
+            return self._keep_dtype(node, target_now)
+        plain_fn = getattr(torch, name[:-1], None)
+        if name in _ON_COPY or plain_fn is None or node.target is not getattr(torch, name, None):
+            function: Any = node.target
+            node.target = call_on_copy
+            node.args = (function, *node.args)
+            return node
+        node.target = plain_fn
+        return self._keep_dtype(node, target_now)
+
+    def _keep_dtype(self, node: Node, old: Any) -> Node:
+        with self.graph.inserting_after(node):
+            kept = self.graph.call_function(keep_dtype, (node, old))
+        kept.meta["stack_trace"] = node.meta.get("stack_trace")
+        for user in list(node.users):
+            if user is not kept:
+                user.replace_input_with(node, kept)
+        return kept
+
+
+def _read_after(node: Node, position: int, order: dict[Node, int]) -> bool:
+    # nodes fxquant inserted are not in ``order``: they read the newest versions already
+    return any(order.get(u, -1) > position for u in node.users)
+
+
+def _where(node: Node) -> Location | None:
+    return stack_trace_location(node.meta.get("stack_trace"))
+
+
+def _describe(gm: GraphModule, w: _Write) -> tuple[str, str]:
+    node = w.node
+    name = node_op_name(node)
+    if w.kind == "augmented":
+        symbol = _SYMBOLS[node.target]  # type: ignore[index]
+        return f"`x {symbol}= y` (in place)", f"`x = x {symbol} y` (a new tensor)"
+    if w.kind == "setitem":
+        return "`x[index] = v` (in place)", "`x[index] = v` on a copy of x"
+    if w.kind == "module":
+        module = gm.get_submodule(str(node.target))
+        return f"{type(module).__name__}(inplace=True)", "inplace=False"
+    if w.kind == "inplace_kwarg":
+        return f"{name}(..., inplace=True)", "inplace=False"
+    if w.kind == "out":
+        return f"{name}(..., out=...)", f"{name}(...) (a new tensor)"
+    prefix = "." if w.kind == "method" else "torch."
+    if name in _ON_COPY or (w.kind == "method" and not callable(getattr(Tensor, name[:-1], None))):
+        return f"{prefix}{name}(...)", f"{prefix}{name}(...) on a copy"
+    return f"{prefix}{name}(...)", f"{prefix}{name[:-1]}(...)"
+
+
+def _symbolic(model: nn.Module, calls: list[InplaceCall],
+              concrete_args: dict[str, Any] | None, leaf_modules: Iterable[LeafSpec]
+              ) -> GraphModule:
+    gm = trace(model, concrete_args, leaf_modules)
+    augmented = _augmented_nodes(gm, calls)
+    writes = {}
+    for node in gm.graph.nodes:
+        write = _find_write(gm, node, augmented)
+        if write is not None:
+            writes[node] = write
+    rewriter = _Rewriter(gm, writes)
+    rewriter.run()
+    gm.graph.lint()
+    gm.recompile()
+    gm.meta[REWRITES_KEY] = rewriter.rewrites
+    gm.meta["fxquant_kept"] = rewriter.kept
+    gm.meta[HOW_KEY] = "symbolic"
+    return gm
 
 
 # -- capturing the real forward ---------------------------------------------------------------
+
+
+def _copy_functional(self: Tensor, src: Tensor) -> Tensor:
+    """What ``aten.copy`` (functional ``copy_``) computes, with a derivative for ``src``."""
+    return src.to(dtype=self.dtype, device=self.device).expand(self.shape).clone()
 
 
 def _tensor_fields(obj: Any) -> list[str] | None:
@@ -184,10 +550,11 @@ def _tensor_fields(obj: Any) -> list[str] | None:
     return [k for k, v in obj.items() if isinstance(v, Tensor)]
 
 
-def _capture(model: nn.Module, example_inputs: tuple) -> GraphModule:
+def _capture(model: nn.Module, example_inputs: tuple,
+             calls: list[InplaceCall]) -> GraphModule:
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     names = list(state)
-    layout: list[tuple[str, Any]] = []  # per input: ("tensor", None) / ("data", fields) / ("const", v)
+    layout: list[tuple[str, Any]] = []  # per input: ("tensor", None) / ("data", ...) / ("const", v)
     flat: list[Tensor] = []
     for value in example_inputs:
         fields = _tensor_fields(value)
@@ -221,25 +588,23 @@ def _capture(model: nn.Module, example_inputs: tuple) -> GraphModule:
 
     with restored_state(model):
         args = ([state[n].detach() for n in names], [t.detach() for t in flat])
-        plain = make_fx(run, tracing_mode="real")(*args)
         captured = make_fx(torch.func.functionalize(run, remove="mutations"),
                            tracing_mode="real")(*args)
-    return _as_module(model, captured, names, layout, _inplace_ops(plain))
-
-
-def _inplace_ops(gm: GraphModule) -> list[str]:
-    counts: dict[str, int] = {}
-    for n in gm.graph.nodes:
-        schema = getattr(n.target, "_schema", None)
-        if n.op == "call_function" and schema is not None and any(
-            a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
-        ):
-            counts[str(n.target)] = counts.get(str(n.target), 0) + 1
-    return [f"{op} x{c}" for op, c in sorted(counts.items())]
+    for node in captured.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.copy.default:
+            node.target = _copy_functional
+    captured.recompile()
+    gm = _as_module(model, captured, names, layout)
+    gm.meta[REWRITES_KEY] = [
+        Rewrite(c.where, f"`{c.name}` (in place)", "functional ATen ops (torch.func.functionalize)")
+        for c in calls]
+    gm.meta["fxquant_kept"] = []
+    gm.meta[HOW_KEY] = "captured"
+    return gm
 
 
 def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
-               layout: list[tuple[str, Any]], replaced: list[str]) -> GraphModule:
+               layout: list[tuple[str, Any]]) -> GraphModule:
     """Re-root the captured graph on ``model``: parameters become get_attr nodes again."""
     graph = Graph()
     placeholders = [n for n in captured.graph.nodes if n.op == "placeholder"]
@@ -272,9 +637,290 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
             graph.output(flat_out)
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
-    gm = GraphModule(root, graph, f"Functional{type(model).__name__}")
-    gm.meta[REWRITES_KEY] = [
-        "captured the real forward with torch.func.functionalize (ATen level); replaced "
-        + (", ".join(replaced) if replaced else "no in-place ops")
-    ]
-    return gm
+    return GraphModule(root, graph, f"Functional{type(model).__name__}")
+
+
+# -- the reference and the verification -------------------------------------------------------
+
+
+def _weights(out: Any) -> list[Tensor | None]:
+    g = torch.Generator().manual_seed(20261130)
+    return [torch.randn(t.shape, generator=g, dtype=t.dtype).to(t.device)
+            if isinstance(t, Tensor) and t.is_floating_point() else None
+            for t in tree_leaves(out)]
+
+
+def _loss(out: Any) -> Tensor:
+    """A random-weighted sum of the outputs, so no gradient cancels by symmetry."""
+    terms = [(t * w).sum() for t, w in zip(tree_leaves(out), _weights(out), strict=True)
+             if w is not None and isinstance(t, Tensor) and t.requires_grad]
+    if not terms:
+        raise FunctionalizeError("the model returned no floating-point output that requires "
+                                 "grad, so there is no gradient to keep intact")
+    return torch.stack(terms).sum()
+
+
+@dataclass
+class _Reference:
+    outputs: Any
+    requires_grad: list[bool] | None
+    buffers: dict[str, Tensor]
+    grads: dict[str, Tensor | None] | None
+    input_grads: list[Tensor | None]
+    forward_raised: bool
+    report: LintReport
+    calls: list[InplaceCall]
+    hidden: list[HiddenWrite]
+
+
+def _plain_run(model: nn.Module, inputs: tuple, rng: Tensor) -> tuple[Any, dict[str, Tensor]]:
+    """The forward's values with autograd off (where writes into any view are legal)."""
+    with restored_state(model):
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            out = model(*clone_inputs(inputs))
+        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    return tree_map_only(Tensor, lambda t: t.detach().clone(), out), buffers
+
+
+def _reference(model: nn.Module, inputs: tuple, rng: Tensor) -> _Reference:
+    report = LintReport(mode="check")
+    run = protected_run(model, inputs, _loss, rng, report)
+    outputs, buffers = _plain_run(model, inputs, rng)
+    flags = None
+    if run.outputs is not None:
+        flags = [t.requires_grad for t in tree_leaves(run.outputs) if isinstance(t, Tensor)]
+    return _Reference(outputs, flags, buffers, run.grads, run.input_grads,
+                      bool(report.by_rule("FXQ013")), report, run.rec.inplace_calls,
+                      run.rec.hidden_writes)
+
+
+def _refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
+    reasons = []
+    for write in hidden:
+        reasons.append(
+            f"{write.where or '?'}: `{write.code}` changes {write.target} {write.how}, which "
+            "autograd does not see: an out-of-place rewrite would have to choose a gradient "
+            "for it, and which one was meant only the author knows. Fix: compute the new "
+            "value out of place (`y = f(y)`) to differentiate through it, or write a "
+            "straight-through estimator explicitly, `y = y + (f(y) - y).detach()`")
+    for f in report.errors:
+        if f.rule == "FXQ003":
+            reasons.append(f"{f.where}: `{f.location.code if f.location else f.node}` writes in "
+                           "place into a leaf tensor that requires grad (a parameter or an input): "
+                           "no out-of-place rewrite computes the same thing, because the leaf "
+                           f"itself changes. Fix: {f.hint}")
+        elif f.rule == "FXQ012" and not hidden:
+            reasons.append(f"{f.where}: {f.message} Which gradient was meant only the author "
+                           f"knows. Fix: {f.hint}")
+        elif f.rule == "FXQ009" and not report.by_rule("FXQ001") and \
+                not report.by_rule("FXQ013"):
+            reasons.append(f"{f.where}: {f.message}")
+    if reasons:
+        raise FunctionalizeError(
+            "functionalize_inplace cannot make this model equivalent out of place:\n  "
+            + "\n  ".join(reasons))
+
+
+def _close(a: Tensor, b: Tensor, rtol: float, atol: float) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(
+        a.detach().double(), b.detach().double(), rtol=rtol, atol=atol, equal_nan=True)
+
+
+def _verify(candidate: nn.Module, original: nn.Module, ref: _Reference, inputs: tuple,
+            rng: Tensor, rtol: float, atol: float) -> str | None:
+    """None when ``candidate`` matches the reference; else what differs."""
+    with restored_state(candidate):
+        torch.set_rng_state(rng)
+        for p in candidate.parameters():
+            p.grad = None
+        copies = clone_inputs(inputs)
+        leaves = [t for t in tree_leaves(copies) if isinstance(t, Tensor) and t.requires_grad]
+        try:
+            out = candidate(*copies)
+        except Exception as e:
+            return f"its forward raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        got, got_spec = tree_flatten(out)
+        want, want_spec = tree_flatten(ref.outputs)
+        if got_spec != want_spec:
+            return f"its output has another structure ({got_spec} instead of {want_spec})"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            if isinstance(w, Tensor):
+                if not isinstance(g, Tensor) or not _close(g, w, rtol, atol):
+                    return f"output {i} differs"
+            elif g != w:
+                return f"output {i} differs ({g!r} instead of {w!r})"
+        flags = [t.requires_grad for t in got if isinstance(t, Tensor)]
+        if ref.requires_grad is not None and flags != ref.requires_grad:
+            return f"its outputs' requires_grad is {flags}, the original's {ref.requires_grad}"
+        buffers = dict(candidate.named_buffers())
+        for name, value in ref.buffers.items():
+            if name in buffers and not _close(buffers[name], value, rtol, atol):
+                return f"buffer {name!r} differs after forward"
+        try:
+            _loss(out).backward()
+        except Exception as e:
+            return f"its backward raised {type(e).__name__}: {str(e).splitlines()[0]}"
+        grads = {n: p.grad for n, p in candidate.named_parameters() if p.requires_grad}
+        if ref.grads is not None and not ref.forward_raised:
+            for name, want_grad in ref.grads.items():
+                if name not in grads:
+                    return f"it has no parameter {name!r}"
+                got_grad = grads[name]
+                if (got_grad is None) != (want_grad is None) or (
+                        got_grad is not None and want_grad is not None
+                        and not _close(got_grad, want_grad, rtol, atol)):
+                    return f"the gradient of {name!r} differs"
+            for i, (g, w) in enumerate(zip([t.grad for t in leaves], ref.input_grads,
+                                           strict=False)):
+                if (g is None) != (w is None) or (g is not None and w is not None
+                                                  and not _close(g, w, rtol, atol)):
+                    return f"the gradient of input {i} differs"
+            return None
+    return _dot_product_test(original, inputs, rng, grads, ref, rtol)
+
+
+def _directional_derivative(original: nn.Module, inputs: tuple, rng: Tensor,
+                            tangents: dict[str, Tensor]) -> list[Tensor | None]:
+    """d(outputs)/d(parameters) along ``tangents``, of the original program: forward-mode
+    AD (no saved tensors, so it runs where backward cannot), or, for ops without a forward
+    derivative (``out=``), central differences in float64."""
+    import torch.autograd.forward_ad as fwad
+
+    params = {n: p for n, p in original.named_parameters() if n in tangents}
+    with restored_state(original):
+        torch.set_rng_state(rng)
+        try:
+            with torch.no_grad(), fwad.dual_level():
+                duals = {n: fwad.make_dual(p.detach(), tangents[n]) for n, p in params.items()}
+                out = torch.func.functional_call(original, duals, clone_inputs(inputs))
+                return [fwad.unpack_dual(t).tangent if isinstance(t, Tensor) else None
+                        for t in tree_leaves(out)]
+        except (NotImplementedError, RuntimeError):
+            pass
+    wide = copy.deepcopy(original).double()
+    wide_inputs = tree_map_only(Tensor, lambda t: t.double() if t.is_floating_point() else t,
+                                clone_inputs(inputs))
+    eps = 1e-6
+
+    def at(sign: float) -> list[Any]:
+        shifted = {n: (p.detach().double() + sign * eps * tangents[n].double())
+                   for n, p in params.items()}
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            return tree_leaves(torch.func.functional_call(wide, shifted, wide_inputs))
+
+    with restored_state(wide):
+        plus, minus = at(1.0), at(-1.0)
+    return [(a - b) / (2 * eps) if isinstance(a, Tensor) and a.is_floating_point() else None
+            for a, b in zip(plus, minus, strict=True)]
+
+
+def _dot_product_test(original: nn.Module, inputs: tuple, rng: Tensor,
+                      grads: dict[str, Tensor | None], ref: _Reference, rtol: float) -> str | None:
+    """Where the original's backward cannot run at all: <w, J v> from the original's
+    directional derivative must equal <J^T w, v> from the candidate's backward."""
+    g = torch.Generator().manual_seed(7)
+    tangents = {n: torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
+                for n, p in original.named_parameters() if p.requires_grad}
+    try:
+        jvp = _directional_derivative(original, inputs, rng, tangents)
+    except Exception as e:
+        return ("its gradients cannot be checked: the original's directional derivative "
+                f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    weights = _weights(ref.outputs)
+    lhs = sum((float((w.double() * t.double()).sum()) for w, t in zip(weights, jvp, strict=True)
+               if w is not None and t is not None), 0.0)
+    present = {n: g for n, g in grads.items() if g is not None}
+    rhs = sum((float((present[n].double() * tangents[n].double()).sum())
+               for n in tangents if n in present), 0.0)
+    if abs(lhs - rhs) > max(rtol * 10, 1e-4) * (abs(lhs) + abs(rhs)) + 1e-5:
+        return f"its gradients fail the dot-product test (<w, Jv> = {lhs:.6g}, <J^T w, v> = {rhs:.6g})"
+    return None
+
+
+def functionalize_inplace(
+    model: nn.Module,
+    *example_inputs: Any,
+    concrete_args: dict[str, Any] | None = None,
+    leaf_modules: Iterable[LeafSpec] = (),
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> GraphModule:
+    """The same forward as ``model`` without in-place ops, verified on ``example_inputs``.
+
+    Fixes what breaks backward (``+=``, ``*=``, ``clamp_``, ``relu_`` ... on saved values;
+    ``x[i] = v``, ``x[:, a:b] = v``, ``masked_fill_``, ``index_put_``, ``copy_`` into views,
+    also through ``chunk``/``split``/``view``; ``out=``; ``nn.ReLU(inplace=True)``) and keeps
+    what was legal. The result is checked on the example inputs before it is returned:
+    outputs, their ``requires_grad``, buffers after forward and every parameter's gradient
+    must match what the original's forward implies (see the module docstring).
+
+    Args:
+        model (torch.nn.Module): the model; not modified (the result owns a copy).
+        *example_inputs: forward arguments; the rewrite is verified on them.
+        concrete_args, leaf_modules: passed to :func:`fxquant.trace`.
+        rtol, atol (float, optional): tolerance of the verification.
+
+    Returns:
+        torch.fx.GraphModule: ``gm.meta["fxquant_rewrites"]`` lists each :class:`Rewrite`
+        (line, before, after); ``gm.meta["fxquant_functionalized"]`` is ``"symbolic"`` or
+        ``"captured"`` (an ATen graph specialized to the example's shapes and branches).
+
+    Raises:
+        FunctionalizeError: the model writes into a leaf that requires grad, writes where
+            autograd does not see it (``.data``), or no rewrite reproduced it; the message
+            names the line and the fix.
+
+    Example:
+        >>> class Model(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.lin = torch.nn.Linear(3, 3)
+        ...     def forward(self, x):
+        ...         y = torch.exp(self.lin(x))
+        ...         y += 1  # exp saved y: backward fails
+        ...         return y * 2
+        >>> gm = functionalize_inplace(Model(), torch.randn(2, 3))
+        >>> [(r.before, r.after) for r in gm.meta["fxquant_rewrites"]]
+        [('`x += y` (in place)', '`x = x + y` (a new tensor)')]
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError("fxquant.functionalize_inplace expects a torch.nn.Module, got "
+                        f"{type(model).__name__}")
+    if not example_inputs:
+        raise TypeError("functionalize_inplace verifies its rewrite on example inputs: please "
+                        "pass them, functionalize_inplace(model, *inputs)")
+    if shape_only(example_inputs):
+        raise ValueError("functionalize_inplace verifies its rewrite on values, but some example "
+                         "inputs are shapes only (ShapeSpec or meta tensors): pass real tensors")
+    with PROCESS_LOCK, restored_state(model):
+        rng = torch.get_rng_state()
+        original = copy.deepcopy(model)
+        ref = _reference(original, example_inputs, rng)
+        _refuse_unfixable(ref.report, ref.hidden)
+        failures: list[str] = []
+        candidates: list[tuple[str, Callable[[], GraphModule]]] = [
+            ("the symbolic rewrite", lambda: _symbolic(copy.deepcopy(model), ref.calls,
+                                                       concrete_args, leaf_modules)),
+            ("the captured forward", lambda: _capture(copy.deepcopy(model), example_inputs,
+                                                      ref.calls)),
+        ]
+        for label, build in candidates:
+            try:
+                gm = build()
+            except (TraceError, FunctionalizeError, RuntimeError, TypeError, ValueError,
+                    NotImplementedError, AssertionError) as e:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                failures.append(f"{label} could not be built: {first}")
+                continue
+            problem = _verify(gm, original, ref, example_inputs, rng, rtol, atol)
+            if problem is None:
+                return gm
+            failures.append(f"{label} does not match the original: {problem}")
+    legal = "" if ref.report.errors else (
+        "\nfxquant.check finds nothing in this model that breaks backward: it does not need "
+        "this rewrite.")
+    raise FunctionalizeError(
+        "functionalize_inplace found no rewrite that matches the original on the example "
+        "inputs, so it returns none:\n  " + "\n  ".join(failures) + legal)

@@ -19,6 +19,14 @@ that saved the tensor is the victim (the one ``set_detect_anomaly`` would name).
 into a saved tensor's storage that leaves its version alone (through ``.data``) is a silent
 culprit: backward will run with the changed value.
 
+A *hidden* write changes a tensor that requires grad where autograd cannot see it: through
+``.data`` (also ``w.data = ...``), through a ``.detach()``ed alias, or under
+``torch.no_grad()``. When a differentiable op then computes with that tensor, backward runs
+but its gradient skips the change (FXQ012, at the write, naming the reading line). Writes
+PyTorch itself makes (``nn.Embedding(max_norm=...)`` renormalizing its weight) are its
+documented behaviour and are not reported. In-place writes into a view autograd forbids
+writing (one of the outputs of ``split``/``chunk``/``unbind``) raise in forward (FXQ013).
+
 :func:`installed` pushes the three and pops exactly them again (by identity), whatever the
 forward pushed or left behind.
 """
@@ -26,12 +34,14 @@ forward pushed or left behind.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +55,7 @@ from fxquant._ops.calls import op_call
 from fxquant.fx.locations import (
     Location,
     caller_location,
+    is_internal,
     stack_trace_location,
     traceback_location,
 )
@@ -56,6 +67,8 @@ __all__ = [
     "OVERWRITING_OPS",
     "ZERO_DERIVATIVE_OPS",
     "GraphRunner",
+    "HiddenWrite",
+    "InplaceCall",
     "Recorder",
     "SavedTensor",
     "installed",
@@ -83,8 +96,16 @@ _FACTORIES = frozenset({
 _LEAF_ERRORS = (
     "a leaf Variable that requires grad is being used in an in-place operation",
     "a view of a leaf Variable that requires grad is being used in an in-place operation",
+)
+#: Writes autograd refuses in forward that are not about leaves (FXQ013).
+_VIEW_ERRORS = (
+    "is a view and is being modified inplace",
     "functions with out=... arguments don't support automatic differentiation",
 )
+#: What reading a sibling of such a view raises after fxquant let the write go on.
+_AFTER_VIEW_ERROR = "its base or another view of its base has been modified inplace"
+_OWN_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+              os.path.abspath(torch.overrides.__file__))
 
 
 @dataclass(frozen=True)
@@ -123,6 +144,26 @@ class _Origin:
     node: str
 
 
+class InplaceCall(NamedTuple):
+    """A Python-level call that wrote in place: where, its name (``add_`` also for
+    ``x += y``), and whether torch's own code made it (BatchNorm's running statistics)."""
+
+    where: Location | None
+    name: str
+    by_library: bool
+
+
+@dataclass(frozen=True, eq=False)
+class HiddenWrite:
+    """A change autograd does not see, made to a tensor that requires grad."""
+
+    code: str
+    where: Location | None
+    node: str
+    how: str  # "through `.data`", "under torch.no_grad()", "through a `.detach()`ed alias"
+    target: str  # "parameter 'lin.weight'" or "a tensor that requires grad"
+
+
 class Recorder:
     """State shared by the function mode, the dispatch mode and the saved-tensor hooks."""
 
@@ -139,6 +180,14 @@ class Recorder:
         self.node: Node | None = None  # the FX node being run, for GraphModules
         self.boundary: FrameType | None = None  # frames outside this are not the model's
         self.cut_at: set[int] = set()  # zero-derivative origins between params and output
+        #: storage pointer -> weak references to the tensors on it that require grad
+        self.grad_tensors: dict[int, list[weakref.ref[Tensor]]] = {}
+        self.hidden: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> HiddenWrite
+        self.reported_hidden: set[int] = set()
+        self.hidden_writes: list[HiddenWrite] = []  # every hidden write, in order
+        self.names: dict[int, str] = {}  # id(parameter) -> its name
+        #: every call that wrote in place, in order
+        self.inplace_calls: list[InplaceCall] = []
 
     # where ------------------------------------------------------------------------------
 
@@ -162,10 +211,60 @@ class Recorder:
     def get(self, t: Tensor) -> _Prov:
         return self.prov.get(t, _EMPTY)
 
-    def mark_inputs(self, tensors: list[Tensor], params: set[int]) -> None:
+    def mark_inputs(self, tensors: list[Tensor], model: nn.Module) -> None:
+        """Mark the tensors a forward starts from (see :func:`model_tensors`)."""
+        self.names = {id(p): name for name, p in model.named_parameters()}
         for t in tensors:
-            is_param = id(t) in params and t.requires_grad
+            is_param = id(t) in self.names and t.requires_grad
             self.prov[t] = _Prov(input_dep=True, param_dep=is_param)
+            self.track_grad(t)
+
+    # writes autograd does not see -------------------------------------------------------
+
+    def track_grad(self, t: Tensor) -> None:
+        """Remember ``t`` if it requires grad, to recognize hidden writes into its memory."""
+        if not t.requires_grad:
+            return
+        ptr = _storage_ptr(t)
+        if ptr:
+            refs = self.grad_tensors.setdefault(ptr, [])
+            refs[:] = [r for r in refs if r() is not None]
+            refs.append(weakref.ref(t))
+
+    def _grad_owners(self, t: Tensor) -> list[Tensor]:
+        ptr = _storage_ptr(t)
+        owners = [r() for r in self.grad_tensors.get(ptr, ())] if ptr else []
+        return [o for o in owners
+                if o is not None and o.requires_grad and _storage_ptr(o) == ptr]
+
+    def hide(self, owners: list[Tensor], code: str, where: Location | None, node: str,
+             how: str) -> None:
+        names = [self.names[id(o)] for o in owners if id(o) in self.names]
+        target = f"parameter {names[0]!r}" if names else "a tensor that requires grad"
+        write = HiddenWrite(code, where, node, how, target)
+        self.hidden_writes.append(write)
+        for owner in owners:
+            self.hidden[owner] = write
+
+    def on_read(self, inputs: list[Tensor]) -> None:
+        """FXQ012 when a differentiable op computes with a tensor changed by a hidden write."""
+        for t in inputs:
+            write = self.hidden.get(t) if t.requires_grad else None
+            if write is None or id(write) in self.reported_hidden:
+                continue
+            self.reported_hidden.add(id(write))
+            reader = self.where()
+            code = reader.code if reader and reader.code else self.last_op
+            self.add("FXQ012", write.where, write.node,
+                     f"`{write.code}` changes {write.target} {write.how}, which autograd does "
+                     f"not see, and `{code}` then computes with it: backward runs, but the "
+                     "gradient skips this change (it is taken as if the new value had been "
+                     "there all along).",
+                     "compute the new value out of place with autograd on and use it, e.g. "
+                     "`w = F.normalize(self.weight, dim=1)` then `F.linear(x, w)` (or "
+                     "torch.nn.utils.parametrize); a value that must not train: `.detach()` "
+                     "it and write into a `.clone()`",
+                     related=code, related_location=reader)
 
     def origin(self, op: str, where: Location | None, node: str) -> int:
         key = len(self.origins)
@@ -285,13 +384,26 @@ class Recorder:
             for code, where, node, op in entry.culprits:
                 self._report_saved(entry, code, where, node, op)
 
-    def after_call(self, func_name: str, where: Location | None) -> None:
-        """Attribute the writes of one Python-level call: saved tensors, overwrites."""
+    def after_call(self, func_name: str, where: Location | None, grad_enabled: bool = True,
+                   by_library: bool = False) -> None:
+        """Attribute the writes of one Python-level call: saved tensors, overwrites, and
+        writes autograd does not see (``grad_enabled``: the grad mode of the call;
+        ``by_library``: torch itself made the call)."""
         writes, self.writes = self.writes, []
         code = where.code if where else func_name
         node = self.node_name(func_name)
         op = writes[0][0] if writes else ""
         written = [t for _, t, _ in writes]
+        self.inplace_calls.append(InplaceCall(where, func_name, by_library))
+        for _, t, grad_before in writes:
+            if (grad_enabled and grad_before) or by_library:
+                continue  # autograd records it (or it is torch's documented behaviour)
+            owners = self._grad_owners(t)
+            if owners:
+                how = ("through `.data`" if ".data" in code else
+                       "under torch.no_grad()" if not grad_enabled else
+                       "through a `.detach()`ed alias")
+                self.hide(owners, code, where, node, how)
         for entry in self.saved:
             version = entry.tensor._version
             if version != entry.seen_version:
@@ -316,11 +428,30 @@ class Recorder:
                  hint_for_inplace(code, op), related=entry.op, related_location=entry.where)
 
 
-def _same_storage(a: Tensor, b: Tensor) -> bool:
+def _storage_ptr(t: Tensor) -> int:
+    """Which storage ``t`` views (its StorageImpl; also for meta and fake tensors)."""
     try:
-        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
-    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, functional)
-        return False
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):  # tensors without storage (functional)
+        return 0
+
+
+def _called_by_library() -> bool:
+    """Whether the torch call being handled was made by torch's own Python code."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame is not None and is_internal(frame.f_code.co_filename) \
+        and not frame.f_code.co_filename.startswith("<")
+
+
+def _is_data_setter(func: Any) -> bool:
+    owner = getattr(func, "__self__", None)
+    return _call_name(func) == "__set__" and getattr(owner, "__name__", "") == "data"
+
+
+def _same_storage(a: Tensor, b: Tensor) -> bool:
+    return _storage_ptr(a) == _storage_ptr(b) != 0
 
 
 def _zero_derivative(func: Any, args: tuple, kwargs: dict) -> bool:
@@ -362,33 +493,91 @@ class _FunctionMode(TorchFunctionMode):
                         "use .detach() (autograd still checks writes) or `with torch.no_grad():`")
                 rec.prov[out] = _Prov(rec.get(t).input_dep)
             return out
+        if _is_data_setter(func):  # w.data = value: w changes, autograd does not see it
+            t = args[0]
+            if isinstance(t, Tensor) and t.requires_grad and not _called_by_library():
+                where = rec.where()
+                code = where.code if where else ".data = ..."
+                rec.hide([t], code, where, rec.node_name("data"), "through `.data =`")
+            return func(*args, **kwargs)
         rec.writes = []
         first_saved = len(rec.saved)
+        grad_enabled = torch.is_grad_enabled()
         try:
             out = func(*args, **kwargs)
         except RuntimeError as e:
-            if not any(m in str(e) for m in _LEAF_ERRORS):
+            if _AFTER_VIEW_ERROR in str(e) and rec.report.by_rule("FXQ013"):
+                out = self._go_on(func, args, kwargs)  # a consequence of the write reported
+            elif any(m in str(e) for m in (*_LEAF_ERRORS, *_VIEW_ERRORS)):
+                self._report_refused_write(func, e)
+                out = self._go_on(func, args, kwargs,
+                                  view=any(m in str(e) for m in _VIEW_ERRORS))
+            else:
                 raise
-            where = rec.where()
-            code = where.code if where else _call_name(func)
-            rec.add("FXQ003", where, rec.node_name(_call_name(func)),
-                    f"`{code}` writes in place (or through out=) into a leaf tensor that "
-                    f"requires grad; autograd raises: {str(e).splitlines()[0]}",
-                    "initialize or modify parameters under `with torch.no_grad():` (or with "
-                    "torch.nn.init), or compute a new tensor out of place")
-            rec.writes = []
-            with torch.no_grad():  # let the forward go on, to find what comes after
-                out = func(*args, **kwargs)
         if len(rec.saved) > first_saved:
             rec.name_victims(first_saved, out)
         if rec.writes:
-            rec.after_call(_call_name(func), rec.where())
+            rec.after_call(_call_name(func), rec.where(), grad_enabled, _called_by_library())
+        if grad_enabled:
+            outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
+            if outputs:
+                if len(rec.hidden):
+                    rec.on_read([t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)])
+                for t in outputs:
+                    rec.track_grad(t)
         if self._is_device_less_factory(func, args, kwargs) and isinstance(out, Tensor) and out.dim() > 0:
             where = rec.where()
             op = "torch.Tensor(...)" if func is _LIFT_FRESH else f"torch.{_call_name(func)}"
             key = rec.origin(op, where, rec.node_name(op.split("(")[0]))
             rec.prov[out] = _Prov(factories=frozenset({key}))
         return out
+
+    def _go_on(self, func: Any, args: tuple, kwargs: dict, view: bool = False) -> Any:
+        """Run a write autograd refused so that the forward goes on: a refused view write
+        out of place (its result keeps the gradient path), others without autograd."""
+        rec = self.rec
+        rec.writes = []
+        name = _call_name(func)
+        augmented = re.fullmatch(r"__i(\w+)__", name)
+        plain = f"__{augmented.group(1)}__" if augmented else name[:-1] if name.endswith("_") else ""
+        out_of_place = getattr(Tensor, plain, None) if (plain and not plain.startswith("_")) or \
+            augmented else None
+        if view and out_of_place is not None:
+            out = out_of_place(*args, **kwargs)
+            rec.writes = []
+            return out
+        try:
+            with torch.no_grad():
+                out = func(*args, **kwargs)
+        except RuntimeError:  # views of split/chunk refuse writes even under no_grad
+            detached = torch.utils._pytree.tree_map_only(Tensor, Tensor.detach, (args, kwargs))
+            out = func(*detached[0], **detached[1])
+            if detached[0] and out is detached[0][0]:  # an in-place op returns its target
+                out = args[0]
+        rec.writes = []
+        return out
+
+    def _report_refused_write(self, func: Any, e: RuntimeError) -> None:
+        rec = self.rec
+        where = rec.where()
+        code = where.code if where else _call_name(func)
+        first = str(e).splitlines()[0]
+        rec.inplace_calls.append(InplaceCall(where, _call_name(func), False))
+        if any(m in str(e) for m in _VIEW_ERRORS):
+            what = ("passes out= with inputs that require grad" if "out=" in first else
+                    "writes in place into a view autograd does not let you modify (one of "
+                    "several views returned by split/chunk/unbind, or a view made under "
+                    "no_grad)")
+            rec.add("FXQ013", where, rec.node_name(_call_name(func)),
+                    f"`{code}` {what}; forward raises: {first}",
+                    "drop out= and use the returned tensor" if "out=" in first
+                    else hint_for_inplace(code, _call_name(func)))
+            return
+        rec.add("FXQ003", where, rec.node_name(_call_name(func)),
+                f"`{code}` writes in place (or through out=) into a leaf tensor that "
+                f"requires grad; autograd raises: {first}",
+                "initialize or modify parameters under `with torch.no_grad():` (or with "
+                "torch.nn.init), or compute out of place")
 
     @staticmethod
     def _is_device_less_factory(func: Any, args: tuple, kwargs: dict) -> bool:

@@ -62,9 +62,13 @@ RULES: Final[dict[str, Rule]] = {
              "An in-place op writes into a value an earlier op may have saved for backward; "
              "the symbolic graph cannot tell. Lint with example inputs to know."),
         Rule("FXQ012", "silently-wrong-gradient", "error",
-             "Backward runs, but gives different gradients than it would if the values "
-             "autograd saved had been left alone: a write through `.data` (or another path "
-             "autograd does not track) changed a saved value."),
+             "Backward runs but gives wrong gradients: a write autograd does not see "
+             "(through `.data`, a `.detach()`ed alias, or under no_grad) changed a value "
+             "autograd saved, or a tensor that requires grad which is then computed with."),
+        Rule("FXQ013", "inplace-refused-in-forward", "error",
+             "A write autograd refuses already in forward: into one of the views "
+             "split/chunk/unbind return, into a view made under no_grad, or through out= "
+             "with inputs that require grad."),
     )
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import copy
+import functools
 import operator
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -131,12 +132,29 @@ def _is_data_access(node: Node) -> bool:
             and len(node.args) > 1 and node.args[1] == "data")
 
 
+#: Methods whose ATen schema writes ``self`` but which change no values autograd tracks.
+_NOT_VALUE_WRITES: Final = frozenset({"requires_grad_", "retain_grad", "detach_"})
+
+
+@functools.lru_cache(maxsize=1024)
 def inplace_name(name: str) -> bool:
-    """Whether ``name`` is an in-place tensor method (``add_``), not a dunder or private."""
-    if not name.endswith("_") or name.startswith("_") or name.endswith("__"):
+    """Whether ``name`` is an in-place tensor method or function (``add_``, ``copy_``,
+    ``zero_``): its ATen op writes into its first argument.
+
+    Example:
+        >>> [inplace_name(n) for n in ("add_", "copy_", "add", "requires_grad_", "__iadd__")]
+        [True, True, False, False, False]
+    """
+    if not name.endswith("_") or name.startswith("_") or name in _NOT_VALUE_WRITES:
         return False
-    base = getattr(torch.Tensor, name[:-1], None)
-    return callable(base)
+    op = getattr(torch.ops.aten, name, None)
+    if op is None:
+        return False
+    for overload in op.overloads():
+        arguments = getattr(op, overload)._schema.arguments
+        if arguments and arguments[0].alias_info is not None and arguments[0].alias_info.is_write:
+            return True
+    return False
 
 
 def written_value(gm: GraphModule, node: Node) -> Node | None:

@@ -1,4 +1,10 @@
-"""fxquant.functionalize_inplace: no in-place ops left, same forward, working backward."""
+"""fxquant.functionalize_inplace: no in-place op left, verified against the original, or a
+FunctionalizeError naming the line.
+
+Each pattern is checked here independently of the tool's own verification: outputs against
+the original's forward (with autograd off, where any write is legal), and gradients against
+the original's where its backward runs, else a dot-product test with forward-mode AD.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,15 @@ import warnings
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwad
+import torch.nn.functional as F
 from torch import nn
+from torch_geometric.nn import GCNConv
 
 import fxquant
 from examples.seed_model import SeedGCN
-from fxquant.linter.functionalize import REWRITES_KEY
+from fxquant.linter import FunctionalizeError, Rewrite
+from fxquant.linter.functionalize import HOW_KEY, REWRITES_KEY
 from tests.support.lint_models import LegalInplace, SymbolicTraps
 from tests.support.models import GCN, tiny_graph
 
@@ -25,31 +35,235 @@ def inplace_nodes(gm):
         by_name = n.op == "call_method" and str(n.target).endswith("_")
         by_flag = n.kwargs.get("inplace") is True or "out" in n.kwargs
         by_module = n.op == "call_module" and getattr(gm.get_submodule(str(n.target)), "inplace", False)
-        if by_schema or by_name or by_flag or by_module:
+        by_setitem = n.target is __import__("operator").setitem
+        if by_schema or by_name or by_flag or by_module or by_setitem:
             found.append(n)
     return found
 
 
-def test_seed_model_is_captured_functionally():
-    """Untraceable seed code: captured; forward bit-identical; backward runs (zero grads)."""
-    data = tiny_graph()
-    model = SeedGCN()
-    gm = fxquant.functionalize_inplace(model, data)
-    assert not torch.is_anomaly_enabled()
-    assert "functionalize" in gm.meta[REWRITES_KEY][0] and "mul_" in gm.meta[REWRITES_KEY][0]
-    assert not inplace_nodes(gm)
-    expected = model(data)
-    torch.autograd.set_detect_anomaly(False)  # the seed's forward switches it on
-    out = gm(data)
-    assert torch.equal(out, expected)
-    out.sum().backward()
-    assert {n for n, p in gm.named_parameters() if p.grad is not None} == {
-        n for n, _ in model.named_parameters()}
-    with warnings.catch_warnings(), pytest.raises(RuntimeError, match="modified by an inplace"):
-        warnings.simplefilter("ignore")  # anomaly mode's own report of the failure
-        model(data).sum().backward()
-    torch.autograd.set_detect_anomaly(False)
-    assert not fxquant.check(gm, data).errors
+def weights_for(out):
+    g = torch.Generator().manual_seed(3)
+    outs = out if isinstance(out, tuple) else (out,)
+    return [torch.randn(t.shape, generator=g) for t in outs]
+
+
+def loss_of(out, weights):
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum((t * w).sum() for t, w in zip(outs, weights, strict=True))
+
+
+def assert_equivalent(make, inputs, *, crashes: bool):
+    """functionalize_inplace(make()) computes the original's forward and gradients."""
+    model = make()
+    gm = fxquant.functionalize_inplace(model, *inputs)
+    assert not inplace_nodes(gm) or gm.meta[HOW_KEY] == "captured"
+    torch.manual_seed(0)
+    with torch.no_grad():
+        expected = make()(*inputs)
+    torch.manual_seed(0)
+    out = gm(*inputs)
+    outs, exps = (out, expected) if isinstance(out, tuple) else ((out,), (expected,))
+    for a, b in zip(outs, exps, strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-6, atol=1e-6)
+    w = weights_for(out)
+    loss_of(out, w).backward()
+    grads = {n: p.grad for n, p in gm.named_parameters()}
+    if not crashes:
+        reference = make()
+        torch.manual_seed(0)
+        loss_of(reference(*inputs), w).backward()
+        for n, p in reference.named_parameters():
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-6)
+    else:  # <w, J v> by forward-mode AD of the original equals <J^T w, v>
+        original = make()
+        g = torch.Generator().manual_seed(5)
+        v = {n: torch.randn(p.shape, generator=g) for n, p in original.named_parameters()}
+        jvp = directional_derivative(original, inputs, v)
+        lhs = sum(float((a * b).sum()) for a, b in zip(w, jvp, strict=True))
+        rhs = sum(float((grads[n] * v[n]).sum()) for n in v if grads[n] is not None)
+        assert lhs == pytest.approx(rhs, rel=1e-4, abs=1e-5)
+        with warnings.catch_warnings(), pytest.raises(RuntimeError):
+            warnings.simplefilter("ignore")
+            loss_of(make()(*inputs), w).backward()  # the original really crashes
+    return gm
+
+
+def directional_derivative(original, inputs, v):
+    """J v of the original: forward-mode AD, or central differences in float64 (out=)."""
+    torch.manual_seed(0)
+    try:
+        with torch.no_grad(), fwad.dual_level():
+            duals = {n: fwad.make_dual(p.detach(), v[n]) for n, p in original.named_parameters()}
+            res = torch.func.functional_call(original, duals, inputs)
+            res = res if isinstance(res, tuple) else (res,)
+            return [fwad.unpack_dual(t).tangent for t in res]
+    except NotImplementedError:
+        wide = original.double()
+        x = tuple(t.double() for t in inputs)
+        params = {n: p.detach().clone() for n, p in wide.named_parameters()}
+        eps = 1e-6
+
+        def at(sign):
+            with torch.no_grad():
+                res = torch.func.functional_call(
+                    wide, {n: p + sign * eps * v[n].double() for n, p in params.items()}, x)
+            return res if isinstance(res, tuple) else (res,)
+
+        return [(a - b).float() / (2 * eps) for a, b in zip(at(1), at(-1), strict=True)]
+
+
+class Lin(nn.Module):
+    """A Linear, then ``body(self, h)``: one pattern per test."""
+
+    def __init__(self, body, width=6):
+        super().__init__()
+        self.lin = nn.Linear(4, width)
+        self.body = body
+
+    def forward(self, x):
+        return self.body(self, self.lin(x))
+
+
+def slice_write_read_through_base(self, h):
+    y = h.sigmoid()
+    v = y[:, 1:3]
+    v.mul_(2)  # sigmoid saved y
+    return y * 3
+
+
+def view_then_add(self, h):
+    y = h.exp()
+    y.view(-1).add_(1)
+    return y
+
+
+def split_clamp_then_both(self, h):
+    y = h.tanh()
+    u, v = y.split(3, dim=1)
+    v.clamp_(-0.5, 0.5)  # forward raises: one of the views split returns
+    return torch.cat([u, v], dim=1) + y
+
+
+def transpose_add(self, h):
+    y = h.sigmoid()
+    y.t().add_(1)
+    return y
+
+
+def masked_fill_saved(self, h):
+    y = h.exp()
+    y.masked_fill_(y > 1.5, 0.0)
+    return y
+
+
+def index_put_saved(self, h):
+    y = h.sigmoid()
+    y.index_put_((torch.tensor([0, 2]),), torch.tensor(5.0))
+    return y
+
+
+def copy_into_slice(self, h):
+    y = h.exp()
+    y[:, :2].copy_(h[:, 4:] * 2)
+    return y
+
+
+def out_aliasing_input(self, h):
+    y = h.exp()
+    torch.mul(y, 2, out=y)
+    return y
+
+
+def functional_relu_inplace(self, h):
+    y = h.sigmoid()
+    F.relu(y - 0.5, inplace=True)
+    return F.relu(y, inplace=True) * 2
+
+
+def chained_methods(self, h):
+    y = h.exp()
+    y.mul_(2).add_(1)
+    return y
+
+
+def second_name(self, h):
+    y = h.exp()
+    a = y
+    a += 1
+    return y
+
+
+def setitem_advanced(self, h):
+    y = h.sigmoid()
+    y[y > 0.6] = 0.0
+    return y
+
+
+def slice_imul(self, h):
+    y = h.sigmoid()
+    y[:, 0:2] *= 3
+    return y
+
+
+def reshape_copy_is_no_view(self, h):
+    y = h.exp()
+    r = y.t().reshape(-1)  # a copy: writing into it leaves y alone
+    r.add_(1)
+    return y + r.sum()
+
+
+def legal_relu_after_linear(self, h):
+    h = F.relu(h, inplace=True)  # relu saves its output; nothing else saved h
+    return h * 2
+
+
+def legal_half_precision_add(self, h):
+    y = h.half()
+    y += torch.ones_like(h)  # float32 into float16, in place: stays float16
+    return y.float() * 2
+
+
+CRASHING = [slice_write_read_through_base, view_then_add, split_clamp_then_both,
+            transpose_add, masked_fill_saved, index_put_saved, copy_into_slice,
+            out_aliasing_input, functional_relu_inplace, chained_methods, second_name,
+            setitem_advanced, slice_imul]
+LEGAL = [reshape_copy_is_no_view, legal_relu_after_linear, legal_half_precision_add]
+
+
+@pytest.mark.parametrize("body", CRASHING, ids=lambda f: f.__name__)
+def test_crashing_patterns_are_fixed_and_verified(body):
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    gm = assert_equivalent(lambda: _seeded(Lin(body)), (x,), crashes=True)
+    assert gm.meta[REWRITES_KEY], "a fixed bug must list its rewrites"
+    line = body.__code__.co_firstlineno
+    for rewrite in gm.meta[REWRITES_KEY]:
+        assert isinstance(rewrite, Rewrite) and rewrite.location is not None
+        assert rewrite.location.path == __file__ and rewrite.location.line > line
+
+
+@pytest.mark.parametrize("body", LEGAL, ids=lambda f: f.__name__)
+def test_legal_patterns_stay_equivalent(body):
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
+    assert_equivalent(lambda: _seeded(Lin(body)), (x,), crashes=False)
+
+
+def _seeded(model):
+    torch.manual_seed(0)
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.5)
+    return model
+
+
+def test_rewrites_list_is_exact():
+    """Each in-place write: its line, what it was, what it became."""
+    x = torch.randn(5, 4)
+    gm = fxquant.functionalize_inplace(_seeded(Lin(slice_write_read_through_base)), x)
+    (rewrite,) = gm.meta[REWRITES_KEY]
+    line = slice_write_read_through_base.__code__.co_firstlineno + 3
+    assert rewrite.location.line == line
+    assert (rewrite.before, rewrite.after.split(";")[0]) == (".mul_(...)", ".mul(...)")
+    assert "written back" in rewrite.after
+    assert str(rewrite).startswith(f"{rewrite.location}: `v.mul_(2)")
 
 
 def test_symbolic_rewrite_keeps_the_module_structure():
@@ -57,8 +271,9 @@ def test_symbolic_rewrite_keeps_the_module_structure():
     model = SymbolicTraps()
     x = torch.randn(4, 3)
     gm = fxquant.functionalize_inplace(model, x)
-    assert gm.meta[REWRITES_KEY] == ["add_ -> add (node add_)",
-                                     "relu(inplace=True) -> inplace=False (node relu)"]
+    assert gm.meta[HOW_KEY] == "symbolic"
+    assert [(r.before, r.after) for r in gm.meta[REWRITES_KEY]] == [
+        (".add_(...)", ".add(...)"), ("relu(..., inplace=True)", "inplace=False")]
     assert not inplace_nodes(gm)
     assert any(n.op == "call_module" for n in gm.graph.nodes)
     assert torch.equal(gm(x), model(x))
@@ -66,7 +281,7 @@ def test_symbolic_rewrite_keeps_the_module_structure():
     assert model.lin.weight.grad is None  # the result owns a copy
 
 
-def test_inplace_modules_and_functions_without_inputs():
+def test_module_flags_and_later_uses():
     """nn.ReLU(inplace=True) and torch.relu_ are rewritten; later uses read the new value."""
 
     class Net(nn.Module):
@@ -84,20 +299,146 @@ def test_inplace_modules_and_functions_without_inputs():
 
     model = Net()
     x = torch.randn(5, 3)
-    gm = fxquant.functionalize_inplace(model)
+    gm = fxquant.functionalize_inplace(model, x)
     assert not inplace_nodes(gm)
     assert torch.equal(gm(x), model(x))
     assert model.act.inplace  # the input model is untouched
 
 
-def test_traceable_but_setitem_falls_back_to_capture(graph):
-    """setitem cannot be traced symbolically; with inputs it is captured instead."""
-    model = LegalInplace()
-    gm = fxquant.functionalize_inplace(model, graph.x, graph.edge_index)
+def test_untraceable_forward_is_captured():
+    """Python loops over a size: captured (ATen graph) and verified; seed code too."""
+    data = tiny_graph()
+    model = SeedGCN()
+    gm = fxquant.functionalize_inplace(model, data)
+    assert gm.meta[HOW_KEY] == "captured"
+    assert not torch.is_anomaly_enabled()
     assert not inplace_nodes(gm)
-    assert torch.equal(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))
-    with pytest.raises(fxquant.TraceError, match="please pass example inputs"):
-        fxquant.functionalize_inplace(model)
+    expected = model(data)
+    torch.autograd.set_detect_anomaly(False)  # the seed's forward switches it on
+    assert torch.equal(gm(data), expected)
+    assert any("mul_" in r.before for r in gm.meta[REWRITES_KEY])
+
+
+def test_gnn_with_inplace_activation_between_layers(graph):
+    """A PyG model (MessagePassing leaves) with relu_ on a saved output and +=: fixed."""
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 8)
+
+        def forward(self, x, edge_index):
+            h = self.conv1(x, edge_index).sigmoid()
+            h.relu_()
+            h += self.conv2(h, edge_index)
+            return h
+
+    gm = assert_equivalent(lambda: _seeded(Residual()), (graph.x, graph.edge_index),
+                           crashes=True)
+    assert gm.meta[HOW_KEY] == "symbolic"
+    assert {n.target for n in gm.graph.nodes if n.op == "call_module"} == {"conv1", "conv2"}
+
+
+def test_buffers_keep_their_updates():
+    """BatchNorm's running statistics and a queue written in forward still update."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.bn = nn.Linear(4, 4), nn.BatchNorm1d(4)
+            self.register_buffer("last", torch.zeros(4))
+
+        def forward(self, x):
+            h = self.bn(self.lin(x))
+            self.last.copy_(h.detach().mean(0))
+            return F.relu(h, inplace=True)
+
+    model = Net()
+    x = torch.randn(6, 4)
+    gm = fxquant.functionalize_inplace(model, x)
+    gm(x)
+    model(x)
+    torch.testing.assert_close(gm.bn.running_mean, model.bn.running_mean)
+    torch.testing.assert_close(gm.last, model.last)
+    assert [r.after for r in gm.meta["fxquant_kept"]] == ["kept (writes module state)"]
+
+
+def test_leaf_write_is_refused_naming_the_line():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            self.w.mul_(2)
+            return x * self.w
+
+    line = Net.forward.__code__.co_firstlineno + 1
+    model = Net()
+    with pytest.raises(FunctionalizeError, match=rf"test_functionalize.py:{line}.*leaf"):
+        fxquant.functionalize_inplace(model, torch.randn(3))
+    assert torch.equal(model.w, torch.ones(3))
+
+
+def test_hidden_write_is_refused_naming_the_line():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            y = self.lin(x).tanh()
+            y.data.add_(1)
+            return y * 2
+
+    line = Net.forward.__code__.co_firstlineno + 2
+    with pytest.raises(FunctionalizeError, match=rf"test_functionalize.py:{line}.*`.data`"):
+        fxquant.functionalize_inplace(Net(), torch.randn(2, 3))
+
+
+def test_a_rewrite_that_differs_is_never_returned(monkeypatch):
+    """Break the rewriter (drop every write-back): verification catches it, the captured
+    forward is used instead; break that too: FunctionalizeError, not a wrong model."""
+    from fxquant.linter import functionalize as fz
+
+    x = torch.randn(5, 4)
+    make = lambda: _seeded(Lin(slice_write_read_through_base))  # noqa: E731
+    monkeypatch.setattr(fz, "scatter_view", lambda base, index, value: base)
+    gm = fxquant.functionalize_inplace(make(), x)
+    assert gm.meta[HOW_KEY] == "captured"
+    monkeypatch.setattr(fz, "_copy_functional", lambda self, src: self)
+    monkeypatch.setattr(torch.func, "functionalize", lambda f, remove: f)
+    with pytest.raises(FunctionalizeError, match="does not match the original"):
+        fxquant.functionalize_inplace(make(), x)
+
+
+def test_outputs_that_lose_requires_grad_are_caught(monkeypatch):
+    from fxquant.linter import functionalize as fz
+
+    x = torch.randn(5, 4)
+    real = fz.keep_dtype
+    monkeypatch.setattr(fz, "keep_dtype", lambda new, old: real(new, old).detach())
+    monkeypatch.setattr(fz, "_capture", lambda *a: (_ for _ in ()).throw(RuntimeError("off")))
+    with pytest.raises(FunctionalizeError, match="requires_grad"):
+        fxquant.functionalize_inplace(_seeded(Lin(masked_fill_saved)), x)
+
+
+def test_legal_model_that_cannot_be_rewritten_says_it_needs_none():
+    """Data-dependent Python: neither traced nor captured; the error says check is clean."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = self.lin(x)
+            if h.sum() > 0:
+                h = h.relu()
+            return h
+
+    with pytest.raises(FunctionalizeError, match="does not need this rewrite"):
+        fxquant.functionalize_inplace(Net(), torch.randn(2, 3))
 
 
 def test_clean_model_passes_through(graph):
@@ -105,4 +446,16 @@ def test_clean_model_passes_through(graph):
     model = GCN()
     gm = fxquant.functionalize_inplace(model, graph.x, graph.edge_index)
     assert gm.meta[REWRITES_KEY] == []
+    assert torch.equal(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))
+
+
+def test_inputs_are_required():
+    with pytest.raises(TypeError, match="example inputs"):
+        fxquant.functionalize_inplace(GCN())
+
+
+def test_legal_setitem_model(graph):
+    model = LegalInplace()
+    gm = fxquant.functionalize_inplace(model, graph.x, graph.edge_index)
+    assert not inplace_nodes(gm)
     assert torch.equal(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 KIND = "crash"
-FIXABLE = True
+FIXABLE = False  # zeroing through a .detach() alias: no gradient is defined for it
 SOURCE = "https://github.com/pytorch/pytorch/issues/6990"
 
 

@@ -1,0 +1,90 @@
+"""The corpus of real in-place bugs (tests/linter/corpus/, each citing its public thread):
+what lint, check and functionalize_inplace must say about every case.
+
+``python -m tests.support.corpus`` prints the table the README shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxquant
+from tests.support import corpus
+
+CASES = corpus.cases()
+
+
+@pytest.fixture(scope="module")
+def evaluated():
+    return {c.name: c for c in corpus.evaluate()}
+
+
+def test_corpus_is_large_enough_and_cites_its_sources():
+    kinds = [c.kind for c in CASES]
+    assert kinds.count("crash") + kinds.count("silent") >= 20
+    assert kinds.count("legal") >= 8
+    for case in CASES:
+        assert case.module.SOURCE.startswith("https://"), case.name
+        assert case.module.SOURCE in (case.module.__doc__ or ""), case.name
+        assert case.kind == "legal" or case.culprit is not None, f"{case.name}: no # CULPRIT line"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.kind == "crash"], ids=lambda c: c.name)
+def test_crashing_bug_gets_an_error_at_its_culprit_line(case, evaluated):
+    got = evaluated[case.name].results
+    assert got["lint"], f"lint: {got}"
+    assert got["check"], f"check: {got}"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.kind == "silent"], ids=lambda c: c.name)
+def test_silent_bug_gets_an_error_from_check(case, evaluated):
+    assert evaluated[case.name].results["check"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.kind == "legal"], ids=lambda c: c.name)
+def test_legal_model_gets_no_error(case, evaluated):
+    got = evaluated[case.name].results
+    assert got["lint errors"] == 0 and got["check errors"] == 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_functionalize_fixes_or_refuses_never_differs(case, evaluated):
+    """Fixed (verified independently) where a rewrite can be equivalent; refused, naming the
+    culprit line, where it cannot; a legal model may be refused only with a reason."""
+    fix = evaluated[case.name].results["fix"]
+    if case.kind == "legal":
+        assert fix == "fixed" or fix.startswith("refused without naming the line"), fix
+        if fix != "fixed":
+            assert "does not need this rewrite" in fix
+    elif case.fixable and case.kind == "crash":
+        assert fix == "fixed", fix
+    else:
+        assert fix == "refused", fix
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_lint_from_shapes_alone(case, evaluated):
+    """Meta-tensor inputs: linted on fake tensors with the findings of the real lint, or (a
+    forward that needs values) on random data, saying so."""
+    if evaluated[case.name].results["shapes"]:
+        return
+    model, inputs = case.make()
+    report = fxquant.lint(model, *(corpus._meta(x) for x in inputs))
+    assert report.mode == "dynamic"
+    (note,) = [f for f in report.by_rule("FXQ010")]
+    assert "needs values" in note.message and "random data" in note.message
+
+
+def test_most_of_the_corpus_lints_from_shapes(evaluated):
+    shapes, total = corpus.summary(list(evaluated.values()))[
+        "models that lint from shapes alone (meta tensors)"]
+    assert shapes >= 0.9 * total
+
+
+def test_anomaly_mode_is_the_baseline_we_beat(evaluated):
+    """The table's comparison row is measured, not assumed: anomaly mode names some."""
+    crash = [c for c in evaluated.values() if c.kind == "crash"]
+    named = sum(bool(c.results["anomaly"]) for c in crash)
+    assert 0 < named < len(crash)
+    assert not torch.is_anomaly_enabled()
