@@ -2,9 +2,11 @@
 table on unmodified PyG models, next to FP8 and the OCP MX FP4 formats.
 
 Rows: FP32 | INT8 | INT8 + protection | INT4 | INT4 + protection | INT4 LSQ + protection |
-E4M3 | MXFP4 (E2M1, block-32 E8M0 scale) | E2M1 with a per-row scale. Integer rows use a
-per-tensor scale from the current batch's min/max (LSQ: a learned step); protection is
-Degree-Quant's (``--protect``). Seeds are paired: every row of one seed starts from the
+INT4 with a per-row scale | E4M3 | MXFP4 (E2M1, block-32 E8M0 scale) | E2M1 with a per-row
+scale. Integer rows use a per-tensor scale from the current batch's min/max (LSQ: a learned
+step) as Degree-Quant does, except "per-row" (one float32 scale per row: per node, per edge
+for messages, per output channel for weights); protection is Degree-Quant's
+(``--protect``). Seeds are paired: every row of one seed starts from the
 same initial weights, and the table reports each row's mean difference to FP32 with its
 95% interval.
 
@@ -25,9 +27,14 @@ from dataclasses import asdict
 import torch
 import torch_geometric.transforms as T
 
-from examples import train_cora
-from examples.train_cora import SITES, Config
 from fxquant.datasets import PLANETOID_NAMES
+
+try:  # imported as examples.dq_table (python -m, tests)
+    from examples import train_cora
+except ModuleNotFoundError:  # run as python examples/dq_table.py: this folder is on sys.path
+    import train_cora  # type: ignore[no-redef]
+
+SITES, Config = train_cora.SITES, train_cora.Config
 
 
 def rows(protect: tuple[float, float]) -> dict[str, Config]:
@@ -43,6 +50,10 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
                          protect=protect),
         "int4-lsq-p": Config("INT4 LSQ + protection", "int4", scale="tensor", range="lsq",
                              sites=every, protect=protect),
+        "int4-pct-p": Config("INT4 percentile 99.9 + protection", "int4", scale="tensor",
+                             range="percentile:99.9", momentum=0.01, sites=every,
+                             protect=protect),
+        "int4-row": Config("INT4, per-row scale", "int4", scale="row", sites=every),
         "e4m3": Config("E4M3", "e4m3", scale="tensor", sites=every),
         "mxfp4": Config("MXFP4 (E2M1, block-32)", "e2m1", scale="block32", sites=every),
         "e2m1-row": Config("E2M1, per-row scale", "e2m1", scale="row", sites=every),

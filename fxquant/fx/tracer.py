@@ -246,11 +246,66 @@ def _trace_once(model: nn.Module, concrete_args: dict[str, Any] | None,
     tracing leaves it as it was.
     """
     before = set(vars(model))
+    state = [(name, m, dict(vars(m))) for name, m in model.named_modules()]
+    plain = [(f"{name}.{key}" if name else f"self.{key}", value, value.detach().clone())
+             for name, m in model.named_modules() for key, value in vars(m).items()
+             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)]
     try:
         graph = GNNTracer(leaves).trace(model, concrete_args)
-        return graph, _taken(model, before)
+        consts = _taken(model, before)
     finally:
         _taken(model, before)
+        assigned = _restore_modules(state, root=model)
+        changed = []
+        for qualname, tensor, values in plain:
+            if not _same_values(tensor.detach(), values):
+                changed.append(qualname)
+                with torch.no_grad():
+                    tensor.copy_(values)
+    if changed:
+        raise _StateAssigned(
+            f"forward changes {', '.join(changed)} in place, a plain tensor attribute that "
+            "symbolic tracing reads as a constant (the change is lost); register it as a "
+            "buffer, self.register_buffer(name, tensor), so the graph reads and writes it")
+    if assigned:
+        raise _StateAssigned(
+            f"forward assigns {', '.join(assigned)} from traced values (e.g. `self.state += "
+            "x`), a change of module state that symbolic tracing cannot record; keep such "
+            "state in a buffer written under torch.no_grad(), or keep that submodule opaque "
+            "with leaf_modules=[...]")
+    return graph, consts
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal, NaN equal to NaN (a buffer of NaNs has not changed)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
+
+
+class _StateAssigned(RuntimeError):
+    """Forward rebinds a module attribute to a traced value (its own message says how)."""
+
+
+def _restore_modules(state: list[tuple[str, nn.Module, dict[str, Any]]],
+                     root: nn.Module) -> list[str]:
+    """Put back every attribute tracing rebound on the model's modules; the qualified names
+    of those it rebound to traced values (proxies)."""
+    assigned = []
+    for name, module, saved in state:
+        current = vars(module)
+        for key in [k for k in current if k not in saved]:
+            if module is root and key.startswith("_tensor_constant"):
+                continue  # taken off by _taken, as the graph's constants
+            del current[key]
+        for key, value in saved.items():
+            if current.get(key, value) is not value or key not in current:
+                if isinstance(current.get(key), torch.fx.Proxy):
+                    assigned.append(f"{name}.{key}" if name else f"self.{key}")
+                current[key] = value
+    return assigned
 
 
 _Traced = tuple[Graph, dict[str, Any], dict[str, Any] | None, frozenset[str]]
@@ -339,6 +394,8 @@ def _trace_error(model: nn.Module, exc: BaseException) -> TraceError:
         if where.code:
             at += f" ({where.code!r})"
     failed_in = getattr(exc, "fxquant_failed_in", None)
+    if isinstance(exc, _StateAssigned):
+        return TraceError(f"could not trace {type(model).__name__}.forward: {exc}")
     if failed_in:
         hint = (
             f"The line is inside submodule {failed_in!r}: keep it opaque with "

@@ -26,6 +26,7 @@ from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.dynamic import anomaly_finding
 from fxquant.linter.recording import (
+    HiddenWrite,
     Recorder,
     installed,
     model_tensors,
@@ -36,7 +37,7 @@ from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import clone_inputs, restored_state
 
-__all__ = ["ProtectedRun", "check", "protected_run"]
+__all__ = ["ProtectedRun", "both_runs", "check", "protected_run"]
 
 Grads = dict[str, Tensor | None]
 
@@ -47,6 +48,8 @@ class ProtectedRun:
 
     grads: Grads | None  # by parameter name; None when forward or backward raised
     rec: Recorder
+    #: hidden writes that make gradients wrong (each reported as FXQ012)
+    confirmed: list[HiddenWrite] = field(default_factory=list)
     outputs: Any = None  # the forward's output (None when it raised)
     input_grads: list[Tensor | None] = field(default_factory=list)  # of inputs requiring grad
 
@@ -131,19 +134,27 @@ def check(
     loss = loss_fn if loss_fn is not None else _sum_outputs
     report = LintReport(mode="check")
     with PROCESS_LOCK, restored_state(model):
-        rng = torch.get_rng_state()
-        real, real_error = _real_run(model, example_inputs, loss, rng)
-        run = protected_run(model, example_inputs, loss, rng, report)
-        protected, rec = run.grads, run.rec
-        if real is not None and protected is not None:
-            _compare(real, protected, rec, report, rtol, atol)
-        if real is not None:
-            _starved(real, rec, report, "")
-        elif protected is not None:
-            _starved(protected, rec, report, " (once the errors above are fixed)")
-            if real_error is not None and not report.errors:
-                report_exception(report, "backward", real_error)
+        both_runs(model, example_inputs, loss, torch.get_rng_state(), report, rtol, atol)
     return report
+
+
+def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], Tensor],
+              rng: Tensor, report: LintReport, rtol: float = 1e-4,
+              atol: float = 1e-6) -> ProtectedRun:
+    """The real run and the protected run from RNG state ``rng``, compared; findings go
+    to ``report``; the protected run is returned."""
+    real, real_error = _real_run(model, inputs, loss, rng)
+    run = protected_run(model, inputs, loss, rng, report)
+    protected, rec = run.grads, run.rec
+    if real is not None and protected is not None:
+        _compare(real, protected, rec, report, rtol, atol)
+    if real is not None:
+        _starved(real, rec, report, "")
+    elif protected is not None:
+        _starved(protected, rec, report, " (once the errors above are fixed)")
+        if real_error is not None and not report.errors:
+            report_exception(report, "backward", real_error)
+    return run
 
 
 def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], Tensor],
@@ -170,8 +181,9 @@ def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any
         except BaseException as e:
             rec.report_modified()  # backward may never have run to see them
             report_exception(report, "forward/backward", e)
-            return ProtectedRun(None, rec, out)
-        return ProtectedRun(_grads(model), rec, out, [t.grad for t in leaves])
+            return ProtectedRun(None, rec, outputs=out)
+        return ProtectedRun(_grads(model), rec, outputs=out, input_grads=[t.grad for t in leaves],
+                            confirmed=rec.confirm_hidden())
 
 
 def _compare(real: Grads, protected: Grads, rec: Recorder, report: LintReport,

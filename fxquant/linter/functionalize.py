@@ -49,10 +49,10 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 
-from fxquant.fx.locations import Location, stack_trace_location
+from fxquant.fx.locations import Location, stack_trace_location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.fx.tracer import LeafSpec, TraceError, trace
-from fxquant.linter.checking import protected_run
+from fxquant.linter.checking import both_runs
 from fxquant.linter.recording import HiddenWrite, InplaceCall
 from fxquant.linter.report import LintReport
 from fxquant.linter.shapes import shape_only
@@ -552,6 +552,11 @@ def _tensor_fields(obj: Any) -> list[str] | None:
 
 def _capture(model: nn.Module, example_inputs: tuple,
              calls: list[InplaceCall]) -> GraphModule:
+    for module in model.modules():  # plain tensor attributes are state too (self.history)
+        for key, value in list(vars(module).items()):
+            if isinstance(value, Tensor) and not isinstance(value, nn.Parameter):
+                delattr(module, key)
+                module.register_buffer(key, value, persistent=False)
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     names = list(state)
     layout: list[tuple[str, Any]] = []  # per input: ("tensor", None) / ("data", ...) / ("const", v)
@@ -637,7 +642,25 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
             graph.output(flat_out)
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
+    _read_state_through_copies(graph)
     return GraphModule(root, graph, f"Functional{type(model).__name__}")
+
+
+def _read_state_through_copies(graph: Graph) -> None:
+    """functionalize writes each changed buffer back at the end (``copy_``); a value
+    autograd saved that views the buffer would then change under it. The graph reads a
+    copy of such a buffer instead."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.copy_.default:
+            continue
+        state = node.args[0]
+        if not isinstance(state, Node) or state.op != "get_attr":
+            continue
+        with graph.inserting_after(state):
+            copy_ = graph.call_function(torch.ops.aten.clone.default, (state,))
+        for user in list(state.users):
+            if user is not node and user is not copy_:
+                user.replace_input_with(state, copy_)
 
 
 # -- the reference and the verification -------------------------------------------------------
@@ -685,14 +708,23 @@ def _plain_run(model: nn.Module, inputs: tuple, rng: Tensor) -> tuple[Any, dict[
 
 def _reference(model: nn.Module, inputs: tuple, rng: Tensor) -> _Reference:
     report = LintReport(mode="check")
-    run = protected_run(model, inputs, _loss, rng, report)
-    outputs, buffers = _plain_run(model, inputs, rng)
+    run = both_runs(model, inputs, _loss, rng, report)
+    try:
+        outputs, buffers = _plain_run(model, inputs, rng)
+    except Exception as e:  # not even without autograd: there is no result to reproduce
+        at = traceback_location(e)
+        found = "".join(f"\n  {f.rule} at {f.where}: {f.message}" for f in report.errors)
+        raise FunctionalizeError(
+            f"the original forward raises even with autograd off"
+            f"{f' at {at}' if at else ''} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}), so there is no result an "
+            f"out-of-place rewrite could reproduce; fix it first:{found}") from e
     flags = None
     if run.outputs is not None:
         flags = [t.requires_grad for t in tree_leaves(run.outputs) if isinstance(t, Tensor)]
     return _Reference(outputs, flags, buffers, run.grads, run.input_grads,
                       bool(report.by_rule("FXQ013")), report, run.rec.inplace_calls,
-                      run.rec.hidden_writes)
+                      run.confirmed)
 
 
 def _refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
@@ -710,7 +742,8 @@ def _refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
                            "place into a leaf tensor that requires grad (a parameter or an input): "
                            "no out-of-place rewrite computes the same thing, because the leaf "
                            f"itself changes. Fix: {f.hint}")
-        elif f.rule == "FXQ012" and not hidden:
+        elif f.rule == "FXQ012" and (f.location is None or f.location not in {
+                w.where for w in hidden}):
             reasons.append(f"{f.where}: {f.message} Which gradient was meant only the author "
                            f"knows. Fix: {f.hint}")
         elif f.rule == "FXQ009" and not report.by_rule("FXQ001") and \
@@ -918,7 +951,8 @@ def functionalize_inplace(
             if problem is None:
                 return gm
             failures.append(f"{label} does not match the original: {problem}")
-    legal = "" if ref.report.errors else (
+    legal = "".join(f"\nfxquant.check reports {f.rule} at {f.where}: {f.message}"
+                    for f in ref.report.errors) or (
         "\nfxquant.check finds nothing in this model that breaks backward: it does not need "
         "this rewrite.")
     raise FunctionalizeError(

@@ -101,7 +101,11 @@ _LEAF_ERRORS = (
 _VIEW_ERRORS = (
     "is a view and is being modified inplace",
     "functions with out=... arguments don't support automatic differentiation",
+    "more than one element of the written-to tensor refers to a single memory location",
 )
+_OVERLAP_ERROR = ("unsupported operation: more than one element of the written-to tensor "
+                  "refers to a single memory location. Please clone() the tensor before "
+                  "performing the operation.")
 #: What reading a sibling of such a view raises after fxquant let the write go on.
 _AFTER_VIEW_ERROR = "its base or another view of its base has been modified inplace"
 _OWN_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
@@ -137,6 +141,41 @@ class SavedTensor:
     silent: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
 
 
+_HIDDEN_HINT = ("compute the new value out of place with autograd on and use it, e.g. "
+                "`w = F.normalize(self.weight, dim=1)` then `F.linear(x, w)` (or "
+                "torch.nn.utils.parametrize); a straight-through change on purpose: "
+                "`y = y + (f(y) - y).detach()`")
+
+
+def _grad_where_changed(owner: Tensor, changed: Tensor | None) -> bool:
+    grad = owner.grad
+    if grad is None or grad.shape != owner.shape:
+        return False
+    if changed is None or changed.shape != grad.shape:
+        return bool(grad.ne(0).any())
+    return bool(grad[changed].ne(0).any())
+
+
+def _on_owner(alias: Tensor, changed: Tensor, owner: Tensor) -> Tensor | None:
+    """``changed`` (over the written alias) over the owner, where both lay out alike."""
+    if alias.shape == owner.shape and alias.stride() == owner.stride() \
+            and alias.storage_offset() == owner.storage_offset():
+        return changed
+    return None
+
+
+def _in_custom_function() -> bool:
+    """Whether the running code is a custom ``torch.autograd.Function``'s forward (its
+    ``ctx`` is a local of a frame on the stack)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if any(isinstance(v, torch.autograd.function.FunctionCtx)
+               for v in frame.f_locals.values()):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 @dataclass(frozen=True)
 class _Origin:
     op: str
@@ -153,15 +192,26 @@ class InplaceCall(NamedTuple):
     by_library: bool
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class HiddenWrite:
-    """A change autograd does not see, made to a tensor that requires grad."""
+    """A change autograd does not see, made to a tensor that requires grad.
+
+    Whether it makes gradients wrong shows in backward: it does when the gradient reaching
+    the changed tensor is non-zero where the values changed (backward then treats the new
+    values as if they had been computed by the ops before the write). It does not when
+    that gradient is zero there (``attn.data.masked_fill_(mask, -inf)`` before a softmax,
+    whose gradient is zero at the filled places): :meth:`Recorder.confirm_hidden`.
+    """
 
     code: str
     where: Location | None
     node: str
     how: str  # "through `.data`", "under torch.no_grad()", "through a `.detach()`ed alias"
     target: str  # "parameter 'lin.weight'" or "a tensor that requires grad"
+    owners: list[Tensor] = field(default_factory=list, repr=False)
+    changed: Tensor | None = field(default=None, repr=False)  # over the owner; None: unknown
+    reader: str = ""
+    read_at: Location | None = None
 
 
 class Recorder:
@@ -185,6 +235,7 @@ class Recorder:
         self.hidden: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> HiddenWrite
         self.reported_hidden: set[int] = set()
         self.hidden_writes: list[HiddenWrite] = []  # every hidden write, in order
+        self.changes: dict[int, Tensor] = {}  # id(written alias) -> where one call changed it
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         #: every call that wrote in place, in order
         self.inplace_calls: list[InplaceCall] = []
@@ -231,6 +282,10 @@ class Recorder:
             refs[:] = [r for r in refs if r() is not None]
             refs.append(weakref.ref(t))
 
+    def grad_owners(self, t: Tensor) -> list[Tensor]:
+        """The live tensors that require grad and share ``t``'s storage."""
+        return self._grad_owners(t)
+
     def _grad_owners(self, t: Tensor) -> list[Tensor]:
         ptr = _storage_ptr(t)
         owners = [r() for r in self.grad_tensors.get(ptr, ())] if ptr else []
@@ -238,33 +293,60 @@ class Recorder:
                 if o is not None and o.requires_grad and _storage_ptr(o) == ptr]
 
     def hide(self, owners: list[Tensor], code: str, where: Location | None, node: str,
-             how: str) -> None:
+             how: str, changed: Tensor | None = None) -> None:
+        if _in_custom_function():
+            return  # a custom autograd.Function's forward: its author states the gradient
         names = [self.names[id(o)] for o in owners if id(o) in self.names]
         target = f"parameter {names[0]!r}" if names else "a tensor that requires grad"
-        write = HiddenWrite(code, where, node, how, target)
+        write = HiddenWrite(code, where, node, how, target, list(owners), changed)
         self.hidden_writes.append(write)
         for owner in owners:
             self.hidden[owner] = write
+            if self.copy_saved and not owner.is_leaf:
+                owner.retain_grad()  # check: the gradient reaching it decides (confirm_hidden)
 
     def on_read(self, inputs: list[Tensor]) -> None:
-        """FXQ012 when a differentiable op computes with a tensor changed by a hidden write."""
+        """A differentiable op computes with a tensor changed by a hidden write: the lint
+        warns (FXQ014); the check decides after backward (:meth:`confirm_hidden`)."""
         for t in inputs:
             write = self.hidden.get(t) if t.requires_grad else None
             if write is None or id(write) in self.reported_hidden:
                 continue
             self.reported_hidden.add(id(write))
             reader = self.where()
-            code = reader.code if reader and reader.code else self.last_op
+            write.reader = reader.code if reader and reader.code else self.last_op
+            write.read_at = reader
+            if self.scan_saved:
+                self.add("FXQ014", write.where, write.node,
+                         f"`{write.code}` changes {write.target} {write.how}, which autograd "
+                         f"does not see, and `{write.reader}` then computes with it: the "
+                         "gradient may skip this change (fxquant.check runs backward and "
+                         "tells whether it does).", _HIDDEN_HINT,
+                         related=write.reader, related_location=reader)
+
+    def confirm_hidden(self) -> list[HiddenWrite]:
+        """After backward: the hidden writes that make gradients wrong. Each is an FXQ012,
+        except where the lint has a finding for the same line already: an FXQ001 (a
+        ``.detach()`` alias bumped a saved value's version) or a write into a saved value
+        (the check's gradient comparison names the op that saved it)."""
+        confirmed = []
+        crashing = {f.location for f in self.report.by_rule("FXQ001")}
+        # writes into saved values: the check compares gradients and names the saving op
+        saved = {w[1] for entry in self.saved for w in entry.silent}
+        for write in self.hidden_writes:
+            if not any(_grad_where_changed(o, write.changed) for o in write.owners):
+                continue
+            confirmed.append(write)
+            if write.where is not None and (write.where in crashing or write.where in saved):
+                continue
+            then = (f", and `{write.reader}` then computes with it" if write.reader
+                    else ", and the gradient reaches it")
             self.add("FXQ012", write.where, write.node,
                      f"`{write.code}` changes {write.target} {write.how}, which autograd does "
-                     f"not see, and `{code}` then computes with it: backward runs, but the "
-                     "gradient skips this change (it is taken as if the new value had been "
-                     "there all along).",
-                     "compute the new value out of place with autograd on and use it, e.g. "
-                     "`w = F.normalize(self.weight, dim=1)` then `F.linear(x, w)` (or "
-                     "torch.nn.utils.parametrize); a value that must not train: `.detach()` "
-                     "it and write into a `.clone()`",
-                     related=code, related_location=reader)
+                     f"not see{then}: backward runs, but the gradient skips this change (it "
+                     "treats the new values as if the ops before had computed them).",
+                     _HIDDEN_HINT, related=write.reader, related_location=write.read_at)
+        return confirmed
 
     def origin(self, op: str, where: Location | None, node: str) -> int:
         key = len(self.origins)
@@ -399,11 +481,13 @@ class Recorder:
             if (grad_enabled and grad_before) or by_library:
                 continue  # autograd records it (or it is torch's documented behaviour)
             owners = self._grad_owners(t)
+            changed = self.changes.pop(id(t), None)
             if owners:
                 how = ("through `.data`" if ".data" in code else
                        "under torch.no_grad()" if not grad_enabled else
                        "through a `.detach()`ed alias")
-                self.hide(owners, code, where, node, how)
+                self.hide(owners, code, where, node, how,
+                          _on_owner(t, changed, owners[0]) if changed is not None else None)
         for entry in self.saved:
             version = entry.tensor._version
             if version != entry.seen_version:
@@ -494,15 +578,19 @@ class _FunctionMode(TorchFunctionMode):
                 rec.prov[out] = _Prov(rec.get(t).input_dep)
             return out
         if _is_data_setter(func):  # w.data = value: w changes, autograd does not see it
-            t = args[0]
+            t, new = args[0], args[1] if len(args) > 1 else None
             if isinstance(t, Tensor) and t.requires_grad and not _called_by_library():
                 where = rec.where()
                 code = where.code if where else ".data = ..."
-                rec.hide([t], code, where, rec.node_name("data"), "through `.data =`")
+                changed = None
+                if rec.copy_saved and isinstance(new, Tensor) and new.shape == t.shape:
+                    changed = new.detach() != t.detach()
+                rec.hide([t], code, where, rec.node_name("data"), "through `.data =`", changed)
             return func(*args, **kwargs)
         rec.writes = []
         first_saved = len(rec.saved)
         grad_enabled = torch.is_grad_enabled()
+        reachable = {_storage_ptr(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
         try:
             out = func(*args, **kwargs)
         except RuntimeError as e:
@@ -516,6 +604,8 @@ class _FunctionMode(TorchFunctionMode):
                 raise
         if len(rec.saved) > first_saved:
             rec.name_victims(first_saved, out)
+        # writes into the call's own temporaries (inside gru_cell, say) are not the user's
+        rec.writes = [w for w in rec.writes if _storage_ptr(w[1]) in reachable]
         if rec.writes:
             rec.after_call(_call_name(func), rec.where(), grad_enabled, _called_by_library())
         if grad_enabled:
@@ -599,6 +689,7 @@ class _DispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        rec = self.rec
         written = []
         for i, arg in enumerate(func._schema.arguments):
             if arg.alias_info is not None and arg.alias_info.is_write:
@@ -606,8 +697,20 @@ class _DispatchMode(TorchDispatchMode):
                 for t in tree_leaves(value):
                     if isinstance(t, Tensor):
                         written.append((t, t.requires_grad))
+        before = {}
+        for t, _ in written:
+            if torch._debug_has_internal_overlap(t) == 1:  # fake tensors do not check it
+                raise RuntimeError(_OVERLAP_ERROR)
+            if rec.copy_saved and not (torch.is_grad_enabled() and t.requires_grad) \
+                    and rec.grad_owners(t):
+                before[id(t)] = (t, t.detach().clone())  # check: which values it changes
         out = func(*args, **kwargs)
-        self.rec.on_aten(func, args, kwargs, out, written)
+        for key, (t, old) in before.items():
+            changed = ~((old == t) | (old.isnan() & t.isnan())) if old.is_floating_point() \
+                else old != t
+            prior = rec.changes.get(key)
+            rec.changes[key] = changed if prior is None else prior | changed
+        rec.on_aten(func, args, kwargs, out, written)
         return out
 
 

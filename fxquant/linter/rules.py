@@ -64,11 +64,16 @@ RULES: Final[dict[str, Rule]] = {
         Rule("FXQ012", "silently-wrong-gradient", "error",
              "Backward runs but gives wrong gradients: a write autograd does not see "
              "(through `.data`, a `.detach()`ed alias, or under no_grad) changed a value "
-             "autograd saved, or a tensor that requires grad which is then computed with."),
+             "autograd saved, or changed a tensor that requires grad where backward then "
+             "sends it gradient (found by fxquant.check)."),
         Rule("FXQ013", "inplace-refused-in-forward", "error",
              "A write autograd refuses already in forward: into one of the views "
              "split/chunk/unbind return, into a view made under no_grad, or through out= "
              "with inputs that require grad."),
+        Rule("FXQ014", "hidden-write-then-read", "warning",
+             "A write autograd does not see changes a tensor that requires grad, and a "
+             "differentiable op then computes with it: the gradient may skip the change; "
+             "fxquant.check runs backward and tells (FXQ012)."),
     )
 }
 

@@ -10,9 +10,10 @@ Restored by :func:`restored_state`:
   mode or dispatch mode stacks and left there are popped (fxquant's own entries are
   popped by identity, never "the top");
 - the model: every submodule's attributes (a forward that caches, rebinds, registers or
-  deletes parameters, buffers, submodules or hooks, or flips ``training``), every
-  parameter's and buffer's storage, values and ``requires_grad``, and every ``.grad``
-  (the same tensor object, with its values).
+  deletes parameters, buffers, submodules or hooks, or flips ``training``), the storage,
+  values, ``requires_grad`` and Python attributes (``w.org = ...``) of every parameter,
+  buffer and plain tensor attribute (``self.history += w`` writes into one), and every
+  ``.grad`` (the same tensor object, with its values).
 
 Not restored (documented in the README): state outside the model and torch (globals of
 the user's modules, files, other processes), inference mode entered and never left, and
@@ -118,12 +119,14 @@ def restored_state(model: nn.Module) -> Iterator[None]:
     global_hooks = {k: dict(v) for k, v in _global_hook_dicts().items()}
     modules = list(model.modules())
     attributes = [(m, _snapshot_attributes(m)) for m in modules]
-    tensors: dict[int, tuple[Tensor, Tensor, Tensor, bool]] = {}
+    tensors: dict[int, tuple[Tensor, Tensor, Tensor, bool, dict[str, Any]]] = {}
     grads: dict[int, tuple[Tensor, Tensor | None, Tensor | None]] = {}
     for m in modules:
-        for t in [*m._parameters.values(), *m._buffers.values()]:
+        plain = [v for v in vars(m).values() if isinstance(v, Tensor)]
+        for t in [*m._parameters.values(), *m._buffers.values(), *plain]:
             if t is not None and id(t) not in tensors:
-                tensors[id(t)] = (t, t.data, t.detach().clone(), t.requires_grad)
+                tensors[id(t)] = (t, t.data, t.detach().clone(), t.requires_grad,
+                                  dict(vars(t)))
         for p in m._parameters.values():
             if p is not None and id(p) not in grads:
                 grad = p.grad
@@ -146,7 +149,10 @@ def restored_state(model: nn.Module) -> Iterator[None]:
         for module, saved in attributes:
             _restore_attributes(module, saved)
         with torch.no_grad():
-            for t, data, values, requires_grad in tensors.values():
+            for t, data, values, requires_grad, python_attrs in tensors.values():
+                if not _same_contents(vars(t), python_attrs):
+                    vars(t).clear()
+                    vars(t).update(python_attrs)
                 if _layout_key(t) != _layout_key(data):
                     t.data = data
                 if data.shape != values.shape or data.dtype != values.dtype:

@@ -250,15 +250,19 @@ def transform(
         grad_bits, grad_format (optional): also round the gradient flowing back through each
             point, to top-N bits or to a format. (default: off)
         node_bits (dict, optional): per-node overrides ``{layer: (node_ids, bits_or_format)}``:
-            rows of that layer's output that belong to these nodes (an index tensor or a
-            bool mask, e.g. from :func:`fxquant.top_degree_nodes`) get another number.
+            rows of that layer's output that belong to these nodes (global node ids, or a
+            bool mask over the nodes, e.g. from :func:`fxquant.top_degree_nodes`) get
+            another number.
         inplace (bool, optional): share parameters with ``model`` instead of copying.
             (default: :obj:`False`)
         concrete_args, leaf_modules (optional): passed to :func:`fxquant.trace`.
 
     Returns:
         torch.fx.GraphModule: the model with a :class:`~fxquant.quant.points.QuantPoint`
-        module called at each quantization point.
+        module called at each quantization point. It takes the model's arguments plus
+        ``node_ids=None``: a mini-batch passes its nodes' global ids there
+        (``gm(batch.x, batch.edge_index, node_ids=batch.n_id)``), so that per-node settings
+        follow the nodes (see :mod:`fxquant.quant.nodes`).
 
     Example:
         >>> from torch_geometric.nn import GCNConv
@@ -271,7 +275,7 @@ def transform(
         ...         return self.conv2(x, edge_index)
         >>> gm = transform(GCN(), bits=16)
         >>> print(gm.code.strip())  # doctest: +NORMALIZE_WHITESPACE
-        def forward(self, x, edge_index):
+        def forward(self, x, edge_index, node_ids = None):
             conv1 = self.conv1(x, edge_index);  x = None
             conv1_quant = self.conv1_quant(conv1);  conv1 = None
             relu = conv1_quant.relu();  conv1_quant = None

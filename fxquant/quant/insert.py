@@ -25,10 +25,11 @@ from torch_geometric.nn import MessagePassing
 from fxquant.fx.graph_utils import free_name
 from fxquant.fx.selectors import layer_name
 from fxquant.quant.config import Resolved, Site
+from fxquant.quant.nodes import NodeIds, set_node_ids
 from fxquant.quant.points import QuantPoint
 from fxquant.quant.sites import install, weights_of
 
-__all__ = ["edge_index_of", "insert_quant_points"]
+__all__ = ["NODE_IDS_ARG", "edge_index_of", "insert_quant_points"]
 
 
 def _other_than(*new: Node) -> Callable[[Node], bool]:
@@ -99,9 +100,44 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
     for target, sites in inner.items():
         install(sites["layer"], gm.get_submodule(target), sites.get("weights"),
                 sites.get("message"), sites.get("aggregate"))
+    _add_node_ids(gm, [m for m in gm.modules() if isinstance(m, QuantPoint) and m.uses_node_ids])
     graph.lint()
     gm.recompile()
     return PassResult(gm, True)
+
+
+#: The argument a transformed model takes the batch's global node ids through.
+NODE_IDS_ARG = "node_ids"
+
+
+def _add_node_ids(gm: GraphModule, points: list[QuantPoint]) -> None:
+    """A ``node_ids=None`` argument (every transformed model takes one, so mini-batch code
+    need not know whether the mapping has per-node settings), fed to one :class:`NodeIds`
+    that ``points`` (those with per-node settings) read."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if any(str(n.target).startswith("*") for n in placeholders):
+        if points:
+            raise ValueError("fxquant: per-node settings need a node_ids argument, but this "
+                             "forward takes *args/**kwargs; please give it named arguments")
+        return
+    names = {str(n.target) for n in placeholders}
+    arg = NODE_IDS_ARG if NODE_IDS_ARG not in names else f"fxquant_{NODE_IDS_ARG}"
+    anchor = placeholders[-1] if placeholders else next(iter(graph.nodes))
+    with graph.inserting_after(anchor):
+        ids = graph.placeholder(arg, default_value=None)
+    gm.meta["fxquant_node_ids_arg"] = arg
+    if not points:
+        return
+    context_name = free_name(gm, "fxquant_node_ids")
+    context = NodeIds()
+    gm.add_submodule(context_name, context)
+    for point in points:
+        point.attach(context)
+    with graph.inserting_after(ids):
+        holder = graph.get_attr(context_name)
+    with graph.inserting_after(holder):
+        graph.call_function(set_node_ids, (holder, ids))
 
 
 def _annotate(new: Node, node: Node, layer: str, site: Site) -> None:

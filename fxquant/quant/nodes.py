@@ -1,12 +1,66 @@
-"""Choosing nodes of the user's graph for per-node settings."""
+"""Nodes of the user's graph: choosing them for per-node settings, and telling the model
+which global node each row of a mini-batch is.
+
+Per-node settings (node overrides, per-node bit-widths) are keyed by **global node id**. In
+a full-batch forward row ``i`` of a node-level tensor is node ``i``; a mini-batch names its
+nodes with the transformed model's ``node_ids`` argument (PyG's ``batch.n_id``)::
+
+    out = gm(batch.x, batch.edge_index, node_ids=batch.n_id)
+
+The argument feeds one :class:`NodeIds` module on the GraphModule, which every quantization
+point reads (points inside layers too), so one tensor reaches all of them without changing
+any layer's signature. Under ``torch.compile(dynamic=True)`` it is a graph input like the
+features: batches of changing size compile once.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch_geometric.utils import degree
 
-__all__ = ["top_degree_nodes"]
+__all__ = ["NodeIds", "lookup", "set_node_ids", "top_degree_nodes"]
+
+
+class NodeIds(nn.Module):
+    """Holds the global node ids of the current forward's rows (None: row ``i`` is node
+    ``i``). Set by :func:`set_node_ids` at the start of every forward; no state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: Tensor | None = None
+
+    def extra_repr(self) -> str:
+        return "forward(..., node_ids=batch.n_id) names the global node of each row"
+
+
+def set_node_ids(context: NodeIds, ids: Tensor | None) -> Any:
+    """Record ``ids`` for this forward, after checks that need no values (so they compile).
+    Traced symbolically (a GraphModule is re-traced when unpickled) it records itself."""
+    if isinstance(ids, torch.fx.Proxy):
+        return ids.tracer.create_proxy("call_function", set_node_ids, (context, ids), {})
+    if ids is not None and (not isinstance(ids, Tensor) or ids.dim() != 1
+                            or ids.is_floating_point() or ids.dtype == torch.bool
+                            or ids.is_complex()):
+        got = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, Tensor) \
+            else type(ids).__name__
+        raise TypeError(f"node_ids must be a 1-D integer tensor of global node ids (PyG's "
+                        f"batch.n_id), got a {got}")
+    context.ids = ids
+    return None
+
+
+def lookup(table: Tensor, ids: Tensor) -> Tensor:
+    """``table[ids]``, with ids outside the table (nodes it never saw) mapped to
+    ``table``'s zero value; no value check, so it compiles."""
+    size = table.shape[0]
+    valid = (ids >= 0) & (ids < size)
+    found = table[ids.clamp(0, max(size - 1, 0))] if size else torch.zeros(
+        ids.shape, dtype=table.dtype, device=table.device)
+    return torch.where(valid.view((-1,) + (1,) * (found.dim() - 1)), found,
+                       torch.zeros((), dtype=table.dtype, device=table.device))
 
 
 def top_degree_nodes(

@@ -4,6 +4,14 @@ range, ``bounds = (lo, hi)``.
 - :class:`RangeObserver`: min/max or a percentile range (Degree-Quant's, robust to the
   outliers high-degree aggregation makes), of the current batch in training and, with
   ``momentum``, of a running average in eval (as BatchNorm keeps its statistics).
+
+Under ``torch.distributed`` (a default process group with more than one rank), a
+per-tensor range is synchronized in training the way ``SyncBatchNorm`` synchronizes its
+statistics: each rank's batch range is all-reduced (min of the lows and max of the highs;
+the mean of percentile bounds) before it is used and blended into the running range. Every
+rank therefore rounds with the range of the global batch and keeps the same running range,
+so all ranks evaluate the same model. Per-row ranges (rows are each rank's own nodes) are
+not synchronized.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from fxquant._ops.quantize import bounds_of
@@ -93,15 +102,28 @@ class RangeObserver(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.momentum is None:
-            return self.current(x)
+            return self._synced(self.current(x))
         if not self.training:
             return self.running
-        now = self.current(x).to(self.running.dtype)
+        now = self._synced(self.current(x).to(self.running.dtype))
         with torch.no_grad():
             blended = self.momentum * self.running + (1 - self.momentum) * now
             self.running.copy_(torch.where(self.seen, blended, now))
             self.seen.fill_(True)
         return now
+
+    def _synced(self, now: Tensor) -> Tensor:
+        """The range over all ranks' batches (training, per tensor, distributed only)."""
+        if self.per_row or not self.training or not dist.is_available() \
+                or not dist.is_initialized() or dist.get_world_size() < 2:
+            return now
+        if self.percentile is not None:
+            total = now.clone()
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+            return total / dist.get_world_size()
+        flipped = torch.stack([-now[0], now[1]])  # one MAX gives min of lows, max of highs
+        dist.all_reduce(flipped, op=dist.ReduceOp.MAX)
+        return torch.stack([-flipped[0], flipped[1]])
 
     def extra_repr(self) -> str:
         parts = ["per_row" if self.per_row else "per tensor"]

@@ -14,12 +14,14 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from fxquant._ops.calls import OpCall, op_call
 from fxquant._ops.version import NUMERICS
 from fxquant.formats import IntFormat, TopN
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
+from fxquant.quant.nodes import NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
 __all__ = ["QuantPoint", "in_degree"]
@@ -32,6 +34,17 @@ def in_degree(edge_index: Tensor, num_nodes: int, like: Tensor) -> Tensor:
     ones = torch.ones(target.shape[0], dtype=torch.float32, device=like.device)
     return torch.zeros(num_nodes, dtype=torch.float32, device=like.device).index_add(
         0, target, ones)
+
+
+def _table(override: NodeOverride | None) -> Tensor | None:
+    """A bool table over global node ids: True where the override applies."""
+    if override is None:
+        return None
+    nodes = override.nodes
+    if nodes.dtype == torch.bool:
+        return nodes.clone()
+    size = (override.max_index + 1) if override.max_index is not None else 0
+    return torch.zeros(size, dtype=torch.bool, device=nodes.device).index_fill(0, nodes, True)
 
 
 def _spec(number: Number | None) -> str:
@@ -62,6 +75,7 @@ class QuantPoint(nn.Module):
     """
 
     override_nodes: Tensor | None
+    override_table: Tensor | None
 
     def __init__(self, config: QuantConfig, layer: str, site: Site | str = Site.OUTPUT,
                  override: NodeOverride | None = None, tensor: str = "") -> None:
@@ -82,12 +96,25 @@ class QuantPoint(nn.Module):
         self.override_max_index = override.max_index if override is not None else None
         self.register_buffer("override_nodes",
                              override.nodes.clone() if override is not None else None)
+        # The override as a bool table over global node ids (derived: not saved).
+        self.register_buffer("override_table", _table(override), persistent=False)
+        self.__dict__["_node_ids"] = None  # the GraphModule's NodeIds, shared by all points
         self._op, self._args = self._op_arguments()
+
+    def attach(self, context: NodeIds) -> None:
+        """Read the global node ids of each forward's rows from ``context`` (see
+        :mod:`fxquant.quant.nodes`); a reference, not a submodule."""
+        self.__dict__["_node_ids"] = context
 
     @property
     def needs_nodes(self) -> bool:
         """Whether rounding depends on which node a row belongs to (protection, overrides)."""
         return self.config.protect is not None or self.override_nodes is not None
+
+    @property
+    def uses_node_ids(self) -> bool:
+        """Whether per-node settings are keyed by global node id (``node_ids=``)."""
+        return self.override_table is not None
 
     @property
     def name(self) -> str:
@@ -132,7 +159,13 @@ class QuantPoint(nn.Module):
             node_degree = in_degree(edge_index, num_nodes, x)
         if node_degree is not None:
             num_nodes = node_degree.shape[0]
-        rows = None if self.override_nodes is None else self._rows(x, num_nodes, row_nodes)
+        context = self.__dict__["_node_ids"]
+        ids = context.ids if context is not None and self.override_table is not None else None
+        if ids is not None and ids.shape[0] != num_nodes:
+            raise ValueError(
+                f"fxquant: node_ids has {ids.shape[0]} entries, but the {self.name} has "
+                f"{num_nodes} nodes; pass one global id per node of the batch (batch.n_id)")
+        rows = None if self.override_table is None else self._rows(x, num_nodes, row_nodes, ids)
         y = self._round(x, rows)
         if self.config.protect is not None and self.training and node_degree is not None:
             keep = self._protected(node_degree)
@@ -168,6 +201,11 @@ class QuantPoint(nn.Module):
         if self.training and not self.step_ready:
             with torch.no_grad():
                 mean = x.detach().abs().mean().to(self.step.dtype)
+                if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                    # DDP broadcast the parameters before this first batch: every rank must
+                    # start from the same step, so the mean is over all ranks' batches
+                    dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+                    mean = mean / dist.get_world_size()
                 self.step.copy_(torch.clamp(2 * mean / math.sqrt(number.qmax), min=1e-8))
             self.step_ready = True
         gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.qmax)
@@ -182,21 +220,31 @@ class QuantPoint(nn.Module):
         if self.step is not None and prefix + "step" in state_dict:
             self.step_ready = True  # a loaded step is not initialized again
 
-    def _rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None) -> Tensor:
-        """The override as a bool mask over ``x``'s rows (a shape check, never a value check)."""
-        nodes = self.override_nodes
-        assert nodes is not None
-        if nodes.dtype == torch.bool:
-            mask = nodes
+    def _rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
+              ids: Tensor | None) -> Tensor:
+        """The override as a bool mask over ``x``'s rows: looked up by global node id, or
+        (no ids) row ``i`` is node ``i``. Shape checks only, never a value check."""
+        table = self.override_table
+        assert table is not None
+        if ids is not None:
+            mask = lookup(table, ids)
         else:
+            if self.override_nodes is not None and self.override_nodes.dtype == torch.bool \
+                    and table.shape[0] != num_nodes:
+                raise ValueError(
+                    f"fxquant: quantization point {self.name}: the override's row mask has "
+                    f"shape ({table.shape[0]},), but the graph there has {num_nodes} nodes; "
+                    "pass a mask over all nodes, or the batch's global ids as node_ids=.")
             if self.override_max_index is not None and self.override_max_index >= num_nodes:
                 raise IndexError(
                     f"fxquant: the node override of quantization point {self.name} names node "
                     f"{self.override_max_index}, but the graph there has {num_nodes} nodes; "
-                    f"please pass node ids in [0, {num_nodes})."
-                )
-            mask = torch.zeros(num_nodes, dtype=torch.bool, device=x.device).index_fill(
-                0, nodes, True)
+                    f"please pass node ids in [0, {num_nodes}), or the batch's global ids "
+                    "as node_ids=.")
+            if table.shape[0] >= num_nodes:
+                mask = table[:num_nodes]
+            else:
+                mask = torch.cat([table, table.new_zeros(num_nodes - table.shape[0])])
         return mask if row_nodes is None else mask[row_nodes]
 
     def extra_repr(self) -> str:

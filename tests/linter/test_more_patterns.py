@@ -1,0 +1,189 @@
+"""Patterns found by a held-out stress test of the linter (each from a public thread): what
+each tool must say, and that nothing of the model is left changed."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxquant
+from fxquant import ShapeSpec
+
+
+def rules(report, severity="error"):
+    return [f.rule for f in report.findings if f.severity == severity]
+
+
+class MaskedAttention(nn.Module):
+    """jadore801120/attention-is-all-you-need-pytorch#16: ``attn.data.masked_fill_(mask,
+    -inf)`` before a softmax. Autograd does not see the fill, but the softmax's gradient is
+    zero where it filled, so the gradients are those of ``attn.masked_fill(...)``: legal."""
+
+    def __init__(self, use_data=True):
+        super().__init__()
+        self.q, self.use_data = nn.Linear(4, 4), use_data
+
+    def forward(self, x, mask):
+        attn = torch.bmm(self.q(x), x.transpose(1, 2))
+        if self.use_data:
+            attn.data.masked_fill_(mask, -float("inf"))
+        else:
+            attn = attn.masked_fill(mask, -float("inf"))
+        return torch.bmm(attn.softmax(-1), x)
+
+
+class HiddenZero(MaskedAttention):
+    """The same hidden fill before a sum instead: the gradient reaches the filled places."""
+
+    def forward(self, x, mask):
+        attn = torch.bmm(self.q(x), x.transpose(1, 2))
+        attn.data.masked_fill_(mask, 0.0)
+        return (attn * 2).sum(-1)
+
+
+def attention_inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, generator=g)
+    mask = torch.tensor([[False, True, False]]).expand(3, 3).unsqueeze(0).repeat(2, 1, 1)
+    return x, mask
+
+
+def test_hidden_fill_before_softmax_is_a_warning_not_an_error():
+    x, mask = attention_inputs()
+    assert "FXQ014" in rules(fxquant.lint(MaskedAttention(), x, mask), "warning")
+    report = fxquant.check(MaskedAttention(), x, mask)
+    assert "FXQ012" not in rules(report)
+
+
+def test_hidden_fill_whose_gradient_matters_is_an_error_in_check():
+    x, mask = attention_inputs()
+    report = fxquant.check(HiddenZero(), x, mask)
+    (error,) = report.by_rule("FXQ012")
+    line = HiddenZero.forward.__code__.co_firstlineno + 2
+    assert error.line == line and "(attn * 2).sum(-1)" in error.related
+
+
+class TimesThree(torch.autograd.Function):
+    """pytorch/pytorch#184113: an in-place op in a custom Function, declared with mark_dirty."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(3)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3
+
+
+class WithCustomFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.eye(2) + 0.1)
+
+    def forward(self, x):
+        y = x @ self.w
+        TimesThree.apply(y)
+        return y.sum()
+
+
+def test_custom_function_writes_are_its_authors_business():
+    x = torch.randn(2, 2)
+    assert not fxquant.lint(WithCustomFunction(), x).findings
+    assert not fxquant.check(WithCustomFunction(), x).errors
+
+
+class ExpandThenNormalize(nn.Module):
+    """juliendenize/torchaug#10: ``expand`` then ``sub_`` writes several elements that share
+    memory; forward raises (also on fake tensors, where torch itself does not check)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 3, 1)
+
+    def forward(self, imgs):
+        gray = self.stem(imgs).mean(1, keepdim=True).expand(-1, 3, -1, -1)
+        return gray.sub_(0.5).flatten(1)
+
+
+def test_write_into_expanded_tensor_is_found_with_data_and_from_shapes():
+    line = ExpandThenNormalize.forward.__code__.co_firstlineno + 2
+    real = fxquant.lint(ExpandThenNormalize(), torch.randn(2, 3, 4, 4))
+    shapes = fxquant.lint(ExpandThenNormalize(), ShapeSpec((2, 3, 4, 4)))
+    for report in (real, shapes):
+        assert [(f.rule, f.line) for f in report.errors] == [("FXQ013", line)]
+        assert "share memory" in report.errors[0].message or "memory location" in \
+            report.errors[0].message
+    assert shapes.mode == "shapes"
+
+
+class Coverage(nn.Module):
+    """pytorch/pytorch#8106: a plain tensor attribute updated with ``+=`` in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.history = torch.zeros(2, 3)
+
+    def forward(self, x):
+        h = self.lin(x) + self.history
+        self.history += h.detach()
+        self.lin.weight.note = "seen"  # a Python attribute on a parameter
+        return h
+
+
+def test_plain_tensor_attributes_and_tensor_attributes_are_restored():
+    model = Coverage()
+    x = torch.randn(2, 3)
+    for tool in (fxquant.lint, fxquant.check):
+        tool(model, x)
+        assert torch.equal(model.history, torch.zeros(2, 3))
+        assert not hasattr(model.lin.weight, "note")
+
+
+def test_trace_names_a_module_attribute_the_forward_rebinds_and_restores_it():
+    model = Coverage()
+    history = model.history
+    try:
+        fxquant.trace(model)
+    except fxquant.TraceError as e:
+        assert "forward assigns self.history" in str(e)
+    else:
+        raise AssertionError("tracing a forward that rebinds self.history must fail")
+    assert model.history is history
+
+
+def test_functionalize_fixes_a_plain_attribute_update():
+    """The captured path keeps the attribute as state; gradients verified."""
+
+    class Saved(Coverage):
+        def forward(self, x):
+            h = self.lin(x) * self.history.exp()  # saves history
+            self.history += 1  # then changes it: backward fails
+            return h
+
+    gm = fxquant.functionalize_inplace(Saved(), torch.randn(2, 3))
+    assert gm.meta["fxquant_functionalized"] == "captured"
+    out = gm(torch.randn(2, 3))
+    out.sum().backward()
+    assert torch.equal(gm.history, torch.ones(2, 3))  # the state update is kept
+
+
+def test_relu_dropout_inplace_hint_names_the_module():
+    """A crash in nn.Dropout(inplace=True) after ReLU(inplace=True): the hint says
+    inplace=False for the module, not an unrelated op."""
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 4), nn.Sigmoid(), nn.Dropout(0.5, inplace=True))
+
+        def forward(self, x):
+            return self.net(x)
+
+    report = fxquant.lint(MLP().train(), torch.randn(3, 4))
+    (error,) = report.errors
+    assert "inplace=False" in error.hint
+    F.dropout  # noqa: B018 - the functional form is covered in the corpus
