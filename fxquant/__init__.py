@@ -34,9 +34,13 @@ from fxquant.linter import (
 from fxquant.modes import Grad, Rounding, Scale
 from fxquant.pipeline import transform
 from fxquant.quant import (
+    BitReport,
     QuantConfig,
     QuantMapping,
     QuantPoint,
+    RowBits,
+    bit_penalty,
+    bit_report,
     load,
     quantization_points,
     quantize,
@@ -49,6 +53,7 @@ from fxquant.quant import (
 __version__ = "0.2.0"
 
 __all__ = [
+    "BitReport",
     "Finding",
     "Format",
     "FunctionalizeError",
@@ -60,10 +65,13 @@ __all__ = [
     "QuantMapping",
     "QuantPoint",
     "Rounding",
+    "RowBits",
     "Scale",
     "ShapeSpec",
     "TopN",
     "TraceError",
+    "bit_penalty",
+    "bit_report",
     "check",
     "functionalize_inplace",
     "lint",

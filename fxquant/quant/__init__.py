@@ -2,7 +2,8 @@
 calls that round tensors and models, and the summary of what a model rounds where."""
 
 from fxquant.quant.api import transform
-from fxquant.quant.config import NodeOverride, QuantConfig, QuantMapping, Site
+from fxquant.quant.bits import BitReport, bit_penalty, bit_report
+from fxquant.quant.config import NodeOverride, QuantConfig, QuantMapping, RowBits, Site
 from fxquant.quant.describe import quantization_points, summary
 from fxquant.quant.functional import quantize, truncate
 from fxquant.quant.nodes import top_degree_nodes
@@ -11,12 +12,16 @@ from fxquant.quant.persist import load, save
 from fxquant.quant.points import QuantPoint
 
 __all__ = [
+    "BitReport",
     "NodeOverride",
     "QuantConfig",
     "QuantMapping",
     "QuantPoint",
     "RangeObserver",
+    "RowBits",
     "Site",
+    "bit_penalty",
+    "bit_report",
     "load",
     "quantization_points",
     "quantize",

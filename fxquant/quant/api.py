@@ -188,6 +188,8 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
                              "floating parameter with at least two dims)")
         if p.override is not None:
             raise ValueError(f"{where}: weights belong to no node, so node_bits cannot apply")
+        if p.config.row_bits is not None:
+            raise ValueError(f"{where}: weights belong to no node, so row_bits cannot apply")
     if p.site in (Site.MESSAGE, Site.AGGREGATE) and not isinstance(module, MessagePassing):
         raise ValueError(f"{where}: only PyG MessagePassing layers have messages and an "
                          f"aggregation; {layer!r} is {type(module).__name__ if module else 'a function'}")

@@ -50,6 +50,7 @@ __all__ = [
     "QuantConfig",
     "QuantMapping",
     "Resolved",
+    "RowBits",
     "Site",
     "as_number",
     "describe",
@@ -154,6 +155,116 @@ def _parse_range(value: object) -> str:
     return kind
 
 
+
+@dataclass(frozen=True, eq=False)
+class RowBits:
+    """A bit-width per node for an integer site, fixed or learned.
+
+    Row ``r`` of the rounded tensor belongs to a node (its own row at node-level sites; a
+    message's target at the message site) and is rounded to that node's ``b`` bits: codes in
+    ``[-(2**(b-1) - 1), 2**(b-1) - 1]`` (signed formats) or ``[0, 2**b - 1]`` (unsigned).
+
+    - With a range (``range="minmax"``, ``"percentile:Q"``, a running range, or
+      ``scale="row"``) the step of row ``r`` is ``range / qmax_r``: bits set each row's
+      resolution over the same range.
+    - With ``range="lsq"`` one learned step ``s`` is shared and row ``r`` covers
+      ``s * qmax_r``: bits set each row's range. Learned bit-widths (:meth:`learned`) need
+      this form: the gradient reaches a row's bits where its values are clipped (A2Q, Zhu et
+      al., ICLR 2023, "Aggregation-Aware Quantization for Graph Neural Networks", learns a
+      bit-width and a step per node the same way; here the step is shared, so the storage
+      cost is one bit-width per node). The bits are continuous parameters, rounded in the
+      forward with a straight-through gradient and kept in ``[min_bits, max_bits]``;
+      :func:`fxquant.bit_penalty` pulls their average toward a budget.
+
+    Bits are stored per **global node id** (``node_ids=`` of the transformed model in
+    mini-batches). Nodes outside the table, and in eval learned nodes never seen in
+    training, take the bits of the seen node whose range (max |value| of its row) is
+    nearest: A2Q's nearest-neighbour strategy for unseen nodes.
+
+    Args:
+        bits (Tensor): one entry per node: the bit-widths (fixed), or their initial values
+            (learned).
+        learned (bool, optional): learn them. (default: :obj:`False`)
+        min_bits, max_bits (int, optional): the allowed range. (default: 2 and 8; 1 is
+            allowed for unsigned formats)
+
+    Example:
+        >>> rb = RowBits(torch.tensor([2, 4, 8]))
+        >>> rb
+        RowBits(3 nodes, fixed, 2..8 bits, mean 4.67)
+        >>> RowBits.learned_init(5, 3.0)
+        RowBits(5 nodes, learned, 2..8 bits, mean 3.00)
+    """
+
+    bits: Tensor
+    learned: bool = False
+    min_bits: int = 2
+    max_bits: int = 8
+    #: whether decoding needs the table stored (False: the bits follow from the graph)
+    stored: bool = True
+
+    def __post_init__(self) -> None:
+        bits = self.bits
+        if not isinstance(bits, Tensor) or bits.dim() != 1 or bits.is_complex() \
+                or bits.dtype == torch.bool:
+            raise TypeError(f"RowBits: bits must be a 1-D tensor with one bit-width per node, "
+                            f"got {bits!r}")
+        if not (isinstance(self.min_bits, int) and isinstance(self.max_bits, int)
+                and 1 <= self.min_bits <= self.max_bits <= 16):
+            raise ValueError(f"RowBits: need 1 <= min_bits <= max_bits <= 16, got "
+                             f"{self.min_bits}..{self.max_bits}")
+        bits = bits.detach().to(torch.float32).cpu().clone()
+        if bits.numel() and (bool(bits.min() < self.min_bits) or bool(bits.max() > self.max_bits)):
+            raise ValueError(f"RowBits: bit-widths must lie in {self.min_bits}..{self.max_bits}, "
+                             f"got {float(bits.min()):g}..{float(bits.max()):g}")
+        if not self.learned and bool((bits != bits.round()).any()):
+            raise ValueError("RowBits: fixed bit-widths must be whole numbers")
+        object.__setattr__(self, "bits", bits)
+
+    @classmethod
+    def learned_init(cls, num_nodes: int, init: float = 4.0, min_bits: int = 2,
+                     max_bits: int = 8) -> RowBits:
+        """Learned bit-widths for ``num_nodes`` nodes, all starting at ``init``."""
+        return cls(torch.full((num_nodes,), float(init)), True, min_bits, max_bits)
+
+    @classmethod
+    def by_degree(cls, edge_index: Tensor, num_nodes: int, quantiles: Sequence[float],
+                  bits: Sequence[int], min_bits: int = 2, max_bits: int = 8) -> RowBits:
+        """Fixed bit-widths from in-degree buckets: nodes whose in-degree lies above the
+        ``quantiles[i]`` quantile (of all nodes' in-degrees) get ``bits[i + 1]``, the rest
+        ``bits[0]``; e.g. ``quantiles=[0.9], bits=[2, 4]``: the top 10% by in-degree get 4
+        bits. No table needs storing: the bits follow from the graph."""
+        if len(bits) != len(quantiles) + 1 or list(quantiles) != sorted(quantiles) \
+                or not all(0 < q < 1 for q in quantiles):
+            raise ValueError("RowBits.by_degree: give increasing quantiles in (0, 1) and one "
+                             f"more bit-width than quantiles; got {quantiles!r}, {bits!r}")
+        degree = torch.zeros(num_nodes).index_add_(
+            0, edge_index[1].cpu(), torch.ones(edge_index.shape[1]))
+        cuts = torch.quantile(degree, torch.tensor(list(quantiles), dtype=torch.float32))
+        bucket = torch.bucketize(degree, cuts)  # above a quantile: strictly greater
+        return cls(torch.tensor(list(bits), dtype=torch.float32)[bucket], False, min_bits,
+                   max_bits, stored=False)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.bits.numel())
+
+    def __repr__(self) -> str:
+        mean = float(self.bits.mean()) if self.bits.numel() else 0.0
+        return (f"RowBits({self.num_nodes} nodes, {'learned' if self.learned else 'fixed'}, "
+                f"{self.min_bits}..{self.max_bits} bits, mean {mean:.2f})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shape of the table (the values live in the point's state_dict)."""
+        return {"num_nodes": self.num_nodes, "learned": self.learned,
+                "min_bits": self.min_bits, "max_bits": self.max_bits, "stored": self.stored}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RowBits:
+        return cls(torch.full((int(data["num_nodes"]),), float(data["min_bits"])),
+                   bool(data["learned"]), int(data["min_bits"]), int(data["max_bits"]),
+                   bool(data.get("stored", True)))
+
 @dataclass(frozen=True, init=False)
 class QuantConfig:
     """How one quantization point rounds: number, rounding, scale and range, gradient rule.
@@ -182,12 +293,14 @@ class QuantConfig:
             probability ``p_min + (p_max - p_min) * F(in-degree)``, ``F`` the fraction of
             nodes with at most its in-degree (messages follow their target node); in eval
             everything is rounded. (default: :obj:`None`)
+        row_bits (RowBits, optional): a bit-width per node, fixed or learned, for a
+            symmetric integer format (see :class:`RowBits`). (default: :obj:`None`)
 
     Example:
         >>> QuantConfig(16)
         QuantConfig(number=TopN(bits=16), rounding=<Rounding.TOWARD_ZERO: 'toward_zero'>, \
 scale=<Scale.NONE: 'none'>, range='minmax', momentum=None, grad=<Grad.STE: 'ste'>, \
-grad_number=None, protect=None)
+grad_number=None, protect=None, row_bits=None)
         >>> QuantConfig("int4", scale="tensor", range="lsq").describe()
         'int4, nearest, scale tensor (lsq), ste'
         >>> QuantConfig(16, momentum=0.9)
@@ -205,6 +318,7 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
     grad: Grad
     grad_number: Number | None
     protect: tuple[float, float] | None
+    row_bits: RowBits | None
 
     def __init__(
         self,
@@ -217,8 +331,23 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         grad: Grad | str = "ste",
         grad_number: Number | int | str | tuple[int, int] | None = None,
         protect: tuple[float, float] | None = None,
+        row_bits: RowBits | None = None,
     ) -> None:
         parsed = as_number(number, "number")
+        if row_bits is not None:
+            if not isinstance(row_bits, RowBits):
+                raise TypeError(f"row_bits must be a fxquant.RowBits, got {type(row_bits).__name__}")
+            if not isinstance(parsed, IntFormat) or parsed.asymmetric:
+                raise ValueError("row_bits= gives integer rows their own bit-widths: please use a "
+                                 f"symmetric integer format such as 'int8' (got {describe(parsed)})")
+            if parsed.signed and row_bits.min_bits < 2:
+                raise ValueError("row_bits: a signed grid needs at least 2 bits (codes -1, 0, 1); "
+                                 "use min_bits=2, or an unsigned format ('uint4') for 1 bit")
+            if row_bits.learned and range != "lsq":
+                raise ValueError("row_bits learned: the gradient reaches a row's bits through its "
+                                 "clipping range, which needs range='lsq' (a learned step)")
+            if rounding is not None and Rounding.parse(rounding) is not Rounding.NEAREST:
+                raise ValueError("row_bits rounds to nearest; please drop rounding=")
         if protect is not None:
             ok = isinstance(protect, (tuple, list)) and len(protect) == 2 and all(
                 isinstance(p, (int, float)) and not isinstance(p, bool) for p in protect)
@@ -266,6 +395,7 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         set_(self, "grad_number",
              None if grad_number is None else as_number(grad_number, "grad_number"))
         set_(self, "protect", protect)
+        set_(self, "row_bits", row_bits)
 
     @property
     def percentile(self) -> float | None:
@@ -288,6 +418,10 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
             parts.append(f"grad {self.grad_number.spec()}")
         if self.protect is not None:
             parts.append(f"protect {self.protect[0]:g}..{self.protect[1]:g}")
+        if self.row_bits is not None:
+            rb = self.row_bits
+            parts.append(f"bits per node ({'learned' if rb.learned else 'fixed'}, "
+                         f"{rb.min_bits}..{rb.max_bits})")
         return ", ".join(parts)
 
     def scale_description(self) -> str:
@@ -310,6 +444,7 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
             "grad": self.grad.value,
             "grad_number": None if self.grad_number is None else self.grad_number.spec(),
             "protect": None if self.protect is None else list(self.protect),
+            "row_bits": None if self.row_bits is None else self.row_bits.to_dict(),
         }
 
     @classmethod
@@ -318,6 +453,8 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         data = dict(data)
         if data.get("protect") is not None:
             data["protect"] = tuple(data["protect"])
+        if data.get("row_bits") is not None:
+            data["row_bits"] = RowBits.from_dict(data["row_bits"])
         return cls(data.pop("number"), data.pop("rounding", None), **data)
 
 

@@ -90,6 +90,7 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
             with graph.inserting_before(node):
                 for part in parts:
                     if isinstance(part, Node):
+                        point.__dict__["raw_input"] = _is_model_input(part, gm)
                         new = graph.call_module(name, (part, *extra))
                         _annotate(new, node, layer, p.site)
                         rounded.append(new)
@@ -138,6 +139,18 @@ def _add_node_ids(gm: GraphModule, points: list[QuantPoint]) -> None:
         holder = graph.get_attr(context_name)
     with graph.inserting_after(holder):
         graph.call_function(set_node_ids, (holder, ids))
+
+
+def _is_model_input(node: Node, gm: GraphModule | None = None) -> bool:
+    """A forward argument, or a field of one (``data.x``), possibly through dropout."""
+    while gm is not None and node.op == "call_module" and isinstance(
+            gm.get_submodule(str(node.target)), torch.nn.modules.dropout._DropoutNd) \
+            and node.args and isinstance(node.args[0], Node):
+        node = node.args[0]
+    if node.op == "placeholder":
+        return True
+    return node.op == "call_function" and node.target is getattr and bool(node.args) \
+        and isinstance(node.args[0], Node) and node.args[0].op == "placeholder"
 
 
 def _annotate(new: Node, node: Node, layer: str, site: Site) -> None:

@@ -76,6 +76,8 @@ class QuantPoint(nn.Module):
 
     override_nodes: Tensor | None
     override_table: Tensor | None
+    row_bits_table: Tensor | None
+    seen_range: Tensor | None
 
     def __init__(self, config: QuantConfig, layer: str, site: Site | str = Site.OUTPUT,
                  override: NodeOverride | None = None, tensor: str = "") -> None:
@@ -99,6 +101,22 @@ class QuantPoint(nn.Module):
         # The override as a bool table over global node ids (derived: not saved).
         self.register_buffer("override_table", _table(override), persistent=False)
         self.__dict__["_node_ids"] = None  # the GraphModule's NodeIds, shared by all points
+        rb = config.row_bits
+        self.row_bits: nn.Parameter | None = None
+        self.register_buffer("row_bits_table", None)
+        self.register_buffer("seen_range", None)
+        if rb is not None:
+            if rb.learned:
+                self.row_bits = nn.Parameter(rb.bits.clone())
+                # max |value| of each node's rows in training (+inf: never seen)
+                self.register_buffer("seen_range", torch.full((rb.num_nodes,), math.inf))
+            else:
+                self.register_buffer("row_bits_table", rb.bits.clone())
+        #: bits of each row in the last forward (with the values per row), for the bit
+        #: report and :func:`fxquant.bit_penalty`; not state
+        self.__dict__["last_row_bits"] = None
+        self.__dict__["last_rows"] = None
+        self.__dict__["raw_input"] = False  # rounds the model's own input (set by the pass)
         self._op, self._args = self._op_arguments()
 
     def attach(self, context: NodeIds) -> None:
@@ -108,13 +126,14 @@ class QuantPoint(nn.Module):
 
     @property
     def needs_nodes(self) -> bool:
-        """Whether rounding depends on which node a row belongs to (protection, overrides)."""
-        return self.config.protect is not None or self.override_nodes is not None
+        """Whether rounding depends on which node a row belongs to (protection, overrides,
+        per-node bits)."""
+        return self.config.protect is not None or self.uses_node_ids
 
     @property
     def uses_node_ids(self) -> bool:
         """Whether per-node settings are keyed by global node id (``node_ids=``)."""
-        return self.override_table is not None
+        return self.override_table is not None or self.config.row_bits is not None
 
     @property
     def name(self) -> str:
@@ -160,13 +179,19 @@ class QuantPoint(nn.Module):
         if node_degree is not None:
             num_nodes = node_degree.shape[0]
         context = self.__dict__["_node_ids"]
-        ids = context.ids if context is not None and self.override_table is not None else None
+        ids = context.ids if context is not None and self.uses_node_ids else None
         if ids is not None and ids.shape[0] != num_nodes:
             raise ValueError(
                 f"fxquant: node_ids has {ids.shape[0]} entries, but the {self.name} has "
                 f"{num_nodes} nodes; pass one global id per node of the batch (batch.n_id)")
         rows = None if self.override_table is None else self._rows(x, num_nodes, row_nodes, ids)
-        y = self._round(x, rows)
+        # what the last forward rounded, for fxquant.bit_report / bit_penalty (not state)
+        self.__dict__["last_rows"] = (x.shape[0] if x.dim() else 1,
+                                      x[0].numel() if x.dim() else 1, num_nodes, rows)
+        if self.config.row_bits is not None:
+            y = self._round_row_bits(x, num_nodes, row_nodes, ids)
+        else:
+            y = self._round(x, rows)
         if self.config.protect is not None and self.training and node_degree is not None:
             keep = self._protected(node_degree)
             if row_nodes is not None:
@@ -199,21 +224,109 @@ class QuantPoint(nn.Module):
         number = self.config.number
         assert isinstance(number, IntFormat) and self.step is not None
         if self.training and not self.step_ready:
-            with torch.no_grad():
-                mean = x.detach().abs().mean().to(self.step.dtype)
-                if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                    # DDP broadcast the parameters before this first batch: every rank must
-                    # start from the same step, so the mean is over all ranks' batches
-                    dist.all_reduce(mean, op=dist.ReduceOp.SUM)
-                    mean = mean / dist.get_world_size()
-                self.step.copy_(torch.clamp(2 * mean / math.sqrt(number.qmax), min=1e-8))
-            self.step_ready = True
+            self._init_step(x, number.qmax)
         gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.qmax)
         s = self.step.abs() + torch.finfo(self.step.dtype).tiny
         s = (s - s * gain).detach() + s * gain  # the forward value of s, LSQ's scaled gradient
         y = torch.clamp(x / s, number.qmin, number.qmax)
         codes = torch.ops.fxquant.quantize.default(y, rows=rows, numerics=NUMERICS, **self._args)
         return codes * s
+
+    def _node_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
+                   ids: Tensor | None) -> Tensor:
+        """Each row's bit-width (a float tensor, straight-through rounded when learned)."""
+        rb = self.config.row_bits
+        assert rb is not None
+        nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
+        rows_range = x.detach().abs().reshape(x.shape[0], -1).amax(1) if x.dim() > 1 \
+            else x.detach().abs()
+        if row_nodes is not None:  # per node: the max over its rows (its messages)
+            node_range = torch.zeros(num_nodes, dtype=rows_range.dtype, device=x.device)
+            node_range = node_range.scatter_reduce(0, row_nodes, rows_range, "amax")
+        else:
+            node_range = rows_range
+        if self.row_bits is None:
+            assert self.row_bits_table is not None
+            table = self.row_bits_table
+        else:
+            table = self.row_bits
+        known = (nodes >= 0) & (nodes < table.shape[0])
+        if self.seen_range is not None:
+            if self.training:
+                with torch.no_grad():  # remember each node's range, for unseen nodes later
+                    safe = torch.where(known, nodes, 0)
+                    kept = torch.where(known, node_range.to(self.seen_range.dtype),
+                                       self.seen_range[safe])
+                    self.seen_range.index_put_((safe,), kept)
+            else:
+                known = known & torch.isfinite(lookup(self.seen_range, nodes))
+        bits = lookup(table, nodes)
+        nearest = self._nearest_seen(node_range, table)
+        bits = torch.where(known, bits, nearest)
+        bits = bits.clamp(rb.min_bits, rb.max_bits)
+        if self.row_bits is not None:
+            bits = bits + (bits.round() - bits).detach()  # straight-through rounding
+        return bits if row_nodes is None else bits[row_nodes]
+
+    def _nearest_seen(self, node_range: Tensor, table: Tensor) -> Tensor:
+        """The bits of the seen node whose range is nearest each row's (A2Q's rule for
+        unseen nodes); the table's mean where nothing was seen or recorded."""
+        seen = self.seen_range
+        if seen is None:
+            rb = self.config.row_bits
+            assert rb is not None
+            return torch.full_like(node_range, float(table.detach().mean()) if table.numel()
+                                   else float(rb.max_bits))
+        order = torch.sort(seen)
+        count = torch.isfinite(seen).sum()
+        pos = torch.searchsorted(order.values, node_range.to(seen.dtype).contiguous())
+        hi = torch.minimum(pos, (count - 1).clamp(min=0))
+        lo = (hi - 1).clamp(min=0)
+        closer_lo = (node_range - order.values[lo]).abs() < (order.values[hi] - node_range).abs()
+        pick = torch.where(closer_lo, lo, hi)
+        fallback = table.detach().mean()
+        return torch.where(count > 0, table[order.indices[pick]], fallback)
+
+    def _round_row_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
+                        ids: Tensor | None) -> Tensor:
+        """Each row on its own integer grid (see :class:`~fxquant.quant.config.RowBits`)."""
+        number = self.config.number
+        assert isinstance(number, IntFormat)
+        bits = self._node_bits(x, num_nodes, row_nodes, ids)
+        qmax = (2 ** (bits - 1) - 1) if number.signed else (2 ** bits - 1)
+        qmin = -qmax if number.signed else torch.zeros_like(qmax)
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        qmax, qmin = qmax.view(shape), qmin.view(shape)
+        self.__dict__["last_row_bits"] = (bits, x[0].numel() if x.dim() else 1)
+        if self.step is not None:  # one learned step; bits set each row's range
+            if self.training and not self.step_ready:
+                self._init_step(x, float(2 ** (self.config.row_bits.max_bits - 1)))  # type: ignore[union-attr]
+            gain = 1.0 / math.sqrt(max(x.numel(), 1) * float(qmax.detach().mean()))
+            s = self.step.abs() + torch.finfo(self.step.dtype).tiny
+            s = (s - s * gain).detach() + s * gain
+            y = torch.maximum(torch.minimum(x / s, qmax), qmin)
+            return (y + (y.round() - y).detach()) * s
+        if self.config.scale.per_row:
+            bounds = x.detach().abs().reshape(x.shape[0], -1).amax(1).view(shape)
+        else:
+            bounds = self.observer(x) if self.observer is not None else x.detach().abs().amax()
+            if bounds.dim() and bounds.numel() == 2:
+                bounds = bounds.abs().amax()
+        step = (bounds / qmax).clamp(min=torch.finfo(x.dtype).tiny)
+        y = torch.maximum(torch.minimum(x / step, qmax), qmin)
+        return (y + (y.round() - y).detach()) * step
+
+    def _init_step(self, x: Tensor, qmax: float) -> None:
+        """LSQ's initial step ``2 mean|x| / sqrt(qmax)``. DDP broadcast the parameters
+        before this first batch, so every rank starts from the mean over all ranks'."""
+        assert self.step is not None
+        with torch.no_grad():
+            mean = x.detach().abs().mean().to(self.step.dtype)
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+                mean = mean / dist.get_world_size()
+            self.step.copy_(torch.clamp(2 * mean / math.sqrt(qmax), min=1e-8))
+        self.step_ready = True
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)

@@ -1,0 +1,264 @@
+"""Accuracy against average bits: uniform and per-node precision on a Cora / CiteSeer GCN.
+
+Every activation site of both layers is quantized (the input of each layer, its messages,
+its aggregation and its output); weights stay float32. The raw input features (the first
+layer's input) are rounded the same way for every method, to ``uint1`` with a per-row
+scale (``--input-format``): Cora's and CiteSeer's row-normalized bag-of-words rows are
+exact there, and ``avg_bits`` leaves them out (``input_bits`` reports them). The logits
+(the last layer's output) stay float32 unless ``--quantize-logits``: a 2-bit grid turns
+the argmax over 7 classes into ties. Methods, at a
+budget of ``--target-bits`` B, for everything else:
+
+- ``topn``: uniform top-N truncation of the float32 pattern, N = round(B);
+- ``format``: a uniform minifloat with a per-row float32 scale, the widest format whose
+  value bits fit B minus the scale's share of a 16-value row (2 bits);
+- ``int``: uniform integers with a learned step (LSQ), floor(B) bits (at least 2);
+- ``degree``: integers with a learned step and a bit-width per node from its in-degree:
+  higher in-degree, more bits. Two levels whose node average is B: floor(B) and one more
+  for the highest-degree fraction B - floor(B) of the nodes, or, for a whole B, B - 1 and
+  B + 1 split at the median in-degree (the bits follow from the graph: nothing stored);
+- ``learned``: A2Q-style learned bit-widths per node (with one learned step per site),
+  pulled toward B by ``fxquant.bit_penalty`` added to the loss.
+
+Integer grids are unsigned at the layers' inputs (non-negative after ReLU) and signed
+elsewhere.
+
+Bits are counted by :func:`fxquant.bit_report` (raw input features excluded from
+``avg_bits``, reported as ``input_bits``; scales and stored bit-widths included). Seeds are
+paired: FP32 and every method of one seed start from the same weights.
+
+    python examples/bits_pareto.py --method learned --target-bits 1.5,2,3,4 --seeds 5 \\
+        --dataset Cora --json docs/bits_cora_learned.json
+    python examples/bits_pareto.py --from-json docs/bits_cora_*.json --plot docs/bits_cora.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch_geometric.transforms as T
+
+import fxquant
+from fxquant.datasets import PLANETOID_NAMES, load_planetoid
+
+try:  # imported as examples.bits_pareto (python -m, tests)
+    from examples import train_cora
+except ModuleNotFoundError:  # run as a script: this folder is on sys.path
+    import train_cora  # type: ignore[no-redef]
+
+METHODS = ("topn", "format", "int", "degree", "learned")
+SITES = ("input", "message", "aggregate", "output")
+#: minifloats by value bits, for the ``format`` method
+FORMATS = {3: "e1m1", 4: "e2m1", 5: "e2m2", 6: "e2m3", 7: "e3m3", 8: "e4m3"}
+PENALTY = 1.0
+INPUT_FORMAT = "uint1:row"
+QUANTIZE_LOGITS = False
+
+
+def mapping_for(method: str, target: float, data: Any) -> fxquant.QuantMapping:
+    mapping = fxquant.QuantMapping()
+    n = data.num_nodes
+    for site in SITES:
+        unsigned = site == "input"  # a layer's input is non-negative after ReLU
+        kind = "uint" if unsigned else "int"
+        if method == "topn":
+            config = fxquant.QuantConfig(max(1, round(target)), "nearest")
+        elif method == "format":
+            bits = max(3, min(8, math.floor(target - 2)))
+            config = fxquant.QuantConfig(FORMATS[bits], scale="row")
+        elif method == "int":
+            bits = max(1 if unsigned else 2, math.floor(target))
+            config = fxquant.QuantConfig(f"{kind}{bits}", scale="tensor", range="lsq")
+        elif method == "degree":
+            low, fraction = math.floor(target), target - math.floor(target)
+            levels, quantile = (low, low + 1), 1 - fraction
+            if fraction == 0:
+                levels, quantile = (low - 1, low + 1), 0.5
+            lowest = 1 if unsigned else 2
+            levels = (max(lowest, levels[0]), max(lowest, levels[1]))
+            rb = fxquant.RowBits.by_degree(data.edge_index, n, [quantile], list(levels),
+                                           min_bits=lowest)
+            config = fxquant.QuantConfig(f"{kind}8", scale="tensor", range="lsq", row_bits=rb)
+        else:
+            rb = fxquant.RowBits.learned_init(n, init=min(8.0, target + 1.0),
+                                              min_bits=1 if unsigned else 2)
+            config = fxquant.QuantConfig(f"{kind}8", scale="tensor", range="lsq", row_bits=rb)
+        mapping.set_global(config, site=site)
+    number, _, scale = INPUT_FORMAT.partition(":")
+    mapping.set_name("conv1", fxquant.QuantConfig(number, scale=scale or None), site="input")
+    if not QUANTIZE_LOGITS:
+        mapping.set_name("conv2", None, site="output")
+    return mapping
+
+
+def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
+          desc: str) -> float:
+    """gcn.py's loop (plus the bit penalty for learned bits); test accuracy at the best
+    validation epoch."""
+    optimizer = torch.optim.Adam(train_cora._param_groups(model), lr=0.01)
+    learned = target is not None and any(
+        isinstance(m, fxquant.QuantPoint) and m.row_bits is not None for m in model.modules())
+    best_val = test = 0.0
+    for _ in range(epochs):
+        model.train()
+        optimizer.zero_grad()
+        out = model(data.x, data.edge_index)
+        loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+        if learned:
+            assert target is not None
+            loss = loss + PENALTY * fxquant.bit_penalty(model, target)
+        loss.backward()
+        optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            pred = model(data.x, data.edge_index).argmax(-1)
+        val = float((pred[data.val_mask] == data.y[data.val_mask]).float().mean())
+        if val > best_val:
+            best_val = val
+            test = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
+    print(f"{desc}: {100 * test:.1f}", file=sys.stderr, flush=True)
+    return test
+
+
+def _targets(text: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--target-bits takes numbers, e.g. 1.5,2,3; got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"--target-bits must be positive, got {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--method", choices=METHODS, default="learned")
+    p.add_argument("--target-bits", type=_targets, default=[2.0])
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--quantize-logits", action="store_true",
+                   help="also round the last layer's output (the logits; float32 by default)")
+    p.add_argument("--input-format", default=INPUT_FORMAT,
+                   help="the raw input features' format[:scale] (default uint1:row)")
+    p.add_argument("--root", default=None)
+    p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                   help="no training: table (and --plot) from earlier --json files")
+    p.add_argument("--plot", default=None, metavar="PNG")
+    args = p.parse_args(argv)
+    if args.seeds < 1 or args.epochs < 1:
+        p.error("--seeds and --epochs must be >= 1")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    global INPUT_FORMAT, QUANTIZE_LOGITS
+    INPUT_FORMAT, QUANTIZE_LOGITS = args.input_format, args.quantize_logits
+    dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
+                             download=False)
+    data = dataset[0]
+    fp32 = []
+    for seed in range(args.seeds):
+        torch.manual_seed(seed)
+        model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
+        fp32.append(train(model, data, args.epochs, None, f"FP32 seed {seed}"))
+    results = []
+    for target in args.target_bits:
+        accs, reports = [], []
+        for seed in range(args.seeds):
+            torch.manual_seed(seed)
+            model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
+            gm = fxquant.transform(model, mapping_for(args.method, target, data), lint="off")
+            accs.append(train(gm, data, args.epochs, target,
+                              f"{args.method} {target} bits seed {seed}"))
+            reports.append(fxquant.bit_report(gm, data.x, data.edge_index))
+        results.append({
+            "method": args.method, "target_bits": target,
+            "avg_bits": statistics.mean(r.avg_bits for r in reports),
+            "input_bits": statistics.mean(r.input_bits for r in reports),
+            "avg_bits_with_input": statistics.mean(r.avg_bits_with_input for r in reports),
+            "histogram": reports[0].histogram, "accs": accs, "fp32_accs": fp32,
+        })
+    return {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
+            "epochs": args.epochs, "torch": torch.__version__, "fp32_accs": fp32,
+            "results": results}
+
+
+def table(payloads: list[dict[str, Any]]) -> str:
+    lines = ["| dataset | method | target bits | avg_bits | input_bits | test acc (%) | FP32 (%) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for payload in payloads:
+        for r in payload["results"]:
+            acc = 100 * statistics.mean(r["accs"])
+            sd = 100 * statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0
+            lines.append(f"| {payload['dataset']} | {r['method']} | {r['target_bits']:g} | "
+                         f"{r['avg_bits']:.2f} | {r['input_bits']:.2f} | {acc:.1f} +- {sd:.1f} | "
+                         f"{100 * statistics.mean(r['fp32_accs']):.1f} |")
+    return "\n".join(lines)
+
+
+def plot(payloads: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = sorted({p["dataset"] for p in payloads})
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], datasets, strict=True):
+        by_method: dict[str, list[tuple[float, float, float]]] = {}
+        fp32 = []
+        for p in payloads:
+            if p["dataset"] != name:
+                continue
+            fp32 += p["fp32_accs"]
+            for r in p["results"]:
+                by_method.setdefault(r["method"], []).append(
+                    (r["avg_bits"], 100 * statistics.mean(r["accs"]),
+                     100 * statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0))
+        for method in METHODS:
+            points = sorted(by_method.get(method, []))
+            if points:
+                ax.errorbar([b for b, _, _ in points], [a for _, a, _ in points],
+                            yerr=[s for _, _, s in points], marker="o", capsize=3, label=method)
+        if fp32:
+            ax.axhline(100 * statistics.mean(fp32), color="gray", ls="--", label="FP32")
+        ax.set(xlabel="average bits per value (raw input excluded, storage included)",
+               ylabel="test accuracy (%)", title=f"GCN on {name}, all activations quantized")
+        ax.set_ylim(bottom=max(0, ax.get_ylim()[0]))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
+    if args.from_json:
+        payloads = []
+        for path in args.from_json:
+            with open(path) as f:
+                payloads.append(json.load(f))
+    else:
+        payloads = [run(args)]
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(payloads[0], f, indent=1)
+    print(table(payloads))
+    if args.plot:
+        plot(payloads, args.plot)
+    return payloads
+
+
+if __name__ == "__main__":
+    main()

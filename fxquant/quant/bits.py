@@ -1,0 +1,240 @@
+"""What a transformed model's quantized values cost in bits: :func:`bit_report` and, for
+learned per-node bit-widths, the differentiable :func:`bit_penalty`.
+
+How bits are counted (so a budget cannot be met by accounting):
+
+- every value a quantization point rounds counts with its bits: the format's bits, or its
+  row's bits (:class:`~fxquant.quant.config.RowBits`, a node override's number);
+- storage of what decoding needs is added: a float32 scale per tensor (32 bits, also for a
+  learned LSQ step), per row (``scale="row"``: 32 bits per row) or per block of 32
+  (``"block32"``: an 8-bit E8M0 scale); a per-node bit-width costs 8 bits per node that
+  has rows there, unless it follows from the graph (``RowBits.by_degree``);
+- ``avg_bits`` averages over every quantized value **except the model's raw input
+  features** (an ``input`` point on a forward argument): normalized bag-of-words rows are
+  exact at 1 bit with a per-row scale, which would make any budget trivial. They are
+  reported on their own (``input_bits``), and ``avg_bits_with_input`` counts them too;
+- unquantized float32 values are not counted (a model is as cheap as its quantized sites).
+
+The counts are of the last forward (rows differ per batch): :func:`bit_report` runs one in
+eval on the inputs given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tabulate import tabulate
+from torch import Tensor, nn
+
+from fxquant.modes import Scale
+from fxquant.quant.points import QuantPoint
+
+__all__ = ["BitReport", "SiteBits", "bit_penalty", "bit_report"]
+
+#: Bits that store one per-node bit-width.
+BITWIDTH_BITS = 8
+
+
+@dataclass
+class SiteBits:
+    """One quantization point's count, from the last forward."""
+
+    name: str
+    layer: str
+    site: str
+    values: int  # values rounded
+    value_bits: float  # sum over values of their bits
+    storage_bits: float  # scales and per-node bit-widths
+    raw_input: bool
+    histogram: dict[int, int] = field(default_factory=dict)  # bits -> rows
+
+    @property
+    def avg_bits(self) -> float:
+        return (self.value_bits + self.storage_bits) / max(self.values, 1)
+
+
+@dataclass
+class BitReport:
+    """Bits per site and overall; ``str()`` is a table."""
+
+    sites: list[SiteBits]
+
+    def _avg(self, sites: list[SiteBits]) -> float:
+        values = sum(s.values for s in sites)
+        return sum(s.value_bits + s.storage_bits for s in sites) / values if values else math.nan
+
+    @property
+    def avg_bits(self) -> float:
+        """Average bits per quantized value, raw input features excluded, storage included."""
+        return self._avg([s for s in self.sites if not s.raw_input])
+
+    @property
+    def input_bits(self) -> float:
+        """Average bits of the raw input features (NaN when they are not quantized)."""
+        return self._avg([s for s in self.sites if s.raw_input])
+
+    @property
+    def avg_bits_with_input(self) -> float:
+        return self._avg(self.sites)
+
+    @property
+    def histogram(self) -> dict[int, int]:
+        """Rows per bit-width, over every site with per-row bit-widths."""
+        total: Counter[int] = Counter()
+        for s in self.sites:
+            total.update(s.histogram)
+        return dict(sorted(total.items()))
+
+    @property
+    def memory_bytes(self) -> float:
+        """The quantized values and their storage, in bytes."""
+        return sum(s.value_bits + s.storage_bits for s in self.sites) / 8
+
+    @property
+    def float32_bytes(self) -> int:
+        return 4 * sum(s.values for s in self.sites)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"avg_bits": self.avg_bits, "input_bits": self.input_bits,
+                "avg_bits_with_input": self.avg_bits_with_input, "histogram": self.histogram,
+                "memory_bytes": self.memory_bytes, "float32_bytes": self.float32_bytes,
+                "sites": [{"name": s.name, "layer": s.layer, "site": s.site, "values": s.values,
+                           "avg_bits": s.avg_bits, "raw_input": s.raw_input,
+                           "histogram": s.histogram} for s in self.sites]}
+
+    def __str__(self) -> str:
+        rows = [[s.layer, s.site + (" (raw input)" if s.raw_input else ""), s.values,
+                 f"{s.avg_bits:.2f}",
+                 " ".join(f"{b}:{n}" for b, n in sorted(s.histogram.items())) or "-"]
+                for s in self.sites]
+        table = tabulate(rows, headers=["layer", "site", "values", "bits/value",
+                                        "rows per bit-width"], tablefmt="simple")
+        return (f"{table}\n\navg_bits {self.avg_bits:.3f} (raw input excluded), input_bits "
+                f"{self.input_bits:.3f}, with input {self.avg_bits_with_input:.3f}; "
+                f"{self.memory_bytes / 2**10:,.1f} KiB vs {self.float32_bytes / 2**10:,.1f} "
+                "KiB in float32")
+
+
+def _count(name: str, point: QuantPoint, differentiable: bool = False
+           ) -> tuple[SiteBits, Tensor | None]:
+    """The point's bits in its last forward; with ``differentiable``, also the sum of the
+    learned rows' bits as a tensor (for the penalty)."""
+    last = point.__dict__.get("last_rows")
+    if last is None:
+        raise RuntimeError(f"fxquant: quantization point {point.name} has not run yet; run a "
+                           "forward first (fxquant.bit_report(gm, *inputs) does)")
+    rows, width, num_nodes, override_rows = last
+    config = point.config
+    values = rows * width
+    histogram: dict[int, int] = {}
+    learned_sum = None
+    if config.row_bits is not None:
+        bits, _ = point.__dict__["last_row_bits"]
+        value_bits = float(bits.detach().sum()) * width
+        if differentiable and point.row_bits is not None:
+            learned_sum = bits.sum() * width
+        histogram = dict(Counter(int(b) for b in bits.detach().round().tolist()))
+        storage = BITWIDTH_BITS * num_nodes if config.row_bits.stored else 0
+    else:
+        base = config.number.bits
+        value_bits = float(base * values)
+        if override_rows is not None and point.override_number is not None:
+            extra = int(override_rows.sum())
+            value_bits += (point.override_number.bits - base) * extra * width
+        storage = 0
+    if config.scale is not Scale.NONE or config.range == "lsq":
+        if config.scale.per_row:
+            storage += 32 * rows
+        elif config.scale is Scale.BLOCK32:
+            storage += 8 * math.ceil(values / 32)
+        else:
+            storage += 32
+    site = SiteBits(name, point.layer, point.site.value, values, value_bits, float(storage),
+                    bool(point.__dict__.get("raw_input")), histogram)
+    return site, learned_sum
+
+
+def _points(gm: nn.Module) -> list[tuple[str, QuantPoint]]:
+    return [(n, m) for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
+
+
+def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
+    """Run one forward of ``gm`` in eval on ``example_inputs`` (no gradient, state restored)
+    and count the bits of every quantized value (see the module docstring).
+
+    Args:
+        gm (torch.nn.Module): a model :func:`fxquant.transform` returned.
+        *example_inputs, **kwargs: its forward arguments (``node_ids=`` for a batch).
+            Without them, the counts of the last forward are reported.
+
+    Example:
+        >>> import fxquant
+        >>> from torch_geometric.nn import GCNConv
+        >>> class GCN(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.conv = GCNConv(4, 16)
+        ...     def forward(self, x, edge_index):
+        ...         return self.conv(x, edge_index)
+        >>> gm = fxquant.transform(GCN(), bits=8)
+        >>> report = fxquant.bit_report(gm, torch.randn(10, 4), torch.tensor([[0, 1], [1, 2]]))
+        >>> report.avg_bits, report.float32_bytes
+        (8.0, 640)
+    """
+    points = _points(gm)
+    if not points:
+        raise ValueError("fxquant.bit_report: this model has no quantization points")
+    if example_inputs or kwargs:
+        training = gm.training
+        try:
+            gm.eval()
+            with torch.no_grad():
+                gm(*example_inputs, **kwargs)
+        finally:
+            gm.train(training)
+    return BitReport([_count(name, p)[0] for name, p in points])
+
+
+def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
+    """``(avg_bits - target_bits) ** 2`` of the last forward, differentiable in the learned
+    per-node bit-widths (:class:`~fxquant.quant.config.RowBits`): add it, weighted, to the
+    loss to pull the average toward a budget. ``avg_bits`` is counted as
+    :func:`bit_report` counts it (raw input excluded, storage included).
+
+    Example:
+        >>> import fxquant
+        >>> from fxquant.quant.config import RowBits
+        >>> config = fxquant.QuantConfig("int8", scale="tensor", range="lsq",
+        ...                              row_bits=RowBits.learned_init(6, 6.0))
+        >>> gm = fxquant.transform(torch.nn.Sequential(torch.nn.Linear(4, 4)),
+        ...                        fxquant.QuantMapping().set_name("0", config))
+        >>> out = gm(torch.randn(6, 4))
+        >>> penalty = fxquant.bit_penalty(gm, 2.0)
+        >>> penalty.backward()
+        >>> bool(gm.get_submodule("_0_quant").row_bits.grad.gt(0).all())
+        True
+    """
+    if isinstance(target_bits, bool) or not isinstance(target_bits, int | float) or target_bits <= 0:
+        raise ValueError(f"target_bits must be a positive number, got {target_bits!r}")
+    total_values = 0
+    fixed_bits = 0.0
+    learned: list[Tensor] = []
+    for name, point in _points(gm):
+        site, learned_sum = _count(name, point, differentiable=True)
+        if site.raw_input:
+            continue
+        total_values += site.values
+        if learned_sum is not None:
+            learned.append(learned_sum)
+            fixed_bits += site.storage_bits
+        else:
+            fixed_bits += site.value_bits + site.storage_bits
+    if not learned:
+        raise ValueError("fxquant.bit_penalty: no point has learned per-node bit-widths "
+                         "(RowBits.learned_init); nothing to pull toward the budget")
+    avg = (torch.stack(learned).sum() + fixed_bits) / max(total_values, 1)
+    return (avg - target_bits) ** 2

@@ -1,0 +1,40 @@
+"""examples/bits_pareto.py: the command-line contract other tools call (1 seed, 2 epochs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from examples import bits_pareto
+from tests.support.data import needs_data
+
+pytestmark = needs_data
+
+FIELDS = {"method", "target_bits", "avg_bits", "input_bits", "avg_bits_with_input", "accs",
+          "fp32_accs"}
+
+
+@pytest.mark.parametrize("method", bits_pareto.METHODS)
+def test_json_contract(method, tmp_path, capsys):
+    out = tmp_path / f"{method}.json"
+    bits_pareto.main(["--method", method, "--target-bits", "2,3", "--seeds", "1", "--epochs", "2",
+                      "--dataset", "Cora", "--json", str(out)])
+    payload = json.loads(out.read_text())
+    assert [r["target_bits"] for r in payload["results"]] == [2.0, 3.0]
+    for result in payload["results"]:
+        assert FIELDS <= set(result)
+        assert result["method"] == method and len(result["accs"]) == 1
+        assert len(result["fp32_accs"]) == 1 and result["fp32_accs"] == payload["fp32_accs"]
+        assert result["input_bits"] == pytest.approx(1.0, abs=0.1)  # uint1, per-row scale
+        assert result["avg_bits"] > 0
+    assert "| Cora |" in capsys.readouterr().out
+
+
+def test_from_json_and_plot(tmp_path):
+    out = tmp_path / "int.json"
+    bits_pareto.main(["--method", "int", "--target-bits", "4", "--seeds", "1", "--epochs", "1",
+                      "--json", str(out)])
+    png = tmp_path / "p.png"
+    payloads = bits_pareto.main(["--from-json", str(out), "--plot", str(png)])
+    assert png.stat().st_size > 1000 and payloads[0]["results"][0]["method"] == "int"

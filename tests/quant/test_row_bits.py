@@ -1,0 +1,186 @@
+"""Per-node bit-widths (fixed and learned), the bit accounting and the bit penalty."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch_geometric.nn import GCNConv
+
+import fxquant
+from fxquant import QuantConfig, QuantMapping, RowBits
+from fxquant.quant.points import QuantPoint
+
+
+def test_rows_land_on_their_own_grids_with_a_range():
+    """Row r: codes in [-(2^(b_r-1)-1), 2^(b_r-1)-1], step max|x| / qmax_r."""
+    bits = torch.tensor([2, 3, 4, 8, 5])
+    point = QuantPoint(QuantConfig("int8", scale="tensor", row_bits=RowBits(bits)), "lin")
+    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
+    y = point(x)
+    amax = x.abs().max()
+    for r, b in enumerate(bits.tolist()):
+        qmax = 2 ** (b - 1) - 1
+        step = amax / qmax
+        codes = y[r] / step
+        torch.testing.assert_close(codes, codes.round(), atol=1e-4, rtol=0)
+        assert codes.abs().max() <= qmax + 1e-4
+        torch.testing.assert_close(y[r], (x[r] / step).round().clamp(-qmax, qmax) * step)
+
+
+def test_unsigned_rows_and_a_shared_learned_step():
+    """uint rows with a learned step: codes in [0, 2^b - 1], the step shared, so bits set
+    each row's range."""
+    bits = torch.tensor([1, 2, 3])
+    config = QuantConfig("uint8", scale="tensor", range="lsq", row_bits=RowBits(bits, min_bits=1))
+    point = QuantPoint(config, "lin")
+    x = torch.rand(3, 50, generator=torch.Generator().manual_seed(1)) * 4
+    y = point(x)
+    s = point.step.detach().abs()
+    for r, b in enumerate(bits.tolist()):
+        codes = y[r].detach() / s
+        torch.testing.assert_close(codes, codes.round(), atol=1e-4, rtol=0)
+        assert codes.min() >= 0 and codes.max() <= 2**b - 1 + 1e-4
+    assert y[0].detach().unique().numel() <= 2  # one bit: 0 or s
+
+
+def test_learned_bits_get_gradient_where_values_clip():
+    config = QuantConfig("int8", scale="tensor", range="lsq",
+                         row_bits=RowBits.learned_init(4, 2.0))
+    point = QuantPoint(config, "lin")
+    x = torch.cat([torch.randn(2, 8) * 0.01, torch.randn(2, 8) * 10])  # two rows clip hard
+    point(x).pow(2).sum().backward()
+    grad = point.row_bits.grad
+    assert grad[2:].abs().min() > grad[:2].abs().max()
+
+
+def test_penalty_drives_the_average_to_the_target():
+    """A toy problem: only the penalty and a reconstruction loss; the average bits of the
+    learned rows goes from 6 to the target of 3."""
+    torch.manual_seed(0)
+    config = QuantConfig("int8", scale="tensor", range="lsq",
+                         row_bits=RowBits.learned_init(32, 6.0))
+    mapping = QuantMapping().set_name("0", config)
+    gm = fxquant.transform(nn.Sequential(nn.Linear(8, 8)), mapping)
+    optimizer = torch.optim.Adam([gm.get_submodule("_0_quant").row_bits], lr=0.05)
+    x = torch.randn(32, 8)
+    target = gm.get_submodule("0")(x).detach()
+    for _ in range(300):
+        optimizer.zero_grad()
+        out = gm(x)
+        loss = 0.01 * (out - target).pow(2).mean() + fxquant.bit_penalty(gm, 3.0)
+        loss.backward()
+        optimizer.step()
+    gm(x)
+    assert fxquant.bit_report(gm).avg_bits == pytest.approx(3.0, abs=0.35)
+
+
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(3, 4), GCNConv(4, 2)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def test_accounting_matches_a_hand_count():
+    """5 nodes, 4 edges (+5 self loops = 9 messages). conv1: input int8 per tensor (raw
+    input: reported apart), messages with node bits [2,2,4,4,8] (a stored table: 8 bits per
+    node) and a per-tensor scale (32 bits); conv2 output e2m1 with a per-row scale."""
+    x = torch.randn(5, 3)
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    bits = torch.tensor([2, 2, 4, 4, 8])
+    mapping = QuantMapping()
+    mapping.set_name("conv1", QuantConfig("int8", scale="tensor"), site="input")
+    mapping.set_name("conv1", QuantConfig("int8", scale="tensor", row_bits=RowBits(bits)),
+                     site="message")
+    mapping.set_name("conv2", QuantConfig("e2m1", scale="row"))
+    gm = fxquant.transform(TwoLayers(), mapping)
+    report = fxquant.bit_report(gm, x, edge_index)
+    by_site = {(s.layer, s.site): s for s in report.sites}
+    # messages: targets are edge_index[1] plus one self loop per node
+    targets = torch.cat([edge_index[1], torch.arange(5)])
+    message_bits = int(bits[targets].sum()) * 4 + 8 * 5 + 32
+    assert by_site[("conv1", "message")].values == 9 * 4
+    assert by_site[("conv1", "message")].avg_bits == pytest.approx(message_bits / 36)
+    assert by_site[("conv1", "message")].histogram == {2: 3, 4: 4, 8: 2}
+    output_bits = 4 * 5 * 2 + 32 * 5
+    assert by_site[("conv2", "output")].avg_bits == pytest.approx(output_bits / 10)
+    assert by_site[("conv1", "input")].raw_input
+    assert report.input_bits == pytest.approx((8 * 15 + 32) / 15)
+    assert report.avg_bits == pytest.approx((message_bits + output_bits) / (36 + 10))
+    assert report.avg_bits_with_input == pytest.approx(
+        (message_bits + output_bits + 8 * 15 + 32) / (36 + 10 + 15))
+    assert "avg_bits" in str(report)
+
+
+def test_degree_rule_follows_in_degree_and_needs_no_storage():
+    edge_index = torch.tensor([[1, 2, 3, 4, 0, 0], [0, 0, 0, 0, 1, 2]])
+    rb = RowBits.by_degree(edge_index, 5, [0.75], [2, 6])
+    assert rb.bits.tolist() == [6.0, 2.0, 2.0, 2.0, 2.0] and not rb.stored
+
+
+def learned_gcn():
+    torch.manual_seed(0)
+    config = QuantConfig("int8", scale="tensor", range="lsq", row_bits=RowBits.learned_init(30, 4.0))
+    mapping = QuantMapping().set_global(config, site="output").set_global(config, site="message")
+    return fxquant.transform(TwoLayers(), mapping)
+
+
+def test_learned_bits_save_load_and_compile(tmp_path):
+    gm = learned_gcn()
+    x, edge_index = torch.randn(30, 3), torch.randint(0, 30, (2, 90))
+    optimizer = torch.optim.Adam(gm.parameters(), lr=0.05)
+    for _ in range(5):
+        optimizer.zero_grad()
+        (gm(x, edge_index).sum() + fxquant.bit_penalty(gm, 2.0)).backward()
+        optimizer.step()
+    gm.eval()
+    expected = gm(x, edge_index)
+    path = tmp_path / "gm.pt"
+    fxquant.save(gm, path)
+    torch.manual_seed(0)
+    loaded = fxquant.load(path, TwoLayers()).eval()
+    torch.testing.assert_close(loaded(x, edge_index), expected)
+    compiled = torch.compile(gm, fullgraph=True)
+    torch.testing.assert_close(compiled(x, edge_index), expected)
+
+
+def test_unseen_nodes_take_the_bits_of_the_nearest_seen_range():
+    """Trained on nodes 0..3 (ranges 1, 2, 4, 8 with bits 2, 3, 5, 7): in eval, a new node
+    with range 3.9 takes node 2's bits (5)."""
+    config = QuantConfig("int8", scale="tensor", range="lsq",
+                         row_bits=RowBits(torch.tensor([2.0, 3.0, 5.0, 7.0, 4.0, 4.0]),
+                                          learned=True))
+    point = QuantPoint(config, "lin")
+    train = torch.tensor([[1.0, 0.5], [2.0, 0.0], [4.0, -1.0], [8.0, 1.0]])
+    context = fxquant.quant.nodes.NodeIds()
+    point.attach(context)
+    context.ids = torch.arange(4)
+    point(train)
+    point.eval()
+    context.ids = torch.tensor([9, 1])  # node 9: outside the table, never seen
+    point(torch.tensor([[3.9, 0.0], [2.0, 0.0]]))
+    bits, _ = point.__dict__["last_row_bits"]
+    assert bits.tolist() == [5.0, 3.0]
+
+
+def test_configuration_errors_name_the_fix():
+    with pytest.raises(ValueError, match="integer format"):
+        QuantConfig("e4m3", scale="tensor", row_bits=RowBits(torch.tensor([2, 4])))
+    with pytest.raises(ValueError, match="range='lsq'"):
+        QuantConfig("int8", scale="tensor", row_bits=RowBits.learned_init(3))
+    with pytest.raises(ValueError, match="at least 2 bits"):
+        QuantConfig("int8", scale="tensor", row_bits=RowBits(torch.tensor([1, 2]), min_bits=1))
+    with pytest.raises(ValueError, match="lie in"):
+        RowBits(torch.tensor([2, 9]))
+    with pytest.raises(ValueError, match="whole numbers"):
+        RowBits(torch.tensor([2.5, 3.0]))
+    config = QuantConfig("int8", scale="tensor", row_bits=RowBits(torch.tensor([2, 4])))
+    with pytest.raises(ValueError, match="weights belong to no node"):
+        fxquant.transform(TwoLayers(), QuantMapping().set_name("conv1", config, site="weight"))
+    with pytest.raises(ValueError, match="no point has learned"):
+        gm = fxquant.transform(TwoLayers(), bits=8)
+        gm(torch.randn(4, 3), torch.tensor([[0], [1]]))
+        fxquant.bit_penalty(gm, 2.0)
