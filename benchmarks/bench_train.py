@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> str:
     for site in ("input", "weight", "message", "aggregate", "output"):
         every_site.set_global(fxquant.QuantConfig("int8", scale="tensor", momentum=0.9), site=site)
 
+    learned = fxquant.QuantMapping()
+    for site in ("input", "message", "aggregate", "output"):
+        learned.set_global(fxquant.QuantConfig(
+            "int8", scale="tensor", range="lsq",
+            row_bits=fxquant.RowBits.learned_init(data.num_nodes, 4.0)), site=site)
+
     def build(kind: str, seed: int) -> torch.nn.Module:
         torch.manual_seed(seed)
         model: torch.nn.Module = GCN(data.num_features, 16, num_classes)
@@ -83,12 +89,14 @@ def main(argv: list[str] | None = None) -> str:
             model = fxquant.transform(model, bits=16)
         if "int8 all sites" in kind:
             model = fxquant.transform(model, every_site)
+        if "learned bits" in kind:
+            model = fxquant.transform(model, learned)
         if "compiled" in kind:
             model = torch.compile(model)
         return model
 
-    kinds = ["FP32 eager", "bits=16 eager", "int8 all sites eager", "FP32 compiled",
-             "bits=16 compiled", "int8 all sites compiled"]
+    kinds = ["FP32 eager", "bits=16 eager", "int8 all sites eager", "learned bits eager",
+             "FP32 compiled", "bits=16 compiled", "int8 all sites compiled"]
     # The four models take turns within each seed, so a ratio compares runs that are
     # neighbours in time; the reported ratios are medians over seeds of per-seed ratios.
     per_seed: dict[str, list[float]] = {k: [] for k in kinds}
@@ -124,6 +132,8 @@ def main(argv: list[str] | None = None) -> str:
          "<= 1.5"],
         ["int8 all sites compiled / FP32 compiled",
          ratio("int8 all sites compiled", "FP32 compiled"), "<= 1.1"],
+        ["learned bits per node eager / FP32 eager", ratio("learned bits eager", "FP32 eager"),
+         "<= 2.0"],
         ["FP32 compiled / FP32 eager", ratio("FP32 compiled", "FP32 eager"), ""],
         ["transform(GCN, bits=16), lint on (ms)", f"{transform_ms:.1f}", "<= 100"],
         ["transform(GCN, bits=16, lint='off') (ms)", f"{transform_nolint_ms:.1f}", ""],
@@ -136,7 +146,8 @@ def main(argv: list[str] | None = None) -> str:
         f"## bench_train\n\n`python -m benchmarks.bench_train` on {machine()}; {source}, "
         f"{seeds} seeds x {epochs} epochs per model; 'int8 all sites': input, weight, "
         "message, aggregate and output of both convs, int8 with a per-tensor running range "
-        f"(momentum 0.9).\n\n{table}\n\n{ratio_table}\n\n"
+        "(momentum 0.9); 'learned bits': input, message, aggregate and output with a learned "
+        f"bit-width per node (RowBits, LSQ step).\n\n{table}\n\n{ratio_table}\n\n"
         f"Compiled transformed GCN (eval forward): inductor kernels that contain the truncation: "
         f"{kernels or 'none'}; opaque fxquant.truncate call left in the generated code: "
         f"{'yes' if opaque else 'no'}.\n"

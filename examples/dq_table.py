@@ -75,6 +75,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
                    help="no training: the table from earlier --json files (merged by row)")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="with --from-json: bars of each row's difference to FP32 per file")
     args = p.parse_args(argv)
     if args.seeds < 1 or args.epochs < 1:
         p.error("--seeds and --epochs must be >= 1")
@@ -92,8 +94,56 @@ def table(configs: list[Config], title: str) -> str:
     return "\n".join(lines)
 
 
+def plot(payloads: list[dict], path: str) -> None:
+    """One group of bars per configuration: its paired difference to FP32 (95% CI), one bar
+    per file (model x dataset)."""
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["name"] for r in payloads[0]["results"][1:]]
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    width = 0.8 / len(payloads)
+    for i, payload in enumerate(payloads):
+        fp32 = payload["results"][0]["accs"]
+        means, errs = [], []
+        for name in names:
+            row = next((r for r in payload["results"] if r["name"] == name), None)
+            if row is None:
+                means.append(float("nan"))
+                errs.append(0.0)
+                continue
+            diffs = [100 * (a - b) for a, b in zip(row["accs"], fp32, strict=False)]
+            means.append(statistics.mean(diffs))
+            sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+            errs.append(train_cora._t95(len(diffs) - 1) * sd / len(diffs) ** 0.5
+                        if len(diffs) > 1 else 0.0)
+        xs = [j + i * width for j in range(len(names))]
+        ax.bar(xs, means, width, yerr=errs, capsize=2,
+               label=f"{payload['model']} on {payload['dataset']} ({len(fp32)} seeds)")
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set_xticks([j + width * (len(payloads) - 1) / 2 for j in range(len(names))])
+    ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("test accuracy - FP32 (points)")
+    ax.set_ylim(bottom=max(ax.get_ylim()[0], -50))
+    ax.set_title("Everything quantized (inputs, weights, messages, aggregation, outputs)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv: Sequence[str] | None = None) -> list[Config]:
     args = parse_args(argv)
+    if args.from_json and args.plot:
+        payloads = []
+        for path in args.from_json:
+            with open(path) as f:
+                payloads.append(json.load(f))
+        plot(payloads, args.plot)
     if args.from_json:
         merged: dict[str, Config] = {}
         title = ""

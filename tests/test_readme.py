@@ -22,3 +22,31 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
     test_command = next(c for c in commands if "pytest" in c)
     assert test_command in (ROOT / ".ci" / "run").read_text().splitlines()
     assert all(c.startswith("pip install torch==2.13.0 && ") for c in commands)
+
+
+def _python_blocks() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_readme_python_blocks_run():
+    """Every python block of the README runs: doctest blocks (``>>>``) must print what
+    they show; the others must run without error, each in a fresh namespace."""
+    import doctest
+
+    import torch
+
+    import fxquant
+
+    blocks = _python_blocks()
+    assert len(blocks) >= 3
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(
+        optionflags=doctest.NORMALIZE_WHITESPACE)
+    for i, block in enumerate(blocks):
+        if ">>>" in block:
+            test = parser.get_doctest(block, {"torch": torch, "fxquant": fxquant},
+                                      f"README block {i}", "README.md", 0)
+            result = runner.run(test)
+            assert result.failed == 0, f"README block {i} prints something else"
+        else:
+            exec(compile(block, f"README block {i}", "exec"), {"__name__": "readme"})  # noqa: S102

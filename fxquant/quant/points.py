@@ -299,8 +299,8 @@ class QuantPoint(nn.Module):
         qmax, qmin = qmax.view(shape), qmin.view(shape)
         self.__dict__["last_row_bits"] = (bits, x[0].numel() if x.dim() else 1)
         if self.step is not None:  # one learned step; bits set each row's range
-            if self.training and not self.step_ready:
-                self._init_step(x, float(2 ** (self.config.row_bits.max_bits - 1)))  # type: ignore[union-attr]
+            if self.training and not self.step_ready:  # LSQ's start, for the rows' mean qmax
+                self._init_step(x, max(1.0, float(qmax.detach().float().mean())))
             gain = 1.0 / math.sqrt(max(x.numel(), 1) * float(qmax.detach().mean()))
             s = self.step.abs() + torch.finfo(self.step.dtype).tiny
             s = (s - s * gain).detach() + s * gain
