@@ -49,4 +49,4 @@ def test_readme_python_blocks_run():
             result = runner.run(test)
             assert result.failed == 0, f"README block {i} prints something else"
         else:
-            exec(compile(block, f"README block {i}", "exec"), {"__name__": "readme"})  # noqa: S102
+            exec(compile(block, f"README block {i}", "exec"), {"__name__": "readme"})
