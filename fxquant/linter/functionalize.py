@@ -35,10 +35,11 @@ Four steps:
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 import operator
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -85,6 +86,22 @@ class Rewrite:
 # -- what the rewritten graphs call -----------------------------------------------------------
 
 
+def _records_itself(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Called with proxies (a GraphModule is traced again when it is unpickled), record a
+    call of ``fn`` instead of running it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        proxy = next((a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Proxy)),
+                     None)
+        if proxy is not None:
+            return proxy.tracer.create_proxy("call_function", wrapper, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_records_itself
 def setitem_on_copy(x: Tensor, index: Any, value: Any) -> Tensor:
     """``x[index] = value`` on a copy of ``x``; the copy."""
     out = x.clone()
@@ -92,6 +109,7 @@ def setitem_on_copy(x: Tensor, index: Any, value: Any) -> Tensor:
     return out
 
 
+@_records_itself
 def inplace_on_copy(x: Tensor, method: str, *args: Any, **kwargs: Any) -> Tensor:
     """``x.<method>(*args)`` (an in-place method) on a copy of ``x``; the copy."""
     out = x.clone()
@@ -99,6 +117,7 @@ def inplace_on_copy(x: Tensor, method: str, *args: Any, **kwargs: Any) -> Tensor
     return out
 
 
+@_records_itself
 def call_on_copy(function: Callable[..., Any], x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """``function(x, *args)`` (which writes into ``x``) on a copy of ``x``; the copy."""
     out = x.clone()
@@ -106,6 +125,7 @@ def call_on_copy(function: Callable[..., Any], x: Tensor, *args: Any, **kwargs: 
     return out
 
 
+@_records_itself
 def keep_dtype(new: Any, old: Any) -> Any:
     """``new`` in ``old``'s dtype, as the in-place op it replaces would have kept it."""
     if isinstance(new, Tensor) and isinstance(old, Tensor) and new.dtype != old.dtype:
@@ -114,7 +134,7 @@ def keep_dtype(new: Any, old: Any) -> Any:
 
 
 _INDEX_CACHE: OrderedDict[tuple[Any, ...], Tensor] = OrderedDict()
-_INDEX_CACHE_SIZE: Final = 256
+_INDEX_CACHE_SIZE: Final = 64
 
 
 def _positions(t: Tensor) -> Tensor:
@@ -132,7 +152,7 @@ def _local_index(parent: Tensor, child: Tensor) -> Tensor:
     key = (tuple(parent.shape), parent.stride(), parent.storage_offset(), tuple(child.shape),
            child.stride(), child.storage_offset(), parent.device)
     found = _INDEX_CACHE.get(key)
-    if found is not None:
+    if found is not None and not (found.is_inference() and not torch.is_inference_mode_enabled()):
         _INDEX_CACHE.move_to_end(key)
         return found
     rel = _positions(child) - int(parent.storage_offset())
@@ -150,6 +170,8 @@ def _local_index(parent: Tensor, child: Tensor) -> Tensor:
         flat = flat + coord * contiguous[d]
     if bool(rest.ne(0).any()):
         raise FunctionalizeError("a view does not line up with the tensor it views")
+    if torch.is_inference_mode_enabled():
+        return flat  # an inference tensor cannot serve a later training step
     _INDEX_CACHE[key] = flat
     if len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
         _INDEX_CACHE.popitem(last=False)
@@ -173,6 +195,7 @@ def _shares_memory(a: Tensor, b: Tensor) -> bool:
         return False
 
 
+@_records_itself
 def view_index(parent: Any, child: Any, parent_index: Any) -> Any:
     """Flat indices into the written-back base of each element of ``child``, a value
     computed from ``parent`` by an op that may return a view (:data:`NOT_A_VIEW` where it
@@ -189,6 +212,7 @@ def view_index(parent: Any, child: Any, parent_index: Any) -> Any:
     return tree_map_only(Tensor, one, child)
 
 
+@_records_itself
 def scatter_view(base: Tensor, index: Tensor | _NotAView, value: Tensor) -> Tensor:
     """``base`` with the elements a view covered (``index``) replaced by ``value``."""
     if index is None:  # the view is the base itself
@@ -200,6 +224,7 @@ def scatter_view(base: Tensor, index: Tensor | _NotAView, value: Tensor) -> Tens
     return flat.view(base.shape)
 
 
+@_records_itself
 def gather_view(base: Tensor, index: Any, old: Any) -> Any:
     """The values a view of ``base`` shows after ``base`` changed (``old`` where the op
     that made it copied instead)."""
@@ -311,16 +336,25 @@ def _parent(node: Node, writes: dict[Node, _Write]) -> Node | None:
 
 def _augmented_nodes(gm: GraphModule, calls: list[InplaceCall]) -> set[Node]:
     """``x += y`` nodes: symbolic tracing recorded an out-of-place op where the real run
-    wrote in place (matched by source line and operator)."""
-    wanted: set[tuple[Location, Any]] = {
+    wrote in place. Matched by source line and operator, and counted: in-place calls the
+    graph records itself (``h.mul_(2)`` on the line of a ``*``) are not augmented ones."""
+    wanted: Counter[tuple[Location, Any]] = Counter(
         (c.where, _AUGMENTED[c.name]) for c in calls
-        if c.where and c.name in _AUGMENTED and not c.by_library}
-    found = set()
+        if c.where and c.name in _AUGMENTED and not c.by_library)
+    candidates: dict[tuple[Location, Any], list[Node]] = {}
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _SYMBOLS:
-            where = stack_trace_location(node.meta.get("stack_trace"))
-            if where is not None and (where, node.target) in wanted:
-                found.add(node)
+        where = stack_trace_location(node.meta.get("stack_trace"))
+        if where is None:
+            continue
+        name = node_op_name(node)
+        if node.op in ("call_method", "call_function") and name in _AUGMENTED \
+                and not name.startswith("__"):
+            wanted[(where, _AUGMENTED[name])] -= 1  # the graph has this write itself
+        elif node.op == "call_function" and node.target in _SYMBOLS:
+            candidates.setdefault((where, node.target), []).append(node)
+    found: set[Node] = set()
+    for key, nodes in candidates.items():
+        found.update(nodes[:max(0, wanted.get(key, 0))])
     return found
 
 
@@ -537,6 +571,7 @@ def _symbolic(model: nn.Module, calls: list[InplaceCall],
 # -- capturing the real forward ---------------------------------------------------------------
 
 
+@_records_itself
 def _copy_functional(self: Tensor, src: Tensor) -> Tensor:
     """What ``aten.copy`` (functional ``copy_``) computes, with a derivative for ``src``."""
     return src.to(dtype=self.dtype, device=self.device).expand(self.shape).clone()
@@ -623,7 +658,7 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
             data = graph.placeholder(f"data_{i}" if i else "data")
             inputs += [graph.call_function(getattr, (data, f)) for f in info[2]]
         else:
-            graph.placeholder(f"arg_{i}", default_value=info)
+            graph.placeholder(f"arg_{i}")  # a non-tensor argument: captured as it was
     env.update(zip(placeholders, state_nodes + inputs, strict=True))
     root = copy.copy(model)  # shares the (already copied) parameters
     for node in captured.graph.nodes:
@@ -643,7 +678,27 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
     _read_state_through_copies(graph)
+    root.add_module("fxquant_captured_mode", CapturedMode(model.training))
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    with graph.inserting_before(first):
+        graph.call_module("fxquant_captured_mode", ())
     return GraphModule(root, graph, f"Functional{type(model).__name__}")
+
+
+class CapturedMode(nn.Module):
+    """A captured forward holds the ops of the mode it was captured in (dropout masks,
+    batch statistics): it raises in the other mode instead of running them."""
+
+    def __init__(self, captured_training: bool) -> None:
+        super().__init__()
+        self.captured_training = captured_training
+
+    def forward(self) -> None:
+        if self.training != self.captured_training:
+            mode = "train" if self.captured_training else "eval"
+            raise RuntimeError(
+                f"fxquant: this forward was captured in {mode} mode and holds that mode's "
+                f"ops; call functionalize_inplace on the model in the mode you run it in")
 
 
 def _read_state_through_copies(graph: Graph) -> None:
@@ -694,23 +749,63 @@ class _Reference:
     report: LintReport
     calls: list[InplaceCall]
     hidden: list[HiddenWrite]
+    state: dict[str, Any]  # module attributes the forward changes: their new values
+    other_rng: Tensor  # a second RNG state, to catch random draws frozen into a graph
+    other_outputs: Any
 
 
-def _plain_run(model: nn.Module, inputs: tuple, rng: Tensor) -> tuple[Any, dict[str, Tensor]]:
-    """The forward's values with autograd off (where writes into any view are legal)."""
+def _plain_attributes(model: nn.Module) -> dict[str, Any]:
+    """Plain attributes of every module (not parameters, buffers or submodules): tensors
+    (copied) and Python numbers, strings and bools, by qualified name."""
+    found: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        for key, value in vars(module).items():
+            if key.startswith("_") or key == "training":
+                continue
+            if isinstance(value, Tensor) and not isinstance(value, nn.Parameter):
+                found[f"{name}.{key}" if name else key] = value.detach().clone()
+            elif isinstance(value, bool | int | float | str):
+                found[f"{name}.{key}" if name else key] = value
+    return found
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    changed = {}
+    for key, value in after.items():
+        old = before.get(key)
+        same = (isinstance(old, Tensor) and isinstance(value, Tensor) and old.shape == value.shape
+                and old.dtype == value.dtype and bool(((old == value) | (old.isnan() & value.isnan())
+                                                       ).all() if old.is_floating_point()
+                                                      else torch.equal(old, value))) \
+            or (not isinstance(value, Tensor) and old == value)
+        if not same:
+            changed[key] = value
+    return changed
+
+
+def _plain_run(model: nn.Module, inputs: tuple, rng: Tensor
+               ) -> tuple[Any, dict[str, Tensor], dict[str, Any]]:
+    """The forward's values with autograd off (where writes into any view are legal), the
+    buffers after it, and the plain module attributes it changed."""
     with restored_state(model):
         torch.set_rng_state(rng)
+        before = _plain_attributes(model)
         with torch.no_grad():
             out = model(*clone_inputs(inputs))
         buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-    return tree_map_only(Tensor, lambda t: t.detach().clone(), out), buffers
+        state = _changed(before, _plain_attributes(model))
+    return tree_map_only(Tensor, lambda t: t.detach().clone(), out), buffers, state
 
 
 def _reference(model: nn.Module, inputs: tuple, rng: Tensor) -> _Reference:
     report = LintReport(mode="check")
     run = both_runs(model, inputs, _loss, rng, report)
+    g = torch.Generator().manual_seed(int(rng.sum()) + 1)
+    other_rng = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=g)))
+    other = other_rng.get_state()
     try:
-        outputs, buffers = _plain_run(model, inputs, rng)
+        outputs, buffers, state = _plain_run(model, inputs, rng)
+        other_outputs, _, _ = _plain_run(model, inputs, other)
     except Exception as e:  # not even without autograd: there is no result to reproduce
         at = traceback_location(e)
         found = "".join(f"\n  {f.rule} at {f.where}: {f.message}" for f in report.errors)
@@ -724,7 +819,7 @@ def _reference(model: nn.Module, inputs: tuple, rng: Tensor) -> _Reference:
         flags = [t.requires_grad for t in tree_leaves(run.outputs) if isinstance(t, Tensor)]
     return _Reference(outputs, flags, buffers, run.grads, run.input_grads,
                       bool(report.by_rule("FXQ013")), report, run.rec.inplace_calls,
-                      run.confirmed)
+                      run.confirmed, state, other, other_outputs)
 
 
 def _refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
@@ -790,26 +885,47 @@ def _verify(candidate: nn.Module, original: nn.Module, ref: _Reference, inputs: 
         for name, value in ref.buffers.items():
             if name in buffers and not _close(buffers[name], value, rtol, atol):
                 return f"buffer {name!r} differs after forward"
+        for name, value in ref.state.items():
+            module_name, _, attribute = name.rpartition(".")
+            try:
+                got_value = getattr(candidate.get_submodule(module_name), attribute)
+            except AttributeError:
+                got_value = None
+            if isinstance(value, Tensor):
+                ok = isinstance(got_value, Tensor) and _close(got_value, value, rtol, atol)
+            else:
+                ok = got_value == value
+            if not ok:
+                return (f"the original's forward changes `{name}`, module state the rewrite "
+                        "does not reproduce")
         try:
             _loss(out).backward()
         except Exception as e:
             return f"its backward raised {type(e).__name__}: {str(e).splitlines()[0]}"
-        grads = {n: p.grad for n, p in candidate.named_parameters() if p.requires_grad}
-        if ref.grads is not None and not ref.forward_raised:
-            for name, want_grad in ref.grads.items():
-                if name not in grads:
-                    return f"it has no parameter {name!r}"
-                got_grad = grads[name]
-                if (got_grad is None) != (want_grad is None) or (
-                        got_grad is not None and want_grad is not None
-                        and not _close(got_grad, want_grad, rtol, atol)):
-                    return f"the gradient of {name!r} differs"
-            for i, (g, w) in enumerate(zip([t.grad for t in leaves], ref.input_grads,
-                                           strict=False)):
-                if (g is None) != (w is None) or (g is not None and w is not None
-                                                  and not _close(g, w, rtol, atol)):
-                    return f"the gradient of input {i} differs"
-            return None
+        grads = {n: None if p.grad is None else p.grad.detach().clone()
+                 for n, p in candidate.named_parameters() if p.requires_grad}
+        input_grads = [t.grad for t in leaves]
+    with restored_state(candidate), torch.no_grad():  # random draws must not be frozen
+        torch.set_rng_state(ref.other_rng)
+        again = tree_leaves(candidate(*clone_inputs(inputs)))
+        if not all(_close(a, b, rtol, atol) if isinstance(b, Tensor) else a == b
+                   for a, b in zip(again, tree_leaves(ref.other_outputs), strict=True)):
+            return ("from another RNG state its outputs differ from the original's: a random "
+                    "draw of the forward (torch.randn, dropout) was frozen into the graph")
+    if ref.grads is not None and not ref.forward_raised:
+        for name, want_grad in ref.grads.items():
+            if name not in grads:
+                return f"it has no parameter {name!r}"
+            got_grad = grads[name]
+            if (got_grad is None) != (want_grad is None) or (
+                    got_grad is not None and want_grad is not None
+                    and not _close(got_grad, want_grad, rtol, atol)):
+                return f"the gradient of {name!r} differs"
+        for i, (g, w) in enumerate(zip(input_grads, ref.input_grads, strict=False)):
+            if (g is None) != (w is None) or (g is not None and w is not None
+                                              and not _close(g, w, rtol, atol)):
+                return f"the gradient of input {i} differs"
+        return None
     return _dot_product_test(original, inputs, rng, grads, ref, rtol)
 
 
@@ -867,7 +983,8 @@ def _dot_product_test(original: nn.Module, inputs: tuple, rng: Tensor,
     present = {n: g for n, g in grads.items() if g is not None}
     rhs = sum((float((present[n].double() * tangents[n].double()).sum())
                for n in tangents if n in present), 0.0)
-    if abs(lhs - rhs) > max(rtol * 10, 1e-4) * (abs(lhs) + abs(rhs)) + 1e-5:
+    eps = max((torch.finfo(t.dtype).eps for t in tangents.values()), default=0.0)
+    if abs(lhs - rhs) > max(rtol * 10, 1e-4, 8 * eps) * (abs(lhs) + abs(rhs)) + 1e-5:
         return f"its gradients fail the dot-product test (<w, Jv> = {lhs:.6g}, <J^T w, v> = {rhs:.6g})"
     return None
 
@@ -927,7 +1044,7 @@ def functionalize_inplace(
     if shape_only(example_inputs):
         raise ValueError("functionalize_inplace verifies its rewrite on values, but some example "
                          "inputs are shapes only (ShapeSpec or meta tensors): pass real tensors")
-    with PROCESS_LOCK, restored_state(model):
+    with PROCESS_LOCK, restored_state(model), torch.enable_grad():
         rng = torch.get_rng_state()
         original = copy.deepcopy(model)
         ref = _reference(original, example_inputs, rng)
@@ -942,7 +1059,7 @@ def functionalize_inplace(
         for label, build in candidates:
             try:
                 gm = build()
-            except (TraceError, FunctionalizeError, RuntimeError, TypeError, ValueError,
+            except (TraceError, FunctionalizeError, RuntimeError, TypeError, ValueError, SyntaxError,
                     NotImplementedError, AssertionError) as e:
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 failures.append(f"{label} could not be built: {first}")

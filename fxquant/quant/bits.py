@@ -124,9 +124,7 @@ def _count(name: str, point: QuantPoint, differentiable: bool = False
     """The point's bits in its last forward; with ``differentiable``, also the sum of the
     learned rows' bits as a tensor (for the penalty)."""
     last = point.__dict__.get("last_rows")
-    if last is None:
-        raise RuntimeError(f"fxquant: quantization point {point.name} has not run yet; run a "
-                           "forward first (fxquant.bit_report(gm, *inputs) does)")
+    assert isinstance(last, tuple)
     rows, width, num_nodes, override_rows = last
     config = point.config
     values = rows * width
@@ -149,8 +147,8 @@ def _count(name: str, point: QuantPoint, differentiable: bool = False
     if config.scale is not Scale.NONE or config.range == "lsq":
         if config.scale.per_row:
             storage += 32 * rows
-        elif config.scale is Scale.BLOCK32:
-            storage += 8 * math.ceil(values / 32)
+        elif config.scale is Scale.BLOCK32:  # each row padded to blocks of 32
+            storage += 8 * rows * math.ceil(width / 32)
         else:
             storage += 32
     site = SiteBits(name, point.layer, point.site.value, values, value_bits, float(storage),
@@ -159,7 +157,14 @@ def _count(name: str, point: QuantPoint, differentiable: bool = False
 
 
 def _points(gm: nn.Module) -> list[tuple[str, QuantPoint]]:
-    return [(n, m) for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
+    """The points that rounded something in the last forward (an input point passes
+    integer inputs through; a point outside the forward's path does not run)."""
+    points = [(n, m) for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
+    ran = [(n, m) for n, m in points if isinstance(m.__dict__.get("last_rows"), tuple)]
+    if points and not ran:
+        raise RuntimeError("fxquant: no quantization point has run yet; run a forward first "
+                           "(fxquant.bit_report(gm, *inputs) does)")
+    return ran
 
 
 def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
@@ -185,18 +190,18 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
         >>> report.avg_bits, report.float32_bytes
         (8.0, 640)
     """
-    points = _points(gm)
-    if not points:
+    if not any(isinstance(m, QuantPoint) for m in gm.modules()):
         raise ValueError("fxquant.bit_report: this model has no quantization points")
     if example_inputs or kwargs:
-        training = gm.training
+        modes = [(m, m.training) for m in gm.modules()]
         try:
             gm.eval()
             with torch.no_grad():
                 gm(*example_inputs, **kwargs)
         finally:
-            gm.train(training)
-    return BitReport([_count(name, p)[0] for name, p in points])
+            for module, mode in modes:
+                module.training = mode
+    return BitReport([_count(name, p)[0] for name, p in _points(gm)])
 
 
 def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:

@@ -369,6 +369,9 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         if source == "lsq" and not isinstance(parsed, IntFormat):
             raise ValueError(f"range='lsq' learns the step of an integer grid; please use an "
                              f"integer format such as 'int4' (got {describe(parsed)})")
+        if source == "lsq" and mode.per_row:
+            raise ValueError("range='lsq' learns one step per tensor; please use scale='tensor' "
+                             "(a step per row would be a parameter per node)")
         if source.startswith("percentile") and mode.per_row:
             raise ValueError("range='percentile:Q' is taken per tensor; please use "
                              "scale='tensor'")

@@ -60,6 +60,9 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
     inner: dict[str, dict[str, Any]] = {}
     for p in points:
         node, layer = p.node, layer_name(p.node)
+        if (p.site.inner and p.site.value in inner.get(str(node.target), {})) or (
+                p.site is Site.WEIGHT and "weights" in inner.get(str(node.target), {})):
+            continue  # a layer called twice: its inner sites are one set of points
         if p.site is Site.WEIGHT:
             module = gm.get_submodule(str(node.target))
             weights = inner.setdefault(str(node.target), {"layer": layer}).setdefault("weights", {})

@@ -17,6 +17,7 @@ not synchronized.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -93,6 +94,9 @@ class RangeObserver(nn.Module):
         self.percentile = None if percentile is None else float(percentile)
         self.register_buffer("running", torch.zeros(2))
         self.register_buffer("seen", torch.zeros((), dtype=torch.bool))
+        #: a training batch has set ``running`` (a Python flag, so compiled code does not
+        #: branch on a tensor)
+        self.calibrated = False
 
     def current(self, x: Tensor) -> Tensor:
         """The range of ``x`` itself."""
@@ -103,14 +107,19 @@ class RangeObserver(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.momentum is None:
             return self._synced(self.current(x))
-        if not self.training:
-            return self.running
+        if not self.training:  # before any training batch: the current range, not (0, 0)
+            return self.running if self.calibrated else self.current(x)
         now = self._synced(self.current(x).to(self.running.dtype))
         with torch.no_grad():
             blended = self.momentum * self.running + (1 - self.momentum) * now
             self.running.copy_(torch.where(self.seen, blended, now))
             self.seen.fill_(True)
+        self.calibrated = True
         return now
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        self.calibrated = bool(self.seen)
 
     def _synced(self, now: Tensor) -> Tensor:
         """The range over all ranks' batches (training, per tensor, distributed only)."""

@@ -109,7 +109,7 @@ class QuantPoint(nn.Module):
             if rb.learned:
                 self.row_bits = nn.Parameter(rb.bits.clone())
                 # max |value| of each node's rows in training (+inf: never seen)
-                self.register_buffer("seen_range", torch.full((rb.num_nodes,), math.inf))
+                self.register_buffer("seen_range", torch.full((rb.num_nodes,), -math.inf))
             else:
                 self.register_buffer("row_bits_table", rb.bits.clone())
         #: bits of each row in the last forward (with the values per row), for the bit
@@ -172,6 +172,7 @@ class QuantPoint(nn.Module):
         of a message); degrees (for protection) come from ``node_degree`` or from the
         layer's ``edge_index`` (in-degree, ``edge_index[1]``)."""
         if self.site is Site.INPUT and not x.is_floating_point():
+            self.__dict__["last_rows"] = "passthrough"  # nothing rounded, nothing counted
             return x  # an input site passes integer inputs (indices, masks) through
         num_nodes = x.shape[0] if x.dim() else 1
         if node_degree is None and edge_index is not None and self.config.protect is not None:
@@ -187,7 +188,7 @@ class QuantPoint(nn.Module):
         rows = None if self.override_table is None else self._rows(x, num_nodes, row_nodes, ids)
         # what the last forward rounded, for fxquant.bit_report / bit_penalty (not state)
         self.__dict__["last_rows"] = (x.shape[0] if x.dim() else 1,
-                                      x[0].numel() if x.dim() else 1, num_nodes, rows)
+                                      math.prod(x.shape[1:]) if x.dim() else 1, num_nodes, rows)
         if self.config.row_bits is not None:
             y = self._round_row_bits(x, num_nodes, row_nodes, ids)
         else:
@@ -238,7 +239,7 @@ class QuantPoint(nn.Module):
         rb = self.config.row_bits
         assert rb is not None
         nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
-        rows_range = x.detach().abs().reshape(x.shape[0], -1).amax(1) if x.dim() > 1 \
+        rows_range = x.detach().abs().flatten(1).amax(1) if x.dim() > 1 \
             else x.detach().abs()
         if row_nodes is not None:  # per node: the max over its rows (its messages)
             node_range = torch.zeros(num_nodes, dtype=rows_range.dtype, device=x.device)
@@ -253,11 +254,13 @@ class QuantPoint(nn.Module):
         known = (nodes >= 0) & (nodes < table.shape[0])
         if self.seen_range is not None:
             if self.training:
-                with torch.no_grad():  # remember each node's range, for unseen nodes later
+                with torch.no_grad():  # the largest range each node has shown (-inf: unseen)
                     safe = torch.where(known, nodes, 0)
-                    kept = torch.where(known, node_range.to(self.seen_range.dtype),
-                                       self.seen_range[safe])
-                    self.seen_range.index_put_((safe,), kept)
+                    value = torch.where(known, node_range.to(self.seen_range.dtype), -math.inf)
+                    self.seen_range.scatter_reduce_(0, safe, value, "amax")
+                    if dist.is_available() and dist.is_initialized() \
+                            and dist.get_world_size() > 1:  # every rank knows every node
+                        dist.all_reduce(self.seen_range, op=dist.ReduceOp.MAX)
             else:
                 known = known & torch.isfinite(lookup(self.seen_range, nodes))
         bits = lookup(table, nodes)
@@ -277,11 +280,12 @@ class QuantPoint(nn.Module):
             assert rb is not None
             return torch.full_like(node_range, float(table.detach().mean()) if table.numel()
                                    else float(rb.max_bits))
-        order = torch.sort(seen)
+        order = torch.sort(seen)  # unseen nodes (-inf) first, then the seen ones
         count = torch.isfinite(seen).sum()
+        first = seen.shape[0] - count
         pos = torch.searchsorted(order.values, node_range.to(seen.dtype).contiguous())
-        hi = torch.minimum(pos, (count - 1).clamp(min=0))
-        lo = (hi - 1).clamp(min=0)
+        hi = torch.minimum(torch.maximum(pos, first), torch.full_like(pos, seen.shape[0] - 1))
+        lo = torch.maximum(hi - 1, first)
         closer_lo = (node_range - order.values[lo]).abs() < (order.values[hi] - node_range).abs()
         pick = torch.where(closer_lo, lo, hi)
         fallback = table.detach().mean()
@@ -292,29 +296,35 @@ class QuantPoint(nn.Module):
         """Each row on its own integer grid (see :class:`~fxquant.quant.config.RowBits`)."""
         number = self.config.number
         assert isinstance(number, IntFormat)
-        bits = self._node_bits(x, num_nodes, row_nodes, ids)
+        bits = self._node_bits(x, num_nodes, row_nodes, ids).to(x.dtype)
         qmax = (2 ** (bits - 1) - 1) if number.signed else (2 ** bits - 1)
         qmin = -qmax if number.signed else torch.zeros_like(qmax)
         shape = (-1,) + (1,) * (x.dim() - 1)
         qmax, qmin = qmax.view(shape), qmin.view(shape)
-        self.__dict__["last_row_bits"] = (bits, x[0].numel() if x.dim() else 1)
+        self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
         if self.step is not None:  # one learned step; bits set each row's range
-            if self.training and not self.step_ready:  # LSQ's start, for the rows' mean qmax
-                self._init_step(x, max(1.0, float(qmax.detach().float().mean())))
+            if self.training and not self.step_ready:  # LSQ's start, for the table's mean
+                rb = self.config.row_bits
+                assert rb is not None  # (the same on every rank: parameters are broadcast)
+                mean_bits = float((self.row_bits if self.row_bits is not None
+                                   else self.row_bits_table).detach().mean())  # type: ignore[union-attr]
+                qmax_start = 2 ** (mean_bits - 1) - 1 if number.signed else 2 ** mean_bits - 1
+                self._init_step(x, max(1.0, qmax_start))
             gain = 1.0 / math.sqrt(max(x.numel(), 1) * float(qmax.detach().mean()))
             s = self.step.abs() + torch.finfo(self.step.dtype).tiny
             s = (s - s * gain).detach() + s * gain
-            y = torch.maximum(torch.minimum(x / s, qmax), qmin)
-            return (y + (y.round() - y).detach()) * s
+            y = torch.maximum(torch.minimum(x / s.to(x.dtype), qmax), qmin)
+            return ((y + (y.round() - y).detach()) * s).to(x.dtype)
         if self.config.scale.per_row:
-            bounds = x.detach().abs().reshape(x.shape[0], -1).amax(1).view(shape)
+            bounds = x.detach().abs().flatten(1).amax(1).view(shape)
         else:
-            bounds = self.observer(x) if self.observer is not None else x.detach().abs().amax()
+            bounds = self.observer(x) if self.observer is not None else \
+                x.detach().abs().amax() if x.numel() else x.new_zeros(())
             if bounds.dim() and bounds.numel() == 2:
                 bounds = bounds.abs().amax()
-        step = (bounds / qmax).clamp(min=torch.finfo(x.dtype).tiny)
+        step = (bounds.to(x.dtype) / qmax).clamp(min=torch.finfo(x.dtype).tiny)
         y = torch.maximum(torch.minimum(x / step, qmax), qmin)
-        return (y + (y.round() - y).detach()) * step
+        return ((y + (y.round() - y).detach()) * step).to(x.dtype)
 
     def _init_step(self, x: Tensor, qmax: float) -> None:
         """LSQ's initial step ``2 mean|x| / sqrt(qmax)``. DDP broadcast the parameters

@@ -459,3 +459,71 @@ def test_legal_setitem_model(graph):
     gm = fxquant.functionalize_inplace(model, graph.x, graph.edge_index)
     assert not inplace_nodes(gm)
     assert torch.equal(gm(graph.x, graph.edge_index), model(graph.x, graph.edge_index))
+
+
+def test_rewrite_survives_pickling_and_saving(tmp_path):
+    """A rewrite that writes back through a view: torch.save/load re-traces the graph,
+    and the write-back must still be in it."""
+    x = torch.randn(5, 4)
+    model = _seeded(Lin(slice_write_read_through_base))
+    gm = fxquant.functionalize_inplace(model, x)
+    torch.save(gm, tmp_path / "gm.pt")
+    loaded = torch.load(tmp_path / "gm.pt", weights_only=False)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x) if False else gm(x))
+        expected = _seeded(Lin(slice_write_read_through_base))
+        torch.testing.assert_close(loaded(x), expected(x))
+
+
+def test_random_draws_are_not_frozen_and_state_is_not_dropped():
+    class Noisy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x).exp()
+            y += torch.randn(4)  # a new draw each call
+            return y
+
+    x = torch.randn(3, 4)
+    gm = fxquant.functionalize_inplace(Noisy(), x)
+    torch.manual_seed(1)
+    a = gm(x)
+    torch.manual_seed(2)
+    assert not torch.equal(a, gm(x))
+
+    class Memory(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            y = self.lin(x).sigmoid()
+            y.mul_(2)
+            return y
+
+    with pytest.raises(FunctionalizeError, match="changes `calls`"):
+        fxquant.functionalize_inplace(Memory(), x)
+
+
+def test_captured_forward_refuses_the_other_mode():
+    data = tiny_graph()
+    gm = fxquant.functionalize_inplace(SeedGCN().train(), data)
+    assert gm.meta[HOW_KEY] == "captured"
+    torch.autograd.set_detect_anomaly(False)
+    with pytest.raises(RuntimeError, match="captured in train mode"):
+        gm.eval()(data)
+    torch.autograd.set_detect_anomaly(False)
+
+
+def test_works_under_no_grad_and_in_bfloat16():
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        gm = fxquant.functionalize_inplace(_seeded(Lin(chained_methods)), x)
+    assert gm.meta[HOW_KEY] == "symbolic"
+    model = _seeded(Lin(split_clamp_then_both)).to(torch.bfloat16)
+    gm = fxquant.functionalize_inplace(model, x.to(torch.bfloat16))
+    assert gm.meta[HOW_KEY] == "symbolic"

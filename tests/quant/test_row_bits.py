@@ -184,3 +184,37 @@ def test_configuration_errors_name_the_fix():
         gm = fxquant.transform(TwoLayers(), bits=8)
         gm(torch.randn(4, 3), torch.tensor([[0], [1]]))
         fxquant.bit_penalty(gm, 2.0)
+
+
+def test_empty_inputs_other_dtypes_and_shared_layers():
+    config = QuantConfig("int8", scale="tensor", row_bits=RowBits(torch.tensor([2, 4, 8])))
+    point = QuantPoint(config, "lin")
+    assert point(torch.empty(0, 4)).shape == (0, 4)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        assert point(torch.randn(3, 4, dtype=dtype)).dtype == dtype
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GCNConv(3, 3)
+
+        def forward(self, x, edge_index):
+            return self.conv(self.conv(x, edge_index), edge_index)
+
+    mapping = QuantMapping().set_global(QuantConfig("int8", scale="tensor"), site="message")
+    gm = fxquant.transform(Twice(), mapping)
+    points = [n for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
+    assert points == ["conv_message_quant"]  # one layer, one set of inner points
+    assert fxquant.bit_report(gm, torch.randn(4, 3), torch.tensor([[0, 1], [1, 2]])).avg_bits > 0
+
+
+def test_block32_storage_and_untrained_running_range():
+    gm = fxquant.transform(nn.Sequential(nn.Linear(4, 16)),
+                           QuantMapping().set_name("0", QuantConfig("e2m1", scale="block32")))
+    report = fxquant.bit_report(gm, torch.randn(10, 4))
+    assert report.avg_bits == pytest.approx(4 + 8 / 16)  # one 8-bit scale per row of 16
+    point = QuantPoint(QuantConfig("int8", scale="tensor", momentum=0.9), "lin").eval()
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(point(x), fxquant.quantize(x, "int8", scale="tensor"))
+    with pytest.raises(ValueError, match="one step per tensor"):
+        QuantConfig("int4", scale="row", range="lsq")
