@@ -151,7 +151,10 @@ def round_int(y: Tensor, fmt: IntFormat, rounding: str, noise: Tensor | None = N
         n = torch.floor(y + noise)
     if zero_point is not None:
         n = n + zero_point
-    return torch.clamp(n, fmt.qmin, fmt.qmax)
+    n = torch.clamp(n, fmt.qmin, fmt.qmax)
+    # an unsigned grid has no -0: a small negative rounds to +0 like a large one clamps to it
+    # (clamp keeps -0, and inductor's clamp does not: abs makes eager and compiled agree)
+    return n.abs() if fmt.qmin >= 0 else n
 
 
 # -- ranges and scales ------------------------------------------------------------------------
@@ -480,6 +483,8 @@ def _eager_int(view: Tensor, fmt: IntFormat, rounding: str, mode: Scale, bounds:
         out.add_(zero_point).clamp_(fmt.qmin, fmt.qmax).sub_(zero_point)
     else:
         out.clamp_(fmt.qmin, fmt.qmax)
+        if fmt.qmin >= 0:  # +0, never -0, on an unsigned grid (as round_int)
+            out.abs_()
     if scale is not None:
         out.mul_(scale)
     return out

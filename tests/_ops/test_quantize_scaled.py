@@ -84,7 +84,9 @@ def np_int(x: np.ndarray, fmt: IntFormat, rounding: str, scale: str) -> np.ndarr
         fl = _np_floor_pow2(s)
         s = np.where(fl < s, fl * F32(2), fl).astype(F32)
         codes = _np_round((blocks * (F32(1) / s)).astype(F32), rounding)
-        return (np.clip(codes, fmt.qmin, fmt.qmax) * s).astype(F32).reshape(x.shape)
+        codes = np.clip(codes, fmt.qmin, fmt.qmax)
+        codes = np.abs(codes) if fmt.qmin >= 0 else codes  # an unsigned grid has no -0
+        return (codes * s).astype(F32).reshape(x.shape)
     axis = 1 if scale.startswith("row") else None
     flat = x.reshape(x.shape[0], -1) if axis else x
     finite = np.where(np.isfinite(flat), flat, np.nan)
@@ -111,6 +113,8 @@ def np_int(x: np.ndarray, fmt: IntFormat, rounding: str, scale: str) -> np.ndarr
         codes = np.clip(codes, fmt.qmin, fmt.qmax)
         if zp is not None:
             codes = codes - zp
+        elif fmt.qmin >= 0:  # an unsigned grid has no -0
+            codes = np.abs(codes)
         out = (codes * s).astype(F32)
     return np.where(np.isnan(flat), np.nan, out).astype(F32).reshape(x.shape)
 
@@ -314,7 +318,8 @@ def test_half_inputs_are_computed_in_float32_and_saturate():
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "scale"), [("e3m2", "tensor"), ("e4m3", "row"),
                                              ("int8", "tensor"), ("int4:asym", "row"),
-                                             ("e2m1", "block32"), ("int8", "block32")])
+                                             ("e2m1", "block32"), ("int8", "block32"),
+                                             ("uint8", "tensor"), ("uint4", "row")])
 def test_compiled_equals_eager(name, scale):
     """The inductor decomposition (fused) computes the eager kernel's values."""
     x = torch.cat([data(), random_floats(96 * 32, seed=4)[: 96 * 32].view(-1, 96)])
