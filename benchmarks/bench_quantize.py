@@ -29,6 +29,7 @@ from tabulate import tabulate
 
 import fxquant
 from benchmarks.common import machine, write_section
+from fxquant._ops import NUMERICS
 from fxquant._ops.quantize import bounds_of
 
 FORMATS = ["e4m3", "e5m2", "fp16", "bf16", "e3m2", "e2m3", "e2m1",
@@ -63,7 +64,7 @@ def speed_rows(shape: tuple[int, int], rounds: int, min_run_time: float,
             bounds = bounds_of(x, per_row=False)
             torch._dynamo.reset()
             running = torch.compile(lambda t, b, name=name: torch.ops.fxquant.quantize(
-                t, name, scale="tensor", bounds=b), dynamic=False)
+                t, name, scale="tensor", bounds=b, numerics=NUMERICS), dynamic=False)
             dynamic = torch.compile(lambda t, name=name: fxquant.quantize(t, name, scale="tensor"),
                                     dynamic=False)
             for fn, args in ((running, (x, bounds)), (dynamic, (x,))):
