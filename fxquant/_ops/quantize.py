@@ -485,6 +485,11 @@ def _eager_int(view: Tensor, fmt: IntFormat, rounding: str, mode: Scale, bounds:
         scale = _broadcast(per_scale, view, mode)
         zero_point = None if per_zero is None else _broadcast(per_zero, view, mode)
         out = torch.mul(view, torch.reciprocal(scale))
+    # one scale for the whole tensor: every step on a chunk while it is in cache
+    whole = scale is None or scale.numel() == 1
+    if whole and scale is not None:  # a scalar, to broadcast against a flat chunk
+        scale = scale.reshape(())
+        zero_point = None if zero_point is None else zero_point.reshape(())
     for part in _chunks(out):
         if rounding == Rounding.STOCHASTIC:
             part.add_(_noise(part.shape, part.dtype, part.device, generator)).floor_()
@@ -492,6 +497,16 @@ def _eager_int(view: Tensor, fmt: IntFormat, rounding: str, mode: Scale, bounds:
             part.round_()
         else:
             part.trunc_()
+        if whole:
+            _finish_codes(part, fmt, scale, zero_point)
+    if not whole:
+        _finish_codes(out, fmt, scale, zero_point)
+    return out
+
+
+def _finish_codes(out: Tensor, fmt: IntFormat, scale: Tensor | None,
+                  zero_point: Tensor | None) -> None:
+    """Rounded ``out`` (in place): ``(clamp(out + zp, qmin, qmax) - zp) * scale``."""
     if zero_point is not None:
         out.add_(zero_point).clamp_(fmt.qmin, fmt.qmax).sub_(zero_point)
     else:
@@ -500,7 +515,6 @@ def _eager_int(view: Tensor, fmt: IntFormat, rounding: str, mode: Scale, bounds:
             out.abs_()
     if scale is not None:
         out.mul_(scale)
-    return out
 
 
 def quantize_values(x: Tensor, fmt: Number, rounding: str, scale: str = "none",
