@@ -28,7 +28,7 @@ import torch.utils.benchmark as tbench
 from tabulate import tabulate
 
 import fxquant
-from benchmarks.common import machine, write_section
+from benchmarks.common import machine, publish
 from fxquant._ops import NUMERICS
 from fxquant._ops.quantize import bounds_of
 
@@ -150,10 +150,7 @@ def main(argv: list[str] | None = None) -> str:
         f"the input:\n\n"
         f"{tabulate(memory, headers=['call', 'extra peak (x input)', 'target'], tablefmt='github')}\n"
     )
-    print(body)
-    if not args.no_write:
-        write_section("bench_quantize", body)
-    return body
+    return publish("bench_quantize", body, write=not args.no_write)
 
 
 if __name__ == "__main__":

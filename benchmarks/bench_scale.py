@@ -39,7 +39,7 @@ from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv
 
 import fxquant
-from benchmarks.common import machine, write_section
+from benchmarks.common import machine, publish
 
 CASES = ("plain", "output", "message")
 
@@ -180,10 +180,7 @@ def main(argv: list[str] | None = None) -> str:
     body = (f"## bench_scale\n\n`python -m benchmarks.bench_scale` on {machine()}; "
             f"{args.nodes:,} nodes, {args.edges:,} edges, {args.features} features, "
             "CPU only.\n\n" + table + "\n")
-    print(body)
-    if not args.no_write:
-        write_section("bench_scale", body)
-    return body
+    return publish("bench_scale", body, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from torch._inductor.utils import run_and_get_code
 from torch_geometric.data import Data
 
 import fxquant
-from benchmarks.common import machine, write_section
+from benchmarks.common import machine, publish
 from examples.train_cora import GCN, train_one
 from fxquant.datasets import load_planetoid
 
@@ -152,10 +152,7 @@ def main(argv: list[str] | None = None) -> str:
         f"{kernels or 'none'}; opaque fxquant.truncate call left in the generated code: "
         f"{'yes' if opaque else 'no'}.\n"
     )
-    print(body)
-    if not args.no_write:
-        write_section("bench_train", body)
-    return body
+    return publish("bench_train", body, write=not args.no_write)
 
 
 if __name__ == "__main__":

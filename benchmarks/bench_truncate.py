@@ -22,7 +22,7 @@ import torch.utils.benchmark as tbench
 from tabulate import tabulate
 
 import fxquant
-from benchmarks.common import machine, peak_bytes, write_section
+from benchmarks.common import machine, peak_bytes, publish
 from examples.seed_model import bitplane_roundtrip
 from fxquant.modes import Rounding
 from fxquant.testing import devices_touched
@@ -147,10 +147,7 @@ def main(argv: list[str] | None = None) -> str:
             f"bits={BITS}.\n\n{table}\n\n"
             f"Devices of every tensor inside the truncation kernel for a {probe.device.type} "
             f"input: {seen} (no constant on another device).\n")
-    print(body)
-    if not args.no_write:
-        write_section(f"bench_truncate_{device.type}", body)
-    return body
+    return publish(f"bench_truncate_{device.type}", body, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,11 @@ def write_section(name: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     RESULTS.write_text(text)
+
+
+def publish(name: str, body: str, write: bool) -> str:
+    """Print a script's section and, with ``write``, put it into RESULTS.md; the section."""
+    print(body)
+    if write:
+        write_section(name, body)
+    return body
