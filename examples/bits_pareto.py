@@ -20,8 +20,9 @@ budget of ``--target-bits`` B, for everything else:
 - ``learned``: A2Q-style learned bit-widths per node (with one learned step per site),
   pulled toward B by ``fxquant.bit_penalty`` added to the loss.
 
-Integer grids are unsigned at the layers' inputs (non-negative after ReLU) and signed
-elsewhere.
+Integer grids are unsigned at the layers' inputs (non-negative after ReLU) and at the
+hidden layer's output (it feeds the ReLU, which zeroes what an unsigned grid clamps), and
+signed elsewhere.
 
 Bits are counted by :func:`fxquant.bit_report` (raw input features excluded from
 ``avg_bits``, reported as ``input_bits``; scales and stored bit-widths included). Seeds are
@@ -63,35 +64,39 @@ INPUT_FORMAT = "uint1:row"
 QUANTIZE_LOGITS = False
 
 
+def site_config(method: str, target: float, data: Any, unsigned: bool) -> fxquant.QuantConfig:
+    """One site's config for ``method`` at budget ``target``; integer grids are unsigned
+    where the values are non-negative (or about to be clamped at zero by a ReLU)."""
+    n = data.num_nodes
+    kind = "uint" if unsigned else "int"
+    lowest = 1 if unsigned else 2
+    if method == "topn":
+        return fxquant.QuantConfig(max(1, round(target)), "nearest")
+    if method == "format":
+        bits = max(3, min(8, math.floor(target - 2)))
+        return fxquant.QuantConfig(FORMATS[bits], scale="row")
+    if method == "int":
+        bits = max(lowest, math.floor(target))
+        return fxquant.QuantConfig(f"{kind}{bits}", scale="tensor", range="lsq")
+    if method == "degree":
+        low, fraction = math.floor(target), target - math.floor(target)
+        levels, quantile = (low, low + 1), 1 - fraction
+        if fraction == 0:
+            levels, quantile = (low - 1, low + 1), 0.5
+        levels = (max(lowest, levels[0]), max(lowest, levels[1]))
+        rb = fxquant.RowBits.by_degree(data.edge_index, n, [quantile], list(levels),
+                                       min_bits=lowest)
+        return fxquant.QuantConfig(f"{kind}8", scale="tensor", range="lsq", row_bits=rb)
+    rb = fxquant.RowBits.learned_init(n, init=min(8.0, target + 1.0), min_bits=lowest)
+    return fxquant.QuantConfig(f"{kind}8", scale="tensor", range="lsq", row_bits=rb)
+
+
 def mapping_for(method: str, target: float, data: Any) -> fxquant.QuantMapping:
     mapping = fxquant.QuantMapping()
-    n = data.num_nodes
-    for site in SITES:
-        unsigned = site == "input"  # a layer's input is non-negative after ReLU
-        kind = "uint" if unsigned else "int"
-        if method == "topn":
-            config = fxquant.QuantConfig(max(1, round(target)), "nearest")
-        elif method == "format":
-            bits = max(3, min(8, math.floor(target - 2)))
-            config = fxquant.QuantConfig(FORMATS[bits], scale="row")
-        elif method == "int":
-            bits = max(1 if unsigned else 2, math.floor(target))
-            config = fxquant.QuantConfig(f"{kind}{bits}", scale="tensor", range="lsq")
-        elif method == "degree":
-            low, fraction = math.floor(target), target - math.floor(target)
-            levels, quantile = (low, low + 1), 1 - fraction
-            if fraction == 0:
-                levels, quantile = (low - 1, low + 1), 0.5
-            lowest = 1 if unsigned else 2
-            levels = (max(lowest, levels[0]), max(lowest, levels[1]))
-            rb = fxquant.RowBits.by_degree(data.edge_index, n, [quantile], list(levels),
-                                           min_bits=lowest)
-            config = fxquant.QuantConfig(f"{kind}8", scale="tensor", range="lsq", row_bits=rb)
-        else:
-            rb = fxquant.RowBits.learned_init(n, init=min(8.0, target + 1.0),
-                                              min_bits=1 if unsigned else 2)
-            config = fxquant.QuantConfig(f"{kind}8", scale="tensor", range="lsq", row_bits=rb)
-        mapping.set_global(config, site=site)
+    for site in SITES:  # a layer's input is non-negative (after a ReLU)
+        mapping.set_global(site_config(method, target, data, site == "input"), site=site)
+    # the hidden layer's output feeds a ReLU: an unsigned grid loses only what it zeroes
+    mapping.set_name("conv1", site_config(method, target, data, True), site="output")
     number, _, scale = INPUT_FORMAT.partition(":")
     mapping.set_name("conv1", fxquant.QuantConfig(number, scale=scale or None), site="input")
     if not QUANTIZE_LOGITS:
@@ -146,6 +151,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--penalty", type=float, default=PENALTY,
+                   help=f"weight of fxquant.bit_penalty in the loss (learned; default {PENALTY:g})")
     p.add_argument("--quantize-logits", action="store_true",
                    help="also round the last layer's output (the logits; float32 by default)")
     p.add_argument("--input-format", default=INPUT_FORMAT,
@@ -162,8 +169,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    global INPUT_FORMAT, QUANTIZE_LOGITS
+    global INPUT_FORMAT, QUANTIZE_LOGITS, PENALTY
     INPUT_FORMAT, QUANTIZE_LOGITS = args.input_format, args.quantize_logits
+    PENALTY = args.penalty
     dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
                              download=False)
     data = dataset[0]

@@ -14,6 +14,10 @@ Run (data: ``FXQUANT_DATA`` or ``--root``):
 
     python examples/dq_table.py --dataset Cora --model gcn --seeds 10 --json docs/dq_cora_gcn.json
     python examples/dq_table.py --from-json docs/dq_cora_gcn.json      # table only
+    python examples/dq_table.py --dataset Cora --model gcn --seeds 5 --first-seed 10 \\
+        --json more.json                                                 # more seeds
+    python examples/dq_table.py --from-json docs/dq_cora_gcn.json more.json \\
+        --json docs/dq_cora_gcn.json                                     # merged
 """
 
 from __future__ import annotations
@@ -74,7 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root", default=None)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
-                   help="no training: the table from earlier --json files (merged by row)")
+                   help="no training: the table from earlier --json files of one model and "
+                        "dataset, merged by row and seed (later files win); with --json, "
+                        "the merged file is written")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="with --from-json: bars of each row's difference to FP32 per file")
     args = p.parse_args(argv)
@@ -136,6 +142,56 @@ def plot(payloads: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _seeds(payload: dict, result: dict) -> list[int]:
+    if "seeds" in result:
+        return list(result["seeds"])
+    first = payload.get("args", {}).get("first_seed", 0)
+    return list(range(first, first + len(result["accs"])))
+
+
+def merge(paths: Sequence[str]) -> tuple[list[Config], dict]:
+    """Rows of several ``--json`` files of one model and dataset, by row and seed; where two
+    files ran the same row with the same seed, the later file wins (a row re-run after a
+    fix replaces the old one). Returns the rows and the merged payload."""
+    by_name: dict[str, dict[int, tuple[float, list[float]]]] = {}
+    meta: dict[str, dict] = {}
+    payload: dict = {}
+    for path in paths:
+        with open(path) as f:
+            payload_i = json.load(f)
+        if payload and (payload_i["model"], payload_i["dataset"]) != \
+                (payload["model"], payload["dataset"]):
+            raise SystemExit(f"dq_table.py: {path} is {payload_i['model']} on "
+                             f"{payload_i['dataset']}, not {payload['model']} on "
+                             f"{payload['dataset']}: merge one model and dataset at a time")
+        payload = payload or payload_i
+        epochs = payload_i.get("args", {}).get("epochs", 0)
+        for r in payload_i["results"]:
+            seeds = _seeds(payload_i, r)
+            per_seed = by_name.setdefault(r["name"], {})
+            meta.setdefault(r["name"], r)
+            for i, seed in enumerate(seeds):
+                times = r["epoch_ms"][i * epochs:(i + 1) * epochs] if epochs else []
+                per_seed[seed] = (r["accs"][i], times)
+    fp32_seeds = sorted(next(iter(by_name.values())))
+    configs, results = [], []
+    for name, per_seed in by_name.items():
+        seeds = sorted(per_seed)
+        if seeds != fp32_seeds[:len(seeds)]:
+            raise SystemExit(f"dq_table.py: row {name!r} has seeds {seeds}, not a prefix of "
+                             f"FP32's {fp32_seeds}: its paired differences would mismatch")
+        r = meta[name]
+        c = Config(name, r["number"])
+        c.accs = [per_seed[s][0] for s in seeds]
+        c.epoch_ms = [t for s in seeds for t in per_seed[s][1]]
+        configs.append(c)
+        results.append({**r, "accs": c.accs, "epoch_ms": c.epoch_ms, "seeds": seeds})
+    merged = {**payload, "results": results}
+    merged["args"] = {**payload.get("args", {}), "seeds": len(fp32_seeds),
+                      "first_seed": fp32_seeds[0], "json": None, "from_json": list(paths)}
+    return configs, merged
+
+
 def main(argv: Sequence[str] | None = None) -> list[Config]:
     args = parse_args(argv)
     if args.from_json and args.plot:
@@ -144,19 +200,17 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
             with open(path) as f:
                 payloads.append(json.load(f))
         plot(payloads, args.plot)
+        configs = []
+        for path in args.from_json:  # one file per model x dataset: a table each
+            configs, payload = merge([path])
+            print(table(configs, f"{payload['model']} on {payload['dataset']}") + "\n")
+        return configs
     if args.from_json:
-        merged: dict[str, Config] = {}
-        title = ""
-        for path in args.from_json:
-            with open(path) as f:
-                payload = json.load(f)
-            title = f"{payload['model']} on {payload['dataset']}"
-            for r in payload["results"]:
-                c = merged.setdefault(r["name"], Config(r["name"], r["number"]))
-                c.accs += r["accs"]
-                c.epoch_ms += r["epoch_ms"]
-        configs = list(merged.values())
-        print(table(configs, title))
+        configs, payload = merge(args.from_json)
+        print(table(configs, f"{payload['model']} on {payload['dataset']}"))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(payload, f, indent=1)
         return configs
     table_rows = rows(args.protect)
     wanted = set(table_rows) if not args.only else {"fp32", *(k.strip() for k in args.only.split(","))}

@@ -140,3 +140,39 @@ def test_dq_table_smoke(tmp_path, capsys):
     dq_table.main(["--from-json", str(out)])
     printed = capsys.readouterr().out
     assert "| INT8 |" in printed and "| MXFP4 (E2M1, block-32) |" in printed
+
+
+def test_dq_table_merge_by_row_and_seed(tmp_path):
+    """--from-json A B --json OUT: rows merged by seed, a later file's re-run of a row
+    replaces the earlier one seed for seed, new seeds are appended, epoch times follow."""
+    import json
+
+    from examples import dq_table
+
+    def payload(first, rows):
+        return {"args": {"first_seed": first, "epochs": 2, "seeds": 2}, "model": "gcn",
+                "dataset": "Cora", "results": [
+                    {"name": n, "number": num, "accs": accs,
+                     "epoch_ms": [float(10 * a) for a in accs for _ in range(2)]}
+                    for n, num, accs in rows]}
+
+    a, b, c, out = (tmp_path / f"{n}.json" for n in "abco")
+    a.write_text(json.dumps(payload(0, [("FP32", None, [0.80, 0.81]),
+                                        ("INT8", "int8", [0.70, 0.71])])))
+    b.write_text(json.dumps(payload(2, [("FP32", None, [0.82, 0.83]),
+                                        ("INT8", "int8", [0.72, 0.73])])))
+    # a re-run of the INT8 row for seeds 0..3 (after a fix)
+    c.write_text(json.dumps(payload(0, [("FP32", None, [0.80, 0.81, 0.82, 0.83]),
+                                        ("INT8", "int8", [0.75, 0.76, 0.77, 0.78])])))
+    dq_table.main(["--from-json", str(a), str(b), "--json", str(out)])
+    merged = json.loads(out.read_text())
+    assert merged["results"][1]["accs"] == [0.70, 0.71, 0.72, 0.73]
+    assert merged["results"][1]["seeds"] == [0, 1, 2, 3]
+    assert merged["results"][1]["epoch_ms"] == pytest.approx([7.0, 7.0, 7.1, 7.1, 7.2, 7.2, 7.3, 7.3])
+    assert merged["args"]["seeds"] == 4
+    dq_table.main(["--from-json", str(out), str(c), "--json", str(out)])
+    assert json.loads(out.read_text())["results"][1]["accs"] == [0.75, 0.76, 0.77, 0.78]
+    gap = tmp_path / "gap.json"
+    gap.write_text(json.dumps(payload(3, [("FP32", None, [0.9, 0.9]), ("X", "int8", [0.5])])))
+    with pytest.raises(SystemExit, match="not a prefix"):
+        dq_table.main(["--from-json", str(a), str(gap)])

@@ -253,18 +253,30 @@ def test_protection_is_reproducible_under_the_seed():
     assert torch.equal(gm(x, ei), a)
 
 
+def _least_error_step(x, qmin, qmax):
+    """A brute-force reference: the step of the 64 candidates with the least rounding
+    error on ``x``."""
+    amax = x.abs().max()
+    best = None
+    for step in amax * torch.logspace(-3, 0, 64):
+        err = ((x / step).round().clamp(qmin, qmax) * step - x).square().sum()
+        if best is None or err < best[0]:
+            best = (err, step)
+    return best[1].item()
+
+
 def test_lsq_step_is_initialized_learned_and_saved(tmp_path):
-    """range='lsq': the step starts at 2 mean|x| / sqrt(qmax), gets LSQ's gradient, and a
-    loaded step is not initialized again."""
+    """range='lsq': the step starts at the candidate with the least rounding error, gets
+    LSQ's gradient (through log_step), and a loaded step is not initialized again."""
     torch.manual_seed(0)
     x, ei = graph_data()
     cfg = QuantConfig("int4", scale="tensor", range="lsq")
     gm = fxquant.transform(One(GCNConv(4, 8)), mapping_for(["input"], cfg))
     point = gm.layer_input_quant
     out = gm(x, ei)
-    assert point.step.item() == pytest.approx(2 * x.abs().mean().item() / 7**0.5, rel=1e-5)
+    assert point.step.item() == pytest.approx(_least_error_step(x, -8, 7), rel=1e-5)
     out.sum().backward()
-    assert point.step.grad is not None and point.step.grad.abs() > 0
+    assert point.log_step.grad is not None and point.log_step.grad.abs() > 0
     opt = torch.optim.Adam(gm.parameters(), lr=0.05)
     before = point.step.item()
     for _ in range(5):
@@ -277,6 +289,35 @@ def test_lsq_step_is_initialized_learned_and_saved(tmp_path):
     assert again.layer_input_quant.step.item() == point.step.item()
     again(x * 100, ei)
     assert again.layer_input_quant.step.item() == point.step.item()
+
+
+def test_lsq_start_keeps_a_two_bit_grid_alive():
+    """On a 2-bit grid LSQ's own start (2 mean|x|) rounds most of a Gaussian to zero; the
+    least-error start keeps most values non-zero, so a ReLU after it passes a gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(4096, 16)
+    point = QuantPoint(QuantConfig("int2", scale="tensor", range="lsq"), "lin")
+    y = point(x)
+    assert (y != 0).float().mean() > 0.5
+    lsq_paper = 2 * x.abs().mean()
+    assert ((x / lsq_paper).round().clamp(-2, 1) != 0).float().mean() < 0.5
+
+
+def test_lsq_step_moves_relative_to_its_size_under_adam():
+    """Adam moves a parameter by about lr per step: the step is learned as log_step, so
+    a tiny step (values ~1e-4) changes by a few percent, never flips sign or jumps."""
+    torch.manual_seed(0)
+    x = 1e-4 * torch.randn(512, 8)
+    point = QuantPoint(QuantConfig("int2", scale="tensor", range="lsq"), "lin")
+    point(x)
+    opt = torch.optim.Adam(point.parameters(), lr=0.01)
+    start = point.step.item()
+    for _ in range(10):
+        opt.zero_grad()
+        (point(x) - 3 * x).square().sum().backward()
+        opt.step()
+        ratio = point.step.item() / start
+        assert 0.8 < ratio < 1.25
 
 
 def test_lsq_values_are_on_the_step_grid():
