@@ -451,13 +451,24 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
             amax = _amax(bounds)
             per = _mx_factor(amax, fmt.emax) if mode.per_block else _format_factor(amax, fmt, mode)
             factor = _broadcast(per, view, mode)
-            out = torch.mul(view, factor)
+        # one factor for the whole tensor: scaled, rounded and unscaled per chunk while it
+        # is in cache (two whole-tensor passes fewer); the same operations, the same values
+        whole = factor is None or factor.numel() == 1
+        if whole:
+            out = torch.empty_like(view)
+            if factor is not None:
+                factor = factor.reshape(())
         else:
-            out = view.clone()
+            out = torch.mul(view, factor)
         cast = _TORCH_CASTS.get(target) if rounding == Rounding.NEAREST and \
             compute == torch.float32 else None
         split = _split_rounds(target, rounding)
-        for part in _chunks(out):
+        for part, source in zip(_chunks(out), _chunks(view), strict=True):
+            if whole:
+                if factor is None:
+                    part.copy_(source)
+                else:
+                    torch.mul(source, factor, out=part)
             if cast is not None:
                 part.copy_(part.to(cast))
             elif split:
@@ -465,7 +476,10 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
             else:
                 noise = _noise(part.shape, compute, x.device, generator) if stochastic else None
                 part.copy_(round_float(part, target, rounding, noise))
-        if factor is not None:
+            if whole and factor is not None:
+                part.div_(factor)
+        if not whole:
+            assert factor is not None
             out.div_(factor)
     if mode.per_block:
         last = xc.shape[-1] if xc.dim() else 1
