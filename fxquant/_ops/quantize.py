@@ -187,7 +187,18 @@ def bounds_of(x: Tensor, per_row: bool, sync: bool = True) -> Tensor:
         lo, hi = (v.reshape(1) for v in torch.aminmax(flat))
     clean = sync and x.device.type == "cpu" and not torch.compiler.is_compiling() and bool(
         torch.isfinite(lo).all() & torch.isfinite(hi).all())
-    if not clean:
+    if not clean and not per_row and not torch.compiler.is_compiling():
+        # eager: the masked pass chunk by chunk (a whole-tensor mask and masked copy would
+        # take 1.25x the input on top of the output)
+        los, his = [], []
+        for part in _chunks(flat.contiguous()):
+            finite = torch.isfinite(part)
+            los.append(torch.where(finite, part, math.inf).amin().reshape(1))
+            his.append(torch.where(finite, part, -math.inf).amax().reshape(1))
+        lo, hi = torch.cat(los).amin().reshape(1), torch.cat(his).amax().reshape(1)
+        lo = torch.where(torch.isfinite(lo), lo, 0.0)
+        hi = torch.where(torch.isfinite(hi), hi, 0.0)
+    elif not clean:
         finite = torch.isfinite(flat)
         lo = torch.where(finite, flat, math.inf).amin(dim=dims).reshape(-1)
         hi = torch.where(finite, flat, -math.inf).amax(dim=dims).reshape(-1)
@@ -354,9 +365,17 @@ def _to_dtype(out: Tensor, fmt: Format | IntFormat, dtype: torch.dtype, scaled: 
         big = torch.finfo(dtype).max
         # In place on the fresh output in eager; out of place where the compiler traces.
         out = out.clamp_(-big, big) if sync else torch.clamp(out, -big, big)
-        if scaled and ieee and (not sync or x.device.type != "cpu" or bool(torch.isinf(x).any())):
+        if scaled and ieee and (not sync or x.device.type != "cpu" or _any_inf(x)):
             out = torch.where(torch.isinf(x), x.to(out.dtype), out)
     return out.to(dtype)
+
+
+def _any_inf(x: Tensor) -> bool:
+    """Whether ``x`` holds an infinity, chunk by chunk (``isinf`` of the whole tensor
+    takes 1.25x its memory: a float ``abs`` and a bool mask)."""
+    if not x.is_contiguous():
+        return bool(torch.isinf(x).any())
+    return any(bool(torch.isinf(part).any()) for part in _chunks(x))
 
 
 def _block_bounds(blocks: Tensor, sync: bool) -> Tensor:
