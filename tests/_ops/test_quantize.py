@@ -38,6 +38,22 @@ def test_bit_identical_to_torch_casts(name):
     assert not mismatch.any(), x[mismatch][:5]
 
 
+@pytest.mark.parametrize("name", list(TORCH_CASTS))
+def test_round_float_equals_torch_casts(name):
+    """The general rounding itself (which float64 inputs and other roundings use; float32
+    to nearest takes torch's cast) against the casts, bit for bit."""
+    from fxquant._ops.quantize import round_float
+
+    dtype = TORCH_CASTS[name]
+    x = random_floats()
+    if name in ("e4m3", "e5m2"):
+        codes = torch.arange(256, dtype=torch.uint8).view(dtype).double()
+        grid = codes[codes.isfinite()].unique()
+        x = torch.cat([x, ((grid[1:] + grid[:-1]) / 2).float()])
+    mismatch = ~same(round_float(x, PRESETS[name], "nearest"), x.to(dtype).float())
+    assert not mismatch.any(), x[mismatch][:5]
+
+
 CUSTOM = [
     PRESETS["e3m2"], PRESETS["e2m3"], PRESETS["e2m1"], Format(3, 0), Format(1, 1), Format(0, 3),
     Format(4, 3), Format(2, 2, subnormals=False), Format(3, 1, bias=2),
