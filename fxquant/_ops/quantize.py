@@ -489,6 +489,7 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
             if factor is not None:
                 factor = factor.reshape(())
         else:
+            assert factor is not None
             out = torch.mul(view, factor)
         cast = _TORCH_CASTS.get(target) if rounding == Rounding.NEAREST and \
             compute == torch.float32 else None

@@ -20,7 +20,9 @@ from torch import Tensor, nn
 from fxquant._ops.calls import OpCall, op_call
 from fxquant._ops.version import NUMERICS
 from fxquant.formats import IntFormat, TopN
+from fxquant.modes import Grad, Rounding
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
+from fxquant.quant.lsq import lsq_round
 from fxquant.quant.nodes import NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
@@ -236,7 +238,12 @@ class QuantPoint(nn.Module):
         assert isinstance(number, IntFormat) and self.log_step is not None
         if self.training and not self.step_ready:
             self._init_step(x, number.qmin, number.qmax)
-        s = self._scaled_step(1.0 / math.sqrt(max(x.numel(), 1) * number.qmax))
+        gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.qmax)
+        c = self.config
+        if rows is None and c.rounding is Rounding.NEAREST and c.grad is Grad.STE \
+                and c.grad_number is None:  # the common case: one fused function
+            return lsq_round(x, self.log_step.exp(), number.qmin, number.qmax, gain)
+        s = self._scaled_step(gain)
         y = torch.clamp(x / s, number.qmin, number.qmax)
         codes = torch.ops.fxquant.quantize.default(y, rows=rows, numerics=NUMERICS, **self._args)
         return codes * s
@@ -319,10 +326,8 @@ class QuantPoint(nn.Module):
                 qmax_start = 2 ** (mean_bits - 1) - 1 if number.signed else 2 ** mean_bits - 1
                 qmax_start = max(1.0, qmax_start)
                 self._init_step(x, -qmax_start if number.signed else 0.0, qmax_start)
-            s = self._scaled_step(1.0 / math.sqrt(max(x.numel(), 1)
-                                                  * float(qmax.detach().mean())))
-            y = torch.maximum(torch.minimum(x / s.to(x.dtype), qmax), qmin)
-            return ((y + (y.round() - y).detach()) * s).to(x.dtype)
+            gain = 1.0 / math.sqrt(max(x.numel(), 1) * float(qmax.detach().mean()))
+            return lsq_round(x, self.log_step.exp(), qmin, qmax, gain).to(x.dtype)
         if self.config.scale.per_row:
             bounds = x.detach().abs().flatten(1).amax(1).view(shape)
         else:
@@ -331,8 +336,7 @@ class QuantPoint(nn.Module):
             if bounds.dim() and bounds.numel() == 2:
                 bounds = bounds.abs().amax()
         step = (bounds.to(x.dtype) / qmax).clamp(min=torch.finfo(x.dtype).tiny)
-        y = torch.maximum(torch.minimum(x / step, qmax), qmin)
-        return ((y + (y.round() - y).detach()) * step).to(x.dtype)
+        return lsq_round(x, step, qmin, qmax).to(x.dtype)
 
     @property
     def step(self) -> Tensor | None:
