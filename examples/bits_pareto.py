@@ -243,6 +243,7 @@ def plot(payloads: list[dict[str, Any]], path: str) -> None:
             ax.axhline(100 * statistics.mean(fp32), color="gray", ls="--", label="FP32")
         ax.set(xlabel="average bits per value (raw input excluded, storage included)",
                ylabel="test accuracy (%)", title=f"GCN on {name}, all activations quantized")
+        ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=max(0, ax.get_ylim()[0]))
         ax.grid(alpha=0.3)
         ax.legend()
