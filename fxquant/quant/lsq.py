@@ -20,12 +20,18 @@ or broadcast per row.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = ["lsq_round"]
+
+
+#: values per chunk of rows in eager mode (the temporaries stay in cache)
+CHUNK = 1 << 16
 
 
 def _reduce(grad: Tensor, like: Tensor, factor: float | Tensor = 1.0) -> Tensor:
@@ -43,15 +49,40 @@ def _reduce_times(grad: Tensor, like: Tensor, s: Tensor) -> Tensor:
     return _reduce(grad * s, like)
 
 
+def _row_chunks(x: Tensor, *per: Tensor) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
+    """Slices of ``x``'s rows holding about :data:`CHUNK` values, with each of ``per``
+    (one number, or one value per row) sliced alike. One chunk when compiling (inductor
+    fuses the whole expression) or for a 0-d ``x``."""
+    if torch.compiler.is_compiling() or x.dim() == 0 or x.shape[0] == 0:
+        yield slice(None), per  # (compiling, sizes may be symbolic)
+        return
+    rows = x.shape[0]
+    step = max(1, CHUNK // max(1, math.prod(x.shape[1:])))
+    for start in range(0, rows, step):
+        sl = slice(start, start + step)
+        yield sl, tuple(p[sl] if p.dim() and p.shape[0] == rows and rows > 1 else p
+                        for p in per)
+
+
+def _forward(x: Tensor, s: Tensor, lo: Tensor, hi: Tensor, out: Tensor) -> None:
+    torch.div(x, s, out=out)
+    torch.minimum(out, hi, out=out)
+    torch.maximum(out, lo, out=out)
+    out.round_().mul_(s)
+
+
 class _LsqRound(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor,
                 gain: float) -> Tensor:
-        sx = s.to(x.dtype)
-        y = x / sx
-        torch.minimum(y, qmax.to(x.dtype), out=y)
-        torch.maximum(y, qmin.to(x.dtype), out=y)
-        y.round_().mul_(sx)
+        sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        xc = x.contiguous()
+        if x.dim() == 0:
+            _forward(xc, sx, lo, hi, y)
+        else:
+            for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
+                _forward(xc[sl], s_c, lo_c, hi_c, y[sl])
         ctx.save_for_backward(x, s, qmin, qmax)
         ctx.gain = gain
         return y
@@ -60,27 +91,53 @@ class _LsqRound(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, s, qmin, qmax = ctx.saved_tensors
         sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
-        # (in place on fresh buffers, masks by comparison with the clamped value: a
-        # `where` against a per-row range is the slowest step of the chain on the CPU)
-        u = x / sx
-        c = torch.clamp(u, lo, hi)
-        outside = c != u
-        grad_x = grad.masked_fill(outside, 0)
-        grad_lo = grad_hi = None
-        if qmin.requires_grad or qmax.requires_grad:
-            # outside the range, above it where u > 0 (qmin <= 0 <= qmax)
-            g_out = grad - grad_x
-            g_hi = g_out.masked_fill_(u <= 0, 0) if not qmin.requires_grad else \
-                g_out.masked_fill(u <= 0, 0)
-            if qmax.requires_grad:
-                grad_hi = _reduce_times(g_hi, qmax, sx)
-            if qmin.requires_grad:
-                grad_lo = _reduce_times(g_out.sub_(g_hi), qmin, sx)
-        grad_s = None
-        if s.requires_grad:  # d = round(u) - u inside, the bound outside
-            d = c.round_().sub_(u.masked_fill_(outside, 0))
-            grad_s = _reduce(d.mul_(grad), s, ctx.gain)
+        xc, gc = x.contiguous(), grad.contiguous()
+        grad_x = torch.empty_like(xc)
+        want_s, want_lo, want_hi = s.requires_grad, qmin.requires_grad, qmax.requires_grad
+        # per chunk of rows, in place on small buffers: the sums for s (one number or one
+        # per row), and for per-row ranges the gradient clamped above / below each row
+        parts_s: list[Tensor] = []
+        parts_hi: list[Tensor] = []
+        parts_out: list[Tensor] = []
+        if x.dim() == 0:
+            chunks: Iterator = iter([(slice(None), (sx, lo, hi))])
+        else:
+            chunks = _row_chunks(xc, sx, lo, hi)
+        for sl, (s_c, lo_c, hi_c) in chunks:
+            x_c, g_c = (xc, gc) if x.dim() == 0 else (xc[sl], gc[sl])
+            u = x_c / s_c
+            c = torch.clamp(u, lo_c, hi_c)
+            outside = c != u
+            gx = grad_x if x.dim() == 0 else grad_x[sl]
+            gx.copy_(g_c).masked_fill_(outside, 0)
+            if want_lo or want_hi:  # outside the range, above it where u > 0
+                g_out = g_c.masked_fill(~outside, 0)
+                parts_out.append(g_out.flatten(1).sum(1) if x.dim() > 1 else g_out)
+                g_out.masked_fill_(u <= 0, 0)
+                parts_hi.append(g_out.flatten(1).sum(1) if x.dim() > 1 else g_out)
+            if want_s:  # d = round(u) - u inside, the bound outside
+                d = c.round_().sub_(u.masked_fill_(outside, 0)).mul_(g_c)
+                parts_s.append(d.flatten(1).sum(1) if x.dim() > 1 else d)
+        grad_s = grad_lo = grad_hi = None
+        rows_shape = (-1,) + (1,) * (x.dim() - 1)
+        if want_s:
+            grad_s = _reduce(torch.cat([p.reshape(-1) for p in parts_s]).view(rows_shape)
+                             if x.dim() else parts_s[0], s, ctx.gain)
+        if want_lo or want_hi:
+            out = torch.cat([p.reshape(-1) for p in parts_out]).view(rows_shape) \
+                if x.dim() else parts_out[0]
+            above = torch.cat([p.reshape(-1) for p in parts_hi]).view(rows_shape) \
+                if x.dim() else parts_hi[0]
+            if want_hi:
+                grad_hi = _reduce_times(above, qmax, _rows_of(sx, above))
+            if want_lo:
+                grad_lo = _reduce_times(out - above, qmin, _rows_of(sx, above))
         return grad_x if ctx.needs_input_grad[0] else None, grad_s, grad_lo, grad_hi, None
+
+
+def _rows_of(s: Tensor, per_row: Tensor) -> Tensor:
+    """``s`` against per-row sums: one number stays, a per-row ``s`` keeps its rows."""
+    return s if s.numel() == 1 else s.reshape(per_row.shape[0], *([1] * (per_row.dim() - 1)))
 
 
 def lsq_round(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,

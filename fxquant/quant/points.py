@@ -209,7 +209,11 @@ class QuantPoint(nn.Module):
             keep = self._protected(node_degree)
             if row_nodes is not None:
                 keep = keep[row_nodes]
-            y = torch.where(keep.view((-1,) + (1,) * (x.dim() - 1)), x, y)
+            if torch.compiler.is_compiling() or x.dim() == 0:  # fused by inductor
+                y = torch.where(keep.view((-1,) + (1,) * (x.dim() - 1)), x, y)
+            else:  # eager: copy the kept rows (a `where` with a per-row mask is slow here)
+                kept = keep.nonzero().squeeze(1)
+                y = y.index_copy_(0, kept, x.index_select(0, kept))  # y is our fresh output
         return y
 
     def _round(self, x: Tensor, rows: Tensor | None) -> Tensor:

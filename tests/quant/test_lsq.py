@@ -15,17 +15,27 @@ def chain(x, s, qmin, qmax, gain):
     return (y + (y.round() - y).detach()) * s
 
 
+@pytest.mark.parametrize("chunk", [None, 50])
+@pytest.mark.parametrize("shape", [(64, 12), (40, 3, 5)])
 @pytest.mark.parametrize("per_row", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_values_and_gradients_equal_the_chain(per_row, dtype):
+def test_values_and_gradients_equal_the_chain(per_row, dtype, shape, chunk, monkeypatch):
+    """Scalar or per-row ranges (learned bit-widths) and steps, in one chunk of rows or
+    many (made small here)."""
+    from fxquant.quant import lsq
+
+    if chunk is not None:
+        monkeypatch.setattr(lsq, "CHUNK", chunk)
     torch.manual_seed(0)
-    x = torch.randn(64, 12, dtype=dtype) * 3
-    bits = torch.randint(2, 6, (64, 1)).to(dtype) if per_row else torch.tensor(3.0, dtype=dtype)
-    grad = torch.randn(64, 12, dtype=dtype)
+    x = torch.randn(*shape, dtype=dtype) * 3
+    rows = (shape[0],) + (1,) * (len(shape) - 1)
+    bits = torch.randint(2, 6, rows).to(dtype) if per_row else torch.tensor(3.0, dtype=dtype)
+    step = 0.2 + torch.rand(rows, dtype=dtype) if per_row else torch.tensor(0.4, dtype=dtype)
+    grad = torch.randn(*shape, dtype=dtype)
     results = []
     for fn in (lsq_round, chain):
         xi = x.clone().requires_grad_()
-        s = torch.tensor(0.4, dtype=dtype, requires_grad=True)
+        s = step.clone().requires_grad_()
         b = bits.clone().requires_grad_()
         qmax = 2 ** (b - 1) - 1
         y = fn(xi, s, -qmax, qmax, 0.25)
