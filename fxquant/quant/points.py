@@ -67,10 +67,12 @@ class QuantPoint(nn.Module):
         override (NodeOverride, optional): nodes whose rows get another number.
         tensor (str, optional): which tensor of the layer (a weight's name).
 
-    With ``range="lsq"`` the step ``s`` is learned (LSQ, Esser et al., ICLR 2020): set to
-    ``2 * mean|x| / sqrt(qmax)`` on the first training batch, then learned with the LSQ
-    gradient (scaled by ``1 / sqrt(numel * qmax)``); values are ``s * round(clamp(x / s,
-    qmin, qmax))``, whose gradient is straight-through inside the range and zero outside.
+    With ``range="lsq"`` the step ``s`` is learned (LSQ, Esser et al., ICLR 2020): set on
+    the first training batch to the step that rounds it with the least error (see
+    ``_init_step``), then learned with the LSQ gradient (scaled by ``1 / sqrt(numel *
+    qmax)``); values are ``s * round(clamp(x / s, qmin, qmax))``
+    (:func:`~fxquant.quant.lsq.lsq_round`), whose gradient is straight-through inside the
+    range and zero outside.
     The parameter is ``log_step`` (``s = exp(log_step)``, always positive): an adaptive
     optimizer moves a parameter by about its learning rate per step whatever its size, so
     on ``s`` itself Adam's ``lr=0.01`` moved steps of ~0.01 by their own size each
@@ -322,7 +324,7 @@ class QuantPoint(nn.Module):
         qmax, qmin = qmax.view(shape), qmin.view(shape)
         self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
         if self.log_step is not None:  # one learned step; bits set each row's range
-            if self.training and not self.step_ready:  # LSQ's start, for the table's mean
+            if self.training and not self.step_ready:  # the start, for the table's mean bits
                 rb = self.config.row_bits
                 assert rb is not None  # (the same on every rank: parameters are broadcast)
                 mean_bits = float((self.row_bits if self.row_bits is not None

@@ -253,6 +253,28 @@ def test_protection_is_reproducible_under_the_seed():
     assert torch.equal(gm(x, ei), a)
 
 
+def test_protection_copies_kept_rows_like_where(monkeypatch):
+    """Eager protection copies the kept rows into the rounded output; compiled it is a
+    ``where``. Both give the same values and gradients (LSQ step included)."""
+    x, ei = graph_data()
+    cfg = QuantConfig("int4", scale="tensor", range="lsq", protect=(0.3, 0.9))
+    results = []
+    for compiling in (False, True):
+        torch.manual_seed(3)
+        gm = fxquant.transform(One(GCNConv(4, 8)), mapping_for(["input", "message"], cfg))
+        if compiling:
+            monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        xi = x.clone().requires_grad_()
+        torch.manual_seed(11)
+        out = gm(xi, ei)
+        out.square().sum().backward()
+        results.append((out.detach(), xi.grad, gm.layer_input_quant.log_step.grad,
+                        gm.layer_message_quant.log_step.grad))
+        monkeypatch.undo()
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def _least_error_step(x, qmin, qmax):
     """A brute-force reference: the step of the 64 candidates with the least rounding
     error on ``x``."""
