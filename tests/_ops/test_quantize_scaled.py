@@ -319,9 +319,12 @@ def test_half_inputs_are_computed_in_float32_and_saturate():
 @pytest.mark.parametrize(("name", "scale"), [("e3m2", "tensor"), ("e4m3", "row"),
                                              ("int8", "tensor"), ("int4:asym", "row"),
                                              ("e2m1", "block32"), ("int8", "block32"),
-                                             ("uint8", "tensor"), ("uint4", "row")])
+                                             ("uint8", "tensor"), ("uint4", "row"),
+                                             ("fp16", "tensor"), ("bf16", "none"),
+                                             ("e5m2", "tensor-pow2")])
 def test_compiled_equals_eager(name, scale):
     """The inductor decomposition (fused) computes the eager kernel's values."""
+    torch._dynamo.reset()  # one lambda per case: no recompile limit
     x = torch.cat([data(), random_floats(96 * 32, seed=4)[: 96 * 32].view(-1, 96)])
     x[7, 7], x[9, 9] = math.nan, math.inf
     f = torch.compile(lambda t: fxquant.quantize(t, name, scale=scale), fullgraph=True)
