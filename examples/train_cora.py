@@ -169,14 +169,17 @@ def build(cfg: Config, data, num_classes: int, seed: int, model_kind: str = "gcn
 
 
 def _param_groups(model: torch.nn.Module) -> list[dict]:
-    """gcn.py's weight decay on the first layer only; for the zoo models on all."""
+    """gcn.py's weight decay on the first layer only; for the zoo models on all. Never on
+    the quantizers' own parameters (learned steps, per-node bit-widths): decay would pull
+    a log-step toward a step of 1."""
+    quant = {id(p) for m in model.modules() if isinstance(m, fxquant.QuantPoint)
+             for p in m.parameters()}
     first = getattr(model, "conv1", None)
-    if first is None:
-        return [{"params": model.parameters(), "weight_decay": 5e-4}]
-    mine = {id(p) for p in first.parameters()}
+    decayed = [p for p in (first if first is not None else model).parameters()
+               if id(p) not in quant]
+    mine = {id(p) for p in decayed}
     rest = [p for p in model.parameters() if id(p) not in mine]
-    return [{"params": first.parameters(), "weight_decay": 5e-4},
-            {"params": rest, "weight_decay": 0.0}]
+    return [{"params": decayed, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0.0}]
 
 
 def train_one(model: torch.nn.Module, data, epochs: int, desc: str, device: torch.device):

@@ -176,3 +176,23 @@ def test_dq_table_merge_by_row_and_seed(tmp_path):
     gap.write_text(json.dumps(payload(3, [("FP32", None, [0.9, 0.9]), ("X", "int8", [0.5])])))
     with pytest.raises(SystemExit, match="not a prefix"):
         dq_table.main(["--from-json", str(a), str(gap)])
+
+
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_no_weight_decay_on_quantizer_parameters(kind):
+    """Learned steps and bit-widths are never decayed (decay pulls a log-step toward 1);
+    every parameter is in exactly one group."""
+    import fxquant
+
+    model = train_cora.make_model(kind, 8, 3)
+    mapping = fxquant.QuantMapping().set_global(
+        fxquant.QuantConfig("int4", scale="tensor", range="lsq"), site="output")
+    gm = fxquant.transform(model, mapping, lint="off")
+    groups = train_cora._param_groups(gm)
+    quant = {id(p) for m in gm.modules() if isinstance(m, fxquant.QuantPoint)
+             for p in m.parameters()}
+    assert quant
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert not decayed & quant and decayed
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for p in gm.parameters())
