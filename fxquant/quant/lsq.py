@@ -2,9 +2,9 @@
 
 The same values and gradients as the chain of torch ops (divide, clamp to the grid's
 range, round with a straight-through gradient, multiply back), but autograd keeps only
-``x`` and the small ``s``/``qmin``/``qmax`` instead of every intermediate, and the
-backward is one expression instead of the chain's masks and ``where``\\ s (on a GCN with
-learned per-node bits, the chain's backward was most of the quantization's time).
+``x`` and the small ``s``/``qmin``/``qmax`` instead of every intermediate, and in eager
+mode forward and backward run over chunks of rows, in place on cache-sized buffers (on
+a GCN with learned per-node bits the chain made an epoch 2.5x FP32, this 1.75x).
 
 Gradients (Esser et al., "Learned Step Size Quantization", ICLR 2020), with ``u = x / s``:
 
