@@ -75,7 +75,7 @@ _COMPUTE = {torch.float32: torch.float32, torch.float16: torch.float32,
             torch.bfloat16: torch.float32, torch.float64: torch.float64}
 _TORCH_CASTS = {PRESETS["e4m3"]: torch.float8_e4m3fn, PRESETS["e5m2"]: torch.float8_e5m2,
                 PRESETS["fp16"]: torch.float16, PRESETS["bf16"]: torch.bfloat16}
-_FP8_CASTS = {PRESETS["e4m3"]: torch.float8_e4m3fn, PRESETS["e5m2"]: torch.float8_e5m2}
+_FP8_CASTS = {fmt: dtype for fmt, dtype in _TORCH_CASTS.items() if dtype.itemsize == 1}
 _BIAS = {32: 127, 64: 1023}
 
 
@@ -199,12 +199,11 @@ def bounds_of(x: Tensor, per_row: bool, sync: bool = True) -> Tensor:
             los.append(torch.where(finite, part, math.inf).amin().reshape(1))
             his.append(torch.where(finite, part, -math.inf).amax().reshape(1))
         lo, hi = torch.cat(los).amin().reshape(1), torch.cat(his).amax().reshape(1)
-        lo = torch.where(torch.isfinite(lo), lo, 0.0)
-        hi = torch.where(torch.isfinite(hi), hi, 0.0)
     elif not clean:
         finite = torch.isfinite(flat)
         lo = torch.where(finite, flat, math.inf).amin(dim=dims).reshape(-1)
         hi = torch.where(finite, flat, -math.inf).amax(dim=dims).reshape(-1)
+    if not clean:  # no finite value: 0
         lo = torch.where(torch.isfinite(lo), lo, 0.0)
         hi = torch.where(torch.isfinite(hi), hi, 0.0)
     out = torch.stack([lo, hi], dim=1)

@@ -50,13 +50,13 @@ def _reduce_times(grad: Tensor, like: Tensor, s: Tensor) -> Tensor:
 
 
 def _row_chunks(x: Tensor, *per: Tensor) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
-    """Slices of ``x``'s rows holding about :data:`CHUNK` values, with each of ``per``
-    (one number, or one value per row) sliced alike. One chunk when compiling (inductor
-    fuses the whole expression) or for a 0-d ``x``."""
-    if torch.compiler.is_compiling() or x.dim() == 0 or x.shape[0] == 0:
-        yield slice(None), per  # (compiling, sizes may be symbolic)
-        return
+    """Slices of the rows of ``x`` (at least 1-d) holding about :data:`CHUNK` values, with
+    each of ``per`` (one number, or one value per row) sliced alike. One chunk when
+    compiling (inductor fuses the whole expression; sizes may be symbolic)."""
     rows = x.shape[0]
+    if torch.compiler.is_compiling() or rows == 0:
+        yield slice(None), per
+        return
     step = max(1, CHUNK // max(1, math.prod(x.shape[1:])))
     for start in range(0, rows, step):
         sl = slice(start, start + step)
@@ -71,18 +71,21 @@ def _forward(x: Tensor, s: Tensor, lo: Tensor, hi: Tensor, out: Tensor) -> None:
     out.round_().mul_(s)
 
 
+def _row_sums(t: Tensor) -> Tensor:
+    return t.reshape(t.shape[0], -1).sum(1)
+
+
 class _LsqRound(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor,
                 gain: float) -> Tensor:
         sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
+        rows = x.shape or (1,)  # written through views of at least one dimension
+        xc = x.contiguous().reshape(rows)
         y = torch.empty_like(x, memory_format=torch.contiguous_format)
-        xc = x.contiguous()
-        if x.dim() == 0:
-            _forward(xc, sx, lo, hi, y)
-        else:
-            for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
-                _forward(xc[sl], s_c, lo_c, hi_c, y[sl])
+        y_rows = y.view(rows)
+        for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
+            _forward(xc[sl], s_c, lo_c, hi_c, y_rows[sl])
         ctx.save_for_backward(x, s, qmin, qmax)
         ctx.gain = gain
         return y
@@ -91,43 +94,35 @@ class _LsqRound(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, s, qmin, qmax = ctx.saved_tensors
         sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
-        xc, gc = x.contiguous(), grad.contiguous()
-        grad_x = torch.empty_like(xc)
+        rows = x.shape or (1,)
+        xc, gc = x.contiguous().reshape(rows), grad.contiguous().reshape(rows)
+        grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+        grad_rows = grad_x.view(rows)
         want_s, want_lo, want_hi = s.requires_grad, qmin.requires_grad, qmax.requires_grad
-        # per chunk of rows, in place on small buffers: the sums for s (one number or one
-        # per row), and for per-row ranges the gradient clamped above / below each row
+        # per chunk of rows, in place on small buffers: per-row sums for s, and for per-row
+        # ranges of the gradient outside the range and above it
         parts_s: list[Tensor] = []
         parts_hi: list[Tensor] = []
         parts_out: list[Tensor] = []
-        if x.dim() == 0:
-            chunks: Iterator = iter([(slice(None), (sx, lo, hi))])
-        else:
-            chunks = _row_chunks(xc, sx, lo, hi)
-        for sl, (s_c, lo_c, hi_c) in chunks:
-            x_c, g_c = (xc, gc) if x.dim() == 0 else (xc[sl], gc[sl])
+        for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
+            x_c, g_c = xc[sl], gc[sl]
             u = x_c / s_c
             c = torch.clamp(u, lo_c, hi_c)
             outside = c != u
-            gx = grad_x if x.dim() == 0 else grad_x[sl]
-            gx.copy_(g_c).masked_fill_(outside, 0)
+            grad_rows[sl].copy_(g_c).masked_fill_(outside, 0)
             if want_lo or want_hi:  # outside the range, above it where u > 0
                 g_out = g_c.masked_fill(~outside, 0)
-                parts_out.append(g_out.flatten(1).sum(1) if x.dim() > 1 else g_out)
-                g_out.masked_fill_(u <= 0, 0)
-                parts_hi.append(g_out.flatten(1).sum(1) if x.dim() > 1 else g_out)
+                parts_out.append(_row_sums(g_out))
+                parts_hi.append(_row_sums(g_out.masked_fill_(u <= 0, 0)))
             if want_s:  # d = round(u) - u inside, the bound outside
-                d = c.round_().sub_(u.masked_fill_(outside, 0)).mul_(g_c)
-                parts_s.append(d.flatten(1).sum(1) if x.dim() > 1 else d)
+                parts_s.append(_row_sums(c.round_().sub_(u.masked_fill_(outside, 0)).mul_(g_c)))
+        per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
         grad_s = grad_lo = grad_hi = None
-        rows_shape = (-1,) + (1,) * (x.dim() - 1)
         if want_s:
-            grad_s = _reduce(torch.cat([p.reshape(-1) for p in parts_s]).view(rows_shape)
-                             if x.dim() else parts_s[0], s, ctx.gain)
+            grad_s = _reduce(torch.cat(parts_s).view(per_row), s, ctx.gain)
         if want_lo or want_hi:
-            out = torch.cat([p.reshape(-1) for p in parts_out]).view(rows_shape) \
-                if x.dim() else parts_out[0]
-            above = torch.cat([p.reshape(-1) for p in parts_hi]).view(rows_shape) \
-                if x.dim() else parts_hi[0]
+            out = torch.cat(parts_out).view(per_row)
+            above = torch.cat(parts_hi).view(per_row)
             if want_hi:
                 grad_hi = _reduce_times(above, qmax, _rows_of(sx, above))
             if want_lo:
