@@ -103,7 +103,9 @@ class Site(str, Enum):
     """Where on a layer values are rounded. Adding a site adds a value here, nothing else.
 
     ``OUTPUT``: what the layer returns; ``INPUT``: its first argument (node features; both
-    parts of a ``(source, target)`` pair; non-float arguments pass through); ``WEIGHT``:
+    parts of a ``(source, target)`` pair; non-float arguments pass through; where a dropout
+    feeds only the layer, what the dropout receives, so that training and evaluation round
+    the same range); ``WEIGHT``:
     each of its floating parameters with at least two dims; ``MESSAGE``: the output of
     ``message()``, one row per edge (PyG ``MessagePassing`` layers); ``AGGREGATE``: the
     aggregation, one row per node, before ``update()``.

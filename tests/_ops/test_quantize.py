@@ -54,6 +54,35 @@ def test_round_float_equals_torch_casts(name):
     assert not mismatch.any(), x[mismatch][:5]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rounding", ["nearest", "toward_zero"])
+def test_pattern_rounding_equals_rounding_by_spacing(dtype, rounding):
+    """Both ways of rounding magnitudes agree bit for bit, on random patterns (subnormals,
+    huge values, NaN and inf) and on every tie and grid point of each format. The pattern
+    way serves nearest and toward zero; the spacing way the other cases."""
+    from fxquant._ops.layouts import layout_of
+    from fxquant._ops.quantize import _round_by_spacing, _round_pattern, _rounds_by_pattern
+
+    layout = layout_of(dtype)
+    formats = [PRESETS[n] for n in ("e4m3", "e5m2", "fp16", "bf16", "e3m2", "e2m3", "e2m1")] + [
+        Format(4, 3, bias=3), Format(8, 3), Format(6, 9), Format(2, 2, subnormals=False)]
+    x = random_floats(n=200_000, seed=2).to(dtype)
+    if dtype == torch.float64:
+        g = torch.Generator().manual_seed(3)
+        x = torch.cat([x, torch.randint(-(2**62), 2**62, (200_000,), generator=g).view(dtype)])
+    for fmt in formats:
+        assert _rounds_by_pattern(fmt, rounding, layout)
+        grid = torch.from_numpy(format_values(fmt)).to(dtype)
+        a = torch.cat([x, grid, (grid[1:] + grid[:-1]) / 2]).abs()
+        a = a[a.isfinite()]
+        got = _round_pattern(a, fmt, rounding, layout)
+        expected = _round_by_spacing(a, fmt, rounding, layout, None)
+        bad = got.view(layout.int_dtype) != expected.view(layout.int_dtype)
+        assert not bad.any(), (fmt.spec(), a[bad][:5], got[bad][:5], expected[bad][:5])
+    assert not _rounds_by_pattern(Format(3, 0), rounding, layout)
+    assert not _rounds_by_pattern(PRESETS["e4m3"], "stochastic", layout)
+
+
 CUSTOM = [
     PRESETS["e3m2"], PRESETS["e2m3"], PRESETS["e2m1"], Format(3, 0), Format(1, 1), Format(0, 3),
     Format(4, 3), Format(2, 2, subnormals=False), Format(3, 1, bias=2),

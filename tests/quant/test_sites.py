@@ -106,6 +106,57 @@ def test_linear_layers_have_no_messages(kind):
         fxquant.transform(One(LINEARS[kind]()), mapping_for(["message"]))
 
 
+class DropoutThenConv(nn.Module):
+    """PyG's gcn.py pattern: functional dropout right before a layer, and one whose output
+    has a second user (a residual), where the point must stay after the dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = GCNConv(4, 4)
+        self.conv2 = GCNConv(4, 4)
+
+    def forward(self, x, edge_index):
+        x = F.dropout(x, p=0.5, training=self.training)
+        h = self.conv1(x, edge_index).relu()
+        h = F.dropout(h, p=0.5, training=self.training)
+        return self.conv2(h, edge_index) + h
+
+
+def test_input_point_rounds_before_a_dropout_it_follows():
+    """The input point of a layer fed by a dropout rounds what the dropout receives, so
+    training (kept values scaled by 2) and evaluation see the same range: in training the
+    layer gets ``dropout(round(x))``, in evaluation ``round(x)``. Where the dropout's
+    output has another user, the point stays after it."""
+    x, edge_index = graph_data()
+    x = x.abs()  # features >= 0, as bag-of-words are
+    config = QuantConfig("int4", scale="tensor", range="lsq")
+    gm = fxquant.transform(DropoutThenConv(), QuantMapping().set_global(config, site="input"),
+                           lint="off")
+    order = [n.target for n in gm.graph.nodes if n.op == "call_module"]
+    assert order.index("conv1_input_quant") < order.index("dropout") < order.index("conv1")
+    assert order.index("dropout_1") < order.index("conv2_input_quant") < order.index("conv2")
+    point = gm.get_submodule("conv1_input_quant")
+    seen = {}
+    handle = gm.conv1.register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
+    try:
+        gm.train()
+        torch.manual_seed(0)
+        gm(x, edge_index)
+        trained = seen["x"]
+        gm.eval()
+        gm(x, edge_index)
+        evaluated = seen["x"]
+    finally:
+        handle.remove()
+    rounded = point(x).detach()
+    assert torch.equal(evaluated, rounded)
+    kept = trained != 0
+    assert kept.any() and (~kept).any()
+    assert torch.equal(trained[kept], 2 * rounded[kept])
+    step = point.step.detach()
+    assert torch.equal(torch.round(rounded / step) * step, rounded)
+
+
 @pytest.mark.parametrize("cls", [GCN, GraphSAGE, GIN, GAT])
 def test_pyg_zoo_models_with_every_site(cls):
     """PyG's models (optional arguments fixed while tracing): all sites of every conv."""
