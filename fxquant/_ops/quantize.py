@@ -6,14 +6,16 @@ which calls the truncation kernels). float32, float16 and bfloat16 inputs are co
 float32, float64 inputs in float64; nothing is ever widened beyond that.
 
 **Minifloats.** ``scale="none"`` rounds every value to the format's grid: with ``e`` the
-exponent of ``|x|`` (at least the format's ``emin``) the spacing there is
-``q = 2**(e - man_bits)`` and ``|x| / q`` (exact: a power of two) is rounded to an integer
-(half to even; ``trunc``; or ``floor(. + U[0, 1))``). Ties of formats without mantissa
-bits go to the even exponent field. Then the format's overflow rule applies (saturate, or
-inf when the format has inf and the rounding is not toward zero), subnormals flush to
-zero when the format has none, NaN stays NaN (with its payload) and +-inf stays +-inf
-where the format has inf (else it saturates). For ``"e4m3"``, ``"e5m2"``, ``"fp16"`` and
-``"bf16"`` this is bit-identical to torch's casts (and uses them in eager).
+exponent of ``|x|`` (at least the format's ``emin``) the spacing there is ``q = 2**(e -
+man_bits)`` and ``|x| / q`` (exact: a power of two) is rounded to an integer (half to
+even; ``trunc``; or ``floor(. + U[0, 1))``). Ties of formats without mantissa bits go to
+the even exponent field. (Nearest and toward zero compute the same values on the bit
+pattern of ``|x|``, which vectorizes better: :func:`_round_pattern`.) Then the format's
+overflow rule applies (saturate, or inf when the format has inf and the rounding is not
+toward zero), subnormals flush to zero when the format has none, NaN stays NaN (with its
+payload) and +-inf stays +-inf where the format has inf (else it saturates). For
+``"e4m3"``, ``"e5m2"``, ``"fp16"`` and ``"bf16"`` this is bit-identical to torch's casts
+(and uses them in eager).
 
 With a scale, ``y = x * factor`` is rounded and divided back: ``factor = max_finite /
 amax`` per tensor or per row (``amax`` over finite values, from the data or from an
@@ -147,7 +149,8 @@ def _round_pattern(a: Tensor, fmt: Format, rounding: str, layout: FloatLayout) -
     r = (bits & -(1 << drop)).view(a.dtype)
     if fmt.emin == 1 - _BIAS[layout.width]:
         return r
-    k = fmt.emin - fmt.man_bits  # the subnormal spacing is 2**k; -k <= 2 * 126 per factor
+    k = fmt.emin - fmt.man_bits  # the subnormal spacing is 2**k (2**-k may pass the
+    # dtype's range: two factors, each within it)
     up1, up2 = -k // 2, -k - (-k // 2)
     v = a * (2.0 ** up1) * (2.0 ** up2)
     n = torch.round(v) if rounding == Rounding.NEAREST else torch.trunc(v)
