@@ -77,7 +77,6 @@ _COMPUTE = {torch.float32: torch.float32, torch.float16: torch.float32,
             torch.bfloat16: torch.float32, torch.float64: torch.float64}
 _TORCH_CASTS = {PRESETS["e4m3"]: torch.float8_e4m3fn, PRESETS["e5m2"]: torch.float8_e5m2,
                 PRESETS["fp16"]: torch.float16, PRESETS["bf16"]: torch.bfloat16}
-_FP8_CASTS = {fmt: dtype for fmt, dtype in _TORCH_CASTS.items() if dtype.itemsize == 1}
 _BIAS = {32: 127, 64: 1023}
 
 
@@ -330,31 +329,18 @@ def _int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Ten
 # -- the whole op, on one chunk or one tensor -------------------------------------------------
 
 
-def _round_float_or_cast(y: Tensor, fmt: Format, rounding: str, noise: Tensor | None) -> Tensor:
-    """:func:`round_float`, or torch's cast where it gives the same values (E4M3 and E5M2
-    from float32 to nearest): inductor compiles a cast into one vectorized conversion, the
-    general rounding into ~20 operations per element (1.5x ``clone``). Not FP16 / BF16:
-    inductor drops a float32 -> float16 -> float32 round trip as a no-op (its
-    ``emulate_precision_casts`` is off by default), which returned the input unrounded."""
-    cast = _FP8_CASTS.get(fmt) if rounding == Rounding.NEAREST and \
-        y.dtype == torch.float32 else None
-    if cast is not None:
-        return y.to(cast).to(y.dtype)
-    return round_float(y, fmt, rounding, noise)
-
-
 def _scaled(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
             bounds: Tensor | None, noise: Tensor | None) -> Tensor:
     """Quantize ``x`` (compute dtype) whose rows or blocks line up with ``bounds``."""
     if isinstance(fmt, Format):
         if mode is Scale.NONE:
-            return _round_float_or_cast(x, fmt, rounding, noise)
+            return round_float(x, fmt, rounding, noise)
         assert bounds is not None
         amax = _amax(bounds)
         factor = _mx_factor(amax, fmt.emax) if mode.per_block else _format_factor(amax, fmt, mode)
         factor = _broadcast(factor, x, mode)
         target = _saturating(fmt) if mode.per_block else fmt  # MX saturates
-        return _round_float_or_cast(x * factor, target, rounding, noise) / factor
+        return round_float(x * factor, target, rounding, noise) / factor
     if mode is Scale.NONE:
         return torch.where(_isnan(x), x, round_int(x, fmt, rounding, noise))
     assert bounds is not None

@@ -40,8 +40,9 @@ def test_bit_identical_to_torch_casts(name):
 
 @pytest.mark.parametrize("name", list(TORCH_CASTS))
 def test_round_float_equals_torch_casts(name):
-    """The general rounding itself (which float64 inputs and other roundings use; float32
-    to nearest takes torch's cast) against the casts, bit for bit."""
+    """The per-element rounding itself (what compiled graphs, float64 inputs and other
+    roundings use; eager float32 to nearest takes torch's cast) against the casts, bit for
+    bit."""
     from fxquant._ops.quantize import round_float
 
     dtype = TORCH_CASTS[name]
