@@ -180,12 +180,7 @@ def _dropout_source(gm: GraphModule, part: Node, layer: Node, extra: tuple) -> N
     if list(part.users) != [layer] or len(part.args) != 1 or part.kwargs \
             or not isinstance(part.args[0], Node):
         return None
-    before = set()
-    for n in part.graph.nodes:
-        if n is part:
-            break
-        before.add(n)
-    return part.args[0] if all(e in before for e in extra) else None
+    return part.args[0] if all(e < part for e in extra) else None  # fx keeps node order
 
 
 def _is_model_input(node: Node, gm: GraphModule | None = None) -> bool:
