@@ -105,15 +105,18 @@ def mapping_for(method: str, target: float, data: Any) -> fxquant.QuantMapping:
 
 
 def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
-          desc: str) -> float:
+          desc: str, lsq_refit: int = 0) -> float:
     """gcn.py's loop (plus the bit penalty for learned bits); test accuracy at the best
-    validation epoch."""
+    validation epoch. Learned steps are fitted again on each of the first ``lsq_refit``
+    epochs (:func:`fxquant.refit_steps`)."""
     optimizer = torch.optim.Adam(train_cora._param_groups(model), lr=0.01)
     learned = target is not None and any(
         isinstance(m, fxquant.QuantPoint) and m.row_bits is not None for m in model.modules())
     best_val = test = 0.0
-    for _ in range(epochs):
+    for epoch in range(epochs):
         model.train()
+        if 0 < epoch < lsq_refit:
+            fxquant.refit_steps(model)
         optimizer.zero_grad()
         out = model(data.x, data.edge_index)
         loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
@@ -157,6 +160,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="also round the last layer's output (the logits; float32 by default)")
     p.add_argument("--input-format", default=INPUT_FORMAT,
                    help="the raw input features' format[:scale] (default uint1:row)")
+    p.add_argument("--lsq-refit", type=int, default=0, metavar="N",
+                   help="fit the learned steps again on each of the first N epochs "
+                        "(fxquant.refit_steps; default: on the first only)")
     p.add_argument("--root", default=None)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
@@ -188,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
             gm = fxquant.transform(model, mapping_for(args.method, target, data), lint="off")
             accs.append(train(gm, data, args.epochs, target,
-                              f"{args.method} {target} bits seed {seed}"))
+                              f"{args.method} {target} bits seed {seed}", args.lsq_refit))
             reports.append(fxquant.bit_report(gm, data.x, data.edge_index))
         results.append({
             "method": args.method, "target_bits": target,
@@ -198,7 +204,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "histogram": reports[0].histogram, "accs": accs, "fp32_accs": fp32,
         })
     return {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
-            "epochs": args.epochs, "torch": torch.__version__, "fp32_accs": fp32,
+            "epochs": args.epochs, "lsq_refit": args.lsq_refit, "torch": torch.__version__,
+            "fp32_accs": fp32,
             "results": results}
 
 

@@ -75,6 +75,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    metavar="P_MIN:P_MAX", help="Degree-Quant protection (default 0:0.2)")
     p.add_argument("--only", default=None,
                    help="comma list of row keys to run (FP32 always): " + ",".join(rows((0, 0))))
+    p.add_argument("--lsq-refit", type=int, default=0, metavar="N",
+                   help="fit the LSQ rows' steps again on each of the first N epochs "
+                        "(fxquant.refit_steps; default: on the first only)")
     p.add_argument("--root", default=None)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
@@ -226,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
         for cfg in configs:
             model = train_cora.build(cfg, data, dataset.num_classes, seed, args.model)
             acc, times = train_cora.train_one(model, data, args.epochs, f"{cfg.name} seed {seed}",
-                                              device)
+                                              device, args.lsq_refit)
             cfg.accs.append(acc)
             cfg.epoch_ms.extend(times)
             print(f"seed {seed} {cfg.name}: {100 * acc:.1f}", file=sys.stderr, flush=True)

@@ -182,16 +182,21 @@ def _param_groups(model: torch.nn.Module) -> list[dict]:
     return [{"params": decayed, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0.0}]
 
 
-def train_one(model: torch.nn.Module, data, epochs: int, desc: str, device: torch.device):
-    """PyG's gcn.py loop; returns (test accuracy at the best validation epoch, epoch times)."""
+def train_one(model: torch.nn.Module, data, epochs: int, desc: str, device: torch.device,
+              lsq_refit: int = 0):
+    """PyG's gcn.py loop; returns (test accuracy at the best validation epoch, epoch times).
+    Learned steps are fitted again on each of the first ``lsq_refit`` epochs
+    (:func:`fxquant.refit_steps`)."""
     model.to(device)
     optimizer = torch.optim.Adam(_param_groups(model), lr=0.01)
     best_val = test_acc = 0.0
     times = []
     bar = tqdm(range(epochs), desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
-    for _ in bar:
+    for epoch in bar:
         start = time.perf_counter()
         model.train()
+        if 0 < epoch < lsq_refit:  # (the first epoch fits them anyway)
+            fxquant.refit_steps(model)
         optimizer.zero_grad()
         out = model(data.x, data.edge_index)
         F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
@@ -289,6 +294,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="scaling for formats (default: tensor; block32: OCP MX)")
     p.add_argument("--range", default="minmax", type=_range, metavar="{minmax,percentile:Q,lsq}",
                    help="where a scale's range comes from (default: minmax)")
+    p.add_argument("--lsq-refit", type=int, default=0, metavar="N",
+                   help="with --range lsq: fit the learned steps again on each of the first N "
+                        "epochs (fxquant.refit_steps), then learn them (default: first only)")
     p.add_argument("--momentum", type=float, default=None,
                    help="formats with --scale tensor: running range for eval")
     p.add_argument("--sites", type=_sites, default=["output"], metavar="SITES",
@@ -507,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
         for seed in range(args.seeds):
             model = build(cfg, data, dataset.num_classes, seed, args.model)
             desc = f"{cfg.name} {cfg.rounding_label} seed {seed}"
-            acc, times = train_one(model, data, args.epochs, desc, device)
+            acc, times = train_one(model, data, args.epochs, desc, device, args.lsq_refit)
             cfg.accs.append(acc)
             cfg.epoch_ms.extend(times)
 

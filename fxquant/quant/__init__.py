@@ -9,7 +9,7 @@ from fxquant.quant.functional import quantize, truncate
 from fxquant.quant.nodes import top_degree_nodes
 from fxquant.quant.observers import RangeObserver
 from fxquant.quant.persist import load, save
-from fxquant.quant.points import QuantPoint
+from fxquant.quant.points import QuantPoint, refit_steps
 
 __all__ = [
     "BitReport",
@@ -25,6 +25,7 @@ __all__ = [
     "load",
     "quantization_points",
     "quantize",
+    "refit_steps",
     "save",
     "summary",
     "top_degree_nodes",

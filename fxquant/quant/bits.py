@@ -7,8 +7,9 @@ How bits are counted (so a budget cannot be met by accounting):
   row's bits (:class:`~fxquant.quant.config.RowBits`, a node override's number);
 - storage of what decoding needs is added: a float32 scale per tensor (32 bits, also for a
   learned LSQ step), per row (``scale="row"``: 32 bits per row) or per block of 32
-  (``"block32"``: an 8-bit E8M0 scale); a per-node bit-width costs 8 bits per node that
-  has rows there, unless it follows from the graph (``RowBits.by_degree``);
+  (``"block32"``: an 8-bit E8M0 scale); a per-node bit-width costs, per node that has
+  rows there, the bits of a fixed-length code for the allowed widths (3 for the default 2
+  to 8 bits: seven widths), unless it follows from the graph (``RowBits.by_degree``);
 - ``avg_bits`` averages over every quantized value **except the model's raw input
   features** (an ``input`` point on a forward argument): normalized bag-of-words rows are
   exact at 1 bit with a per-row scale, which would make any budget trivial. They are
@@ -31,12 +32,16 @@ from tabulate import tabulate
 from torch import Tensor, nn
 
 from fxquant.modes import Scale
+from fxquant.quant.config import RowBits
 from fxquant.quant.points import QuantPoint
 
 __all__ = ["BitReport", "SiteBits", "bit_penalty", "bit_report"]
 
-#: Bits that store one per-node bit-width.
-BITWIDTH_BITS = 8
+
+def bitwidth_bits(row_bits: RowBits) -> int:
+    """Bits that store one per-node bit-width: a fixed-length code for the
+    ``max_bits - min_bits + 1`` widths allowed (3 for 2..8 and for 1..8)."""
+    return max(1, math.ceil(math.log2(row_bits.max_bits - row_bits.min_bits + 1)))
 
 
 @dataclass
@@ -136,7 +141,7 @@ def _count(name: str, point: QuantPoint, differentiable: bool = False
         if differentiable and point.row_bits is not None:
             learned_sum = bits.sum() * width
         histogram = dict(Counter(int(b) for b in bits.detach().round().tolist()))
-        storage = BITWIDTH_BITS * num_nodes if config.row_bits.stored else 0
+        storage = bitwidth_bits(config.row_bits) * num_nodes if config.row_bits.stored else 0
     else:
         base = config.number.bits
         value_bits = float(base * values)

@@ -26,7 +26,7 @@ from fxquant.quant.lsq import lsq_round
 from fxquant.quant.nodes import NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
-__all__ = ["QuantPoint", "in_degree"]
+__all__ = ["QuantPoint", "in_degree", "refit_steps"]
 
 #: values (a strided sample) and candidate steps the learned step starts from
 INIT_SAMPLE = 1 << 16
@@ -69,10 +69,10 @@ class QuantPoint(nn.Module):
 
     With ``range="lsq"`` the step ``s`` is learned (LSQ, Esser et al., ICLR 2020): set on
     the first training batch to the step that rounds it with the least error (see
-    ``_init_step``), then learned with the LSQ gradient (scaled by ``1 / sqrt(numel *
-    qmax)``); values are ``s * round(clamp(x / s, qmin, qmax))``
-    (:func:`~fxquant.quant.lsq.lsq_round`), whose gradient is straight-through inside the
-    range and zero outside.
+    ``_init_step``; again on the next training batch after :func:`refit_steps`), then
+    learned with the LSQ gradient (scaled by ``1 / sqrt(numel * qmax)``); values are
+    ``s * round(clamp(x / s, qmin, qmax))`` (:func:`~fxquant.quant.lsq.lsq_round`), whose
+    gradient is straight-through inside the range and zero outside.
     The parameter is ``log_step`` (``s = exp(log_step)``, always positive): an adaptive
     optimizer moves a parameter by about its learning rate per step whatever its size, so
     on ``s`` itself Adam's ``lr=0.01`` moved steps of ~0.01 by their own size each
@@ -377,7 +377,9 @@ class QuantPoint(nn.Module):
             error = (codes * steps[:, None] - v[None, :]).square().sum(1)
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 dist.all_reduce(error, op=dist.ReduceOp.SUM)
-            best = steps[torch.argmin(error)].clamp(min=1e-8)
+            # index_select, not steps[argmin]: traceable without a data-dependent index
+            best = steps.index_select(0, torch.argmin(error).reshape(1)).reshape(())
+            best = best.clamp(min=1e-8)
             self.log_step.copy_(best.log().to(self.log_step.dtype))
         self.step_ready = True
 
@@ -424,3 +426,40 @@ class QuantPoint(nn.Module):
         if self.override_nodes is None or self.override_number is None:
             return "-"
         return describe_nodes(self.override_nodes, self.override_number)
+
+
+def refit_steps(model: nn.Module) -> int:
+    """Fit every learned step (``range="lsq"``) of ``model`` again on its next training
+    forward, as on the first one (the step that rounds that batch with the least error);
+    returns how many points will.
+
+    A learned step is fitted once, on the first training batch, then learned. Trained
+    from scratch, that batch comes from an untrained model whose activations are much
+    smaller than the trained model's, and Adam moves ``log_step`` by about its learning
+    rate per iteration: a step that starts 100x too small needs ~460 iterations at
+    ``lr=0.01`` to catch up, and the grid clips meanwhile (a GCN on CiteSeer with int4
+    everywhere stayed at chance: its logits' step started at 0.001). Calling this before
+    each of the first training steps (a warm-up, as torch.ao QAT keeps its observers on
+    for the first epochs) lets the steps follow the growing activations; the LSQ gradient
+    takes over after the last call. It only clears a flag: under ``torch.compile`` that
+    flag selects one of two compiled graphs, each compiled once. Loading a state dict
+    marks the steps fitted again.
+
+    Example:
+        >>> import fxquant
+        >>> config = fxquant.QuantConfig("int4", scale="tensor", range="lsq")
+        >>> gm = fxquant.transform(torch.nn.Sequential(torch.nn.Linear(4, 4)),
+        ...                        fxquant.QuantMapping().set_name("0", config))
+        >>> _ = gm(torch.randn(8, 4))               # the first training batch fits the step
+        >>> point = gm.get_submodule("_0_quant")
+        >>> before = float(point.step)
+        >>> fxquant.refit_steps(gm)
+        1
+        >>> _ = gm(100 * torch.randn(8, 4))         # fitted again: 100x larger values
+        >>> float(point.step) > 10 * before
+        True
+    """
+    points = [m for m in model.modules() if isinstance(m, QuantPoint) and m.log_step is not None]
+    for point in points:
+        point.step_ready = False
+    return len(points)

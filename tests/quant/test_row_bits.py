@@ -86,8 +86,9 @@ class TwoLayers(nn.Module):
 
 def test_accounting_matches_a_hand_count():
     """5 nodes, 4 edges (+5 self loops = 9 messages). conv1: input int8 per tensor (raw
-    input: reported apart), messages with node bits [2,2,4,4,8] (a stored table: 8 bits per
-    node) and a per-tensor scale (32 bits); conv2 output e2m1 with a per-row scale."""
+    input: reported apart), messages with node bits [2,2,4,4,8] (a stored table: 3 bits per
+    node, for the seven widths 2..8) and a per-tensor scale (32 bits); conv2 output e2m1
+    with a per-row scale."""
     x = torch.randn(5, 3)
     edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
     bits = torch.tensor([2, 2, 4, 4, 8])
@@ -101,7 +102,7 @@ def test_accounting_matches_a_hand_count():
     by_site = {(s.layer, s.site): s for s in report.sites}
     # messages: targets are edge_index[1] plus one self loop per node
     targets = torch.cat([edge_index[1], torch.arange(5)])
-    message_bits = int(bits[targets].sum()) * 4 + 8 * 5 + 32
+    message_bits = int(bits[targets].sum()) * 4 + 3 * 5 + 32
     assert by_site[("conv1", "message")].values == 9 * 4
     assert by_site[("conv1", "message")].avg_bits == pytest.approx(message_bits / 36)
     assert by_site[("conv1", "message")].histogram == {2: 3, 4: 4, 8: 2}
@@ -113,6 +114,17 @@ def test_accounting_matches_a_hand_count():
     assert report.avg_bits_with_input == pytest.approx(
         (message_bits + output_bits + 8 * 15 + 32) / (36 + 10 + 15))
     assert "avg_bits" in str(report)
+
+
+def test_a_stored_bit_width_costs_a_fixed_length_code():
+    """ceil(log2(widths allowed)) bits per node: 3 for 2..8 and 1..8, 1 for one width."""
+    from fxquant.quant.bits import bitwidth_bits
+    bits = torch.tensor([2, 3])
+    assert bitwidth_bits(RowBits(bits)) == 3
+    assert bitwidth_bits(RowBits(bits, min_bits=1)) == 3
+    assert bitwidth_bits(RowBits(bits, min_bits=2, max_bits=3)) == 1
+    assert bitwidth_bits(RowBits(torch.tensor([3, 3]), min_bits=3, max_bits=3)) == 1
+    assert bitwidth_bits(RowBits(bits, min_bits=1, max_bits=16)) == 4
 
 
 def test_degree_rule_follows_in_degree_and_needs_no_storage():

@@ -364,6 +364,34 @@ def test_lsq_step_is_initialized_learned_and_saved(tmp_path):
     assert again.layer_input_quant.step.item() == point.step.item()
 
 
+def test_refit_steps_fits_again_on_the_next_training_batch_only(tmp_path):
+    """fxquant.refit_steps: the next training forward fits the step to its batch as the
+    first did; an eval forward does not; after that one fit the step is learned again."""
+    torch.manual_seed(0)
+    x, ei = graph_data()
+    cfg = QuantConfig("int4", scale="tensor", range="lsq")
+    gm = fxquant.transform(One(GCNConv(4, 8)), mapping_for(["input", "message"], cfg))
+    gm(x, ei)
+    point = gm.layer_input_quant
+    first = point.step.item()
+    assert fxquant.refit_steps(gm) == 2
+    assert fxquant.refit_steps(torch.nn.Linear(2, 2)) == 0
+    gm.eval()
+    gm(50 * x, ei)
+    assert point.step.item() == first  # eval never fits
+    gm.train()
+    gm(50 * x, ei)
+    assert point.step.item() == pytest.approx(_least_error_step(50 * x, -8, 7), rel=1e-5)
+    fitted = point.step.item()
+    gm(x, ei)  # one fit per call: learned from here on
+    assert point.step.item() == fitted
+    fxquant.refit_steps(gm)
+    fxquant.save(gm, tmp_path / "refit.pt")  # a loaded step counts as fitted
+    again = fxquant.load(tmp_path / "refit.pt", One(GCNConv(4, 8)))
+    again(x, ei)
+    assert again.layer_input_quant.step.item() == fitted
+
+
 def test_lsq_start_keeps_a_two_bit_grid_alive():
     """On a 2-bit grid LSQ's own start (2 mean|x|) rounds most of a Gaussian to zero; the
     least-error start keeps most values non-zero, so a ReLU after it passes a gradient."""
@@ -454,6 +482,13 @@ def test_observers_learned_steps_and_protection_compile_without_breaks():
     gm(x, ei).sum().backward()  # initializes the LSQ step and the running range
     compiled = torch.compile(gm, fullgraph=True)
     compiled(x, ei).sum().backward()  # training: masks, range updates, LSQ gradient
+    point = next(m for m in gm.modules() if isinstance(m, QuantPoint) and m.step is not None)
+    step = point.step.item()
+    with torch.no_grad():
+        gm.layer.lin.weight.mul_(10)
+    fxquant.refit_steps(gm)  # a flag: the compiled graph that fits, then the one that learns
+    compiled(x, ei).sum().backward()
+    assert point.step_ready and point.step.item() == pytest.approx(10 * step, rel=0.2)
     gm.eval()
     with torch.no_grad():
         assert torch.allclose(compiled(x, ei), gm(x, ei), atol=1e-5)
