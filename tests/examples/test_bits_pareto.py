@@ -19,9 +19,10 @@ FIELDS = {"method", "target_bits", "avg_bits", "input_bits", "avg_bits_with_inpu
 def test_json_contract(method, tmp_path, capsys):
     out = tmp_path / f"{method}.json"
     bits_pareto.main(["--method", method, "--target-bits", "2,3", "--seeds", "1", "--epochs", "2",
-                      "--dataset", "Cora", "--json", str(out)])
+                      "--dataset", "Cora", "--json", str(out), "--lsq-refit", "2"])
     payload = json.loads(out.read_text())
     assert [r["target_bits"] for r in payload["results"]] == [2.0, 3.0]
+    assert payload["lsq_refit"] == 2
     for result in payload["results"]:
         assert set(result) >= FIELDS
         assert result["method"] == method and len(result["accs"]) == 1

@@ -103,6 +103,32 @@ def test_sites_contract_smoke(tmp_path, capsys):
     assert [c.name for c in configs] == ["FP32", "int4 (tensor, lsq)"]
 
 
+def test_lsq_refit_refits_the_steps_on_the_first_epochs(monkeypatch):
+    """train_one(lsq_refit=N) calls fxquant.refit_steps before training forwards 2..N (the
+    first fits the steps anyway), and never after."""
+    from torch_geometric.data import Data
+    torch.manual_seed(0)
+    n = 30
+    data = Data(x=torch.rand(n, 8), edge_index=torch.randint(0, n, (2, 90)),
+                y=torch.randint(0, 3, (n,)))
+    for mask in ("train_mask", "val_mask", "test_mask"):
+        data[mask] = torch.ones(n, dtype=torch.bool)
+    cfg = train_cora.Config("int4", "int4", "nearest", scale="tensor", range="lsq")
+    model = train_cora.build(cfg, data, 3, seed=0)
+    forwards: list[int] = []
+    model.register_forward_pre_hook(lambda m, args: forwards.append(1) if m.training else None)
+    calls = []
+    real = fxquant.refit_steps
+
+    def spy(gm):
+        calls.append(len(forwards))
+        return real(gm)
+
+    monkeypatch.setattr(fxquant, "refit_steps", spy)
+    train_cora.train_one(model, data, 6, "test", torch.device("cpu"), lsq_refit=3)
+    assert calls == [1, 2]  # after the 1st and 2nd training forwards, before the next
+
+
 @needs_data
 @pytest.mark.parametrize("model", ["gin", "gat"])
 def test_zoo_models_smoke(model, tmp_path):
