@@ -15,7 +15,8 @@ overflow rule applies (saturate, or inf when the format has inf and the rounding
 toward zero), subnormals flush to zero when the format has none, NaN stays NaN (with its
 payload) and +-inf stays +-inf where the format has inf (else it saturates). For
 ``"e4m3"``, ``"e5m2"``, ``"fp16"`` and ``"bf16"`` this is bit-identical to torch's casts
-(and uses them in eager).
+(and uses them in eager, as it does for the saturating formats whose grid is an fp8
+type's moved by a power of two, such as E2M3 and E3M2: :func:`_cast_route`).
 
 With a scale, ``y = x * factor`` is rounded and divided back: ``factor = max_finite /
 amax`` per tensor or per row (``amax`` over finite values, from the data or from an
