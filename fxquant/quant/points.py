@@ -306,7 +306,7 @@ class QuantPoint(nn.Module):
         first = seen.shape[0] - count
         pos = torch.searchsorted(order.values, node_range.to(seen.dtype).contiguous())
         hi = torch.minimum(torch.maximum(pos, first), torch.full_like(pos, seen.shape[0] - 1))
-        lo = torch.maximum(hi - 1, first)
+        lo = torch.minimum(torch.maximum(hi - 1, first), hi)  # in range when nothing was seen
         closer_lo = (node_range - order.values[lo]).abs() < (order.values[hi] - node_range).abs()
         pick = torch.where(closer_lo, lo, hi)
         fallback = table.detach().mean()

@@ -178,6 +178,24 @@ def test_unseen_nodes_take_the_bits_of_the_nearest_seen_range():
     assert bits.tolist() == [5.0, 3.0]
 
 
+def test_learned_bits_before_any_training_take_the_table_mean():
+    """An eval forward (or a bit report) of a model with learned bit-widths that has not
+    trained yet: no node was seen, every row takes the table's mean (it raised IndexError)."""
+    gm = learned_gcn().eval()
+    with torch.no_grad():
+        for m in gm.modules():
+            if isinstance(m, QuantPoint) and m.row_bits is not None:
+                m.row_bits.copy_(torch.linspace(2, 8, 30))  # mean 5
+    x, edge_index = torch.randn(30, 3), torch.randint(0, 30, (2, 90))
+    out = gm(x, edge_index)
+    assert torch.isfinite(out).all()
+    report = fxquant.bit_report(gm, x, edge_index)
+    point = next(m for m in gm.modules() if isinstance(m, QuantPoint) and m.row_bits is not None)
+    bits, _ = point.__dict__["last_row_bits"]
+    assert torch.allclose(bits, torch.full_like(bits, 5.0))
+    assert report.avg_bits > 0
+
+
 def test_configuration_errors_name_the_fix():
     with pytest.raises(ValueError, match="integer format"):
         QuantConfig("e4m3", scale="tensor", row_bits=RowBits(torch.tensor([2, 4])))
