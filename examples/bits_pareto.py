@@ -160,7 +160,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="also round the last layer's output (the logits; float32 by default)")
     p.add_argument("--input-format", default=INPUT_FORMAT,
                    help="the raw input features' format[:scale] (default uint1:row)")
-    p.add_argument("--lsq-refit", type=int, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=train_cora._epochs, default=0, metavar="N",
                    help="fit the learned steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
     p.add_argument("--root", default=None)

@@ -75,7 +75,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    metavar="P_MIN:P_MAX", help="Degree-Quant protection (default 0:0.2)")
     p.add_argument("--only", default=None,
                    help="comma list of row keys to run (FP32 always): " + ",".join(rows((0, 0))))
-    p.add_argument("--lsq-refit", type=int, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=train_cora._epochs, default=0, metavar="N",
                    help="fit the LSQ rows' steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
     p.add_argument("--root", default=None)

@@ -215,6 +215,17 @@ def train_one(model: torch.nn.Module, data, epochs: int, desc: str, device: torc
     return test_acc, times
 
 
+def _epochs(text: str) -> int:
+    """A count of epochs, 0 or more (``--lsq-refit``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of epochs (0 or more), got {text!r}")
+    return value
+
+
 def _number(text: str) -> int | str:
     """An int of kept bits (1..32) or a format name that fxquant knows."""
     text = text.strip()
@@ -294,7 +305,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="scaling for formats (default: tensor; block32: OCP MX)")
     p.add_argument("--range", default="minmax", type=_range, metavar="{minmax,percentile:Q,lsq}",
                    help="where a scale's range comes from (default: minmax)")
-    p.add_argument("--lsq-refit", type=int, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=_epochs, default=0, metavar="N",
                    help="with --range lsq: fit the learned steps again on each of the first N "
                         "epochs (fxquant.refit_steps), then learn them (default: first only)")
     p.add_argument("--momentum", type=float, default=None,

@@ -59,6 +59,7 @@ def test_script_smoke_with_json(tmp_path, capsys):
         (["--super-nodes", "2:8"], "FRACTION:BITS"),
         (["--bits", "8", "--format", "e4m3"], "not allowed with"),
         (["--seeds", "0"], "must be >= 1"),
+        (["--lsq-refit", "-3"], "number of epochs (0 or more), got '-3'"),
     ],
 )
 def test_script_usage_errors(argv, message, capsys):
