@@ -528,15 +528,22 @@ def _cast_route(fmt: Format, rounding: str, compute: torch.dtype) -> tuple[torch
     return None
 
 
-def _cast_into(part: Tensor, dtype: torch.dtype, table: Tensor | None) -> None:
-    """``part`` (float32) rounded in place by torch's cast to ``dtype`` and back. An 8-bit
-    float comes back through ``table``, its 256 values as float32: torch's own fp8 to
-    float32 conversion is a scalar loop on CPU (5x the lookup on 256K values here)."""
+def _cast_into(part: Tensor, dtype: torch.dtype, shift: int, lim: float,
+               table: Tensor | None) -> None:
+    """``part`` (float32) rounded in place by torch's cast to ``dtype`` and back, along a
+    route of :func:`_cast_route` (with a shift: saturated at ``lim``, already scaled, and
+    moved onto the cast's grid and back). An 8-bit float comes back through ``table``, its
+    256 values as float32: torch's own fp8 to float32 conversion is a scalar loop on CPU
+    (5x the lookup on 256K values here)."""
+    if shift:
+        part.mul_(2.0 ** shift).clamp_(-lim, lim)
     rounded = part.to(dtype)
     if table is None:
         part.copy_(rounded)
     else:
         torch.index_select(table, 0, rounded.view(torch.uint8).to(torch.int32), out=part)
+    if shift:
+        part.mul_(2.0 ** -shift)
 
 
 def _fp8_table(dtype: torch.dtype, device: torch.device) -> Tensor | None:
@@ -582,7 +589,10 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
             assert factor is not None
             out = torch.mul(view, factor)
         route = _cast_route(target, rounding, compute)
-        table = _fp8_table(route[0], x.device) if route is not None else None
+        if route is not None:  # the same for every chunk
+            cast, shift = route
+            lim = _finite(target.max_finite, compute) * 2.0 ** shift
+            table = _fp8_table(cast, x.device)
         split = _split_rounds(target, rounding)
         for part, source in zip(_chunks(out), _chunks(view), strict=True):
             if whole:
@@ -591,13 +601,7 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
                 else:
                     torch.mul(source, factor, out=part)
             if route is not None:
-                cast, shift = route
-                if shift:  # saturate, then onto the cast's grid
-                    lim = _finite(target.max_finite, compute) * 2.0 ** shift
-                    part.mul_(2.0 ** shift).clamp_(-lim, lim)
-                _cast_into(part, cast, table)
-                if shift:
-                    part.mul_(2.0 ** -shift)
+                _cast_into(part, cast, shift, lim, table)
             elif split:
                 _round_nearest_split(part, target)
             else:
