@@ -62,6 +62,10 @@ FORMATS = {3: "e1m1", 4: "e2m1", 5: "e2m2", 6: "e2m3", 7: "e3m3", 8: "e4m3"}
 PENALTY = 1.0
 INPUT_FORMAT = "uint1:row"
 QUANTIZE_LOGITS = False
+#: the signed integer grid: "midrise" (2**b levels, no zero; 1 bit is the sign) or
+#: "symmetric" (2**b - 1 levels around 0, 2 bits at least)
+SIGNED_GRIDS = ("midrise", "symmetric")
+SIGNED_GRID = "symmetric"
 
 
 def site_config(method: str, target: float, data: Any, unsigned: bool) -> fxquant.QuantConfig:
@@ -69,7 +73,9 @@ def site_config(method: str, target: float, data: Any, unsigned: bool) -> fxquan
     where the values are non-negative (or about to be clamped at zero by a ReLU)."""
     n = data.num_nodes
     kind = "uint" if unsigned else "int"
-    lowest = 1 if unsigned else 2
+    midrise = not unsigned and SIGNED_GRID == "midrise"
+    option = ":midrise" if midrise else ""
+    lowest = 1 if unsigned or midrise else 2
     if method == "topn":
         return fxquant.QuantConfig(max(1, round(target)), "nearest")
     if method == "format":
@@ -77,7 +83,7 @@ def site_config(method: str, target: float, data: Any, unsigned: bool) -> fxquan
         return fxquant.QuantConfig(FORMATS[bits], scale="row")
     if method == "int":
         bits = max(lowest, math.floor(target))
-        return fxquant.QuantConfig(f"{kind}{bits}", scale="tensor", range="lsq")
+        return fxquant.QuantConfig(f"{kind}{bits}{option}", scale="tensor", range="lsq")
     if method == "degree":
         low, fraction = math.floor(target), target - math.floor(target)
         levels, quantile = (low, low + 1), 1 - fraction
@@ -86,9 +92,9 @@ def site_config(method: str, target: float, data: Any, unsigned: bool) -> fxquan
         levels = (max(lowest, levels[0]), max(lowest, levels[1]))
         rb = fxquant.RowBits.by_degree(data.edge_index, n, [quantile], list(levels),
                                        min_bits=lowest)
-        return fxquant.QuantConfig(f"{kind}8", scale="tensor", range="lsq", row_bits=rb)
+        return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
     rb = fxquant.RowBits.learned_init(n, init=min(8.0, target + 1.0), min_bits=lowest)
-    return fxquant.QuantConfig(f"{kind}8", scale="tensor", range="lsq", row_bits=rb)
+    return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
 
 
 def mapping_for(method: str, target: float, data: Any) -> fxquant.QuantMapping:
@@ -160,6 +166,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="also round the last layer's output (the logits; float32 by default)")
     p.add_argument("--input-format", default=INPUT_FORMAT,
                    help="the raw input features' format[:scale] (default uint1:row)")
+    p.add_argument("--signed-grid", choices=SIGNED_GRIDS, default=SIGNED_GRID,
+                   help="signed integer sites: 'midrise' (2**b levels k + 1/2, no zero; "
+                        "1 bit is the sign) or 'symmetric' (-(2**(b-1) - 1) .. 2**(b-1) - 1, "
+                        "at least 2 bits) (default: symmetric)")
+    p.add_argument("--shared-step", action="store_true",
+                   help="the second layer's input rounds with the first layer's output step "
+                        "(fxquant.share_step; int, degree, learned); by default each learns "
+                        "its own")
     p.add_argument("--lsq-refit", type=train_cora._epochs, default=0, metavar="N",
                    help="fit the learned steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
@@ -175,8 +189,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    global INPUT_FORMAT, QUANTIZE_LOGITS, PENALTY
+    global INPUT_FORMAT, QUANTIZE_LOGITS, PENALTY, SIGNED_GRID
     INPUT_FORMAT, QUANTIZE_LOGITS = args.input_format, args.quantize_logits
+    SIGNED_GRID = args.signed_grid
     PENALTY = args.penalty
     dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
                              download=False)
@@ -193,6 +208,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             torch.manual_seed(seed)
             model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
             gm = fxquant.transform(model, mapping_for(args.method, target, data), lint="off")
+            if args.method in ("int", "degree", "learned") and args.shared_step:
+                # the hidden output, rounded, then ReLU'd, is the next layer's input: one grid
+                fxquant.share_step(gm, "conv2_input_quant", "conv1_quant")
             accs.append(train(gm, data, args.epochs, target,
                               f"{args.method} {target} bits seed {seed}", args.lsq_refit))
             reports.append(fxquant.bit_report(gm, data.x, data.edge_index))
@@ -204,9 +222,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "histogram": reports[0].histogram, "accs": accs, "fp32_accs": fp32,
         })
     return {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
-            "epochs": args.epochs, "lsq_refit": args.lsq_refit, "torch": torch.__version__,
+            "epochs": args.epochs, "lsq_refit": args.lsq_refit,
+            "signed_grid": args.signed_grid, "shared_step": args.shared_step, "torch": torch.__version__,
             "fp32_accs": fp32,
             "results": results}
+
+
+def _label(payload: dict[str, Any], method: str) -> str:
+    """The curve's name: the method, and the grid options when not the defaults."""
+    grid = payload.get("signed_grid", "symmetric")  # files from before the option: symmetric
+    extra = [grid] if grid != "symmetric" else []
+    if payload.get("shared_step") and method in ("int", "degree", "learned"):
+        extra.append("shared step")
+    return f"{method} ({', '.join(extra)})" if extra else method
 
 
 def table(payloads: list[dict[str, Any]]) -> str:
@@ -216,7 +244,8 @@ def table(payloads: list[dict[str, Any]]) -> str:
         for r in payload["results"]:
             acc = 100 * statistics.mean(r["accs"])
             sd = 100 * statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0
-            lines.append(f"| {payload['dataset']} | {r['method']} | {r['target_bits']:g} | "
+            lines.append(f"| {payload['dataset']} | {_label(payload, r['method'])} | "
+                         f"{r['target_bits']:g} | "
                          f"{r['avg_bits']:.2f} | {r['input_bits']:.2f} | {acc:.1f} +- {sd:.1f} | "
                          f"{100 * statistics.mean(r['fp32_accs']):.1f} |")
     return "\n".join(lines)
@@ -238,11 +267,11 @@ def plot(payloads: list[dict[str, Any]], path: str) -> None:
                 continue
             fp32 += p["fp32_accs"]
             for r in p["results"]:
-                by_method.setdefault(r["method"], []).append(
+                by_method.setdefault(_label(p, r["method"]), []).append(
                     (r["avg_bits"], 100 * statistics.mean(r["accs"]),
                      100 * statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0))
-        for method in METHODS:
-            points = sorted(by_method.get(method, []))
+        for method in sorted(by_method, key=lambda m: (METHODS.index(m.split()[0]), m)):
+            points = sorted(by_method[method])
             if points:
                 ax.errorbar([b for b, _, _ in points], [a for _, a, _ in points],
                             yerr=[s for _, _, s in points], marker="o", capsize=3, label=method)

@@ -193,31 +193,54 @@ class IntFormat:
     """Integers of ``bits`` bits, read as fixed point through a scale.
 
     Args:
-        bits (int): ``2..16`` signed, ``1..16`` unsigned.
+        bits (int): ``2..16`` signed, ``1..16`` unsigned or mid-rise.
         signed (bool, optional): ``[-2**(bits-1), 2**(bits-1) - 1]`` (two's complement) or
             ``[0, 2**bits - 1]``. (default: :obj:`True`)
         asymmetric (bool, optional): an affine grid with a zero point, mapping the range
             ``[lo, hi]`` (which always includes 0) onto ``[0, 2**bits - 1]``.
             (default: :obj:`False`: the grid is symmetric around 0 and ``amax`` maps to
             the largest code)
+        midrise (bool, optional): the signed codes ``k`` stand for ``k + 1/2``: ``2**bits``
+            levels symmetric around 0 and no zero (``":midrise"``; the mid-rise uniform
+            quantizer of signal processing). At 1 bit it is the sign times a scale
+            (binarization, as in XNOR-Net), at 2 bits ``{-1.5, -0.5, 0.5, 1.5}``, where the
+            two's complement grid rounds to ``{-2, -1, 0, 1}``, one level lopsided. Rounds
+            to nearest or stochastically (toward zero has no meaning without a zero).
+            (default: :obj:`False`)
 
     Example:
         >>> parse("int8"), parse("uint4").qmax, parse("int2").qmin
-        (IntFormat(bits=8, signed=True, asymmetric=False), 15, -2)
+        (IntFormat(bits=8, signed=True, asymmetric=False, midrise=False), 15, -2)
         >>> parse("int8:asym").spec(), parse(("int", 3)).spec()
         ('int8:asym', 'int3')
+        >>> fmt = parse("int2:midrise")
+        >>> [fmt.level(k) for k in range(fmt.qmin, fmt.qmax + 1)]
+        [-1.5, -0.5, 0.5, 1.5]
     """
 
     bits: int
     signed: bool = True
     asymmetric: bool = False
+    midrise: bool = False
 
     def __post_init__(self) -> None:
-        low = 2 if self.signed and not self.asymmetric else 1
+        if self.midrise and (self.asymmetric or not self.signed):
+            raise ValueError("IntFormat: a mid-rise grid is signed and symmetric; drop "
+                             "asymmetric / signed=False, or midrise")
+        low = 2 if self.signed and not self.asymmetric and not self.midrise else 1
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not low <= self.bits <= 16:
             raise ValueError(f"IntFormat: bits must be an int in {low}..16, got {self.bits!r}")
         if self.asymmetric:
             object.__setattr__(self, "signed", False)
+
+    @property
+    def offset(self) -> float:
+        """What a code stands for, minus the code: 0.5 on a mid-rise grid, else 0."""
+        return 0.5 if self.midrise else 0.0
+
+    def level(self, code: int) -> float:
+        """The value of ``code`` in units of the scale."""
+        return code + self.offset
 
     @property
     def qmin(self) -> int:
@@ -231,12 +254,14 @@ class IntFormat:
 
     @property
     def max_finite(self) -> float:
-        """The largest code, in units of the scale."""
-        return float(self.qmax)
+        """The largest level, in units of the scale."""
+        return self.qmax + self.offset
 
     def spec(self) -> str:
         if self.asymmetric:
             return f"int{self.bits}:asym"
+        if self.midrise:
+            return f"int{self.bits}:midrise"
         return f"{'' if self.signed else 'u'}int{self.bits}"
 
     def __str__(self) -> str:
@@ -285,7 +310,7 @@ def _int_option(spec: str, key: str, value: str) -> int:
 @functools.lru_cache(maxsize=256)
 def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Number:
     """A number from a preset name, ``"eXmY"``, ``(exp_bits, man_bits)``, ``"topN"``,
-    ``"intN"`` / ``"uintN"`` / ``"intN:asym"`` / ``("int", N)``, or the long form
+    ``"intN"`` / ``"uintN"`` / ``"intN:asym"`` / ``"intN:midrise"`` / ``("int", N)``, or the long form
     :meth:`Format.spec` writes.
 
     Example:
@@ -315,17 +340,18 @@ def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Numb
         return TopN(int(top.group(1)))
     integer = _INT.fullmatch(head)
     if integer:
-        if options and options != ["asym"]:
-            raise ValueError(f"unknown integer format option in {spec!r}; the one option is "
-                             "':asym' (an affine grid with a zero point)")
+        if options not in ([], ["asym"], ["midrise"]):
+            raise ValueError(f"unknown integer format option in {spec!r}; the options of "
+                             "'intN' are ':asym' (an affine grid with a zero point) and "
+                             "':midrise' (2**N levels symmetric around 0, no zero)")
         return IntFormat(int(integer.group(2)), signed=not integer.group(1),
-                         asymmetric=bool(options))
+                         asymmetric=options == ["asym"], midrise=options == ["midrise"])
     custom = _CUSTOM.fullmatch(head)
     if custom is None:
         raise ValueError(
             f"unknown format {spec!r}; presets: {sorted(PRESETS)}, or 'eXmY' for X exponent and "
-            "Y mantissa bits (e.g. 'e3m0'), 'intN' / 'uintN' / 'intN:asym' for integers, or "
-            "'topN' for top-N truncation."
+            "Y mantissa bits (e.g. 'e3m0'), 'intN' / 'uintN' / 'intN:asym' / 'intN:midrise' "
+            "for integers, or 'topN' for top-N truncation."
         )
     kwargs: dict[str, object] = {}
     for option in options:

@@ -197,12 +197,18 @@ def _isnan(v: Tensor) -> Tensor:
 
 def round_int(y: Tensor, fmt: IntFormat, rounding: str, noise: Tensor | None = None,
               zero_point: Tensor | None = None) -> Tensor:
-    """Codes: ``clamp(round(y) + zero_point, qmin, qmax)`` (as floats); NaN stays NaN.
+    """Codes: ``clamp(round(y) + zero_point, qmin, qmax)`` (as floats); NaN stays NaN. On a
+    mid-rise grid, the levels ``clamp(round(y - 1/2), qmin, qmax) + 1/2``.
 
     Example:
         >>> round_int(torch.tensor([-9.0, -2.5, 0.5, 1.5, 300.0]), parse("int4"), "nearest")
         tensor([-8., -2.,  0.,  2.,  7.])
+        >>> round_int(torch.tensor([-9.0, -0.2, 0.1, 1.2]), parse("int2:midrise"), "nearest")
+        tensor([-1.5000, -0.5000,  0.5000,  1.5000])
     """
+    if fmt.midrise:
+        assert rounding != Rounding.TOWARD_ZERO, "a mid-rise grid has no zero to round toward"
+        y = y - fmt.offset
     if rounding == Rounding.NEAREST:
         n = torch.round(y)
     elif rounding == Rounding.TOWARD_ZERO:
@@ -213,6 +219,8 @@ def round_int(y: Tensor, fmt: IntFormat, rounding: str, noise: Tensor | None = N
     if zero_point is not None:
         n = n + zero_point
     n = torch.clamp(n, fmt.qmin, fmt.qmax)
+    if fmt.midrise:
+        return n + fmt.offset
     # an unsigned grid has no -0: a small negative rounds to +0 like a large one clamps to it
     # (clamp keeps -0, and inductor's clamp does not: abs makes eager and compiled agree)
     return n.abs() if fmt.qmin >= 0 else n
@@ -314,7 +322,7 @@ def _int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Ten
         scale = span / (fmt.qmax - fmt.qmin)
     elif fmt.signed:
         span = _amax(bounds)
-        scale = span / fmt.qmax
+        scale = span / fmt.max_finite
     else:
         span = torch.clamp(hi, min=0.0)
         scale = span / fmt.qmax
@@ -636,6 +644,8 @@ def _eager_int(view: Tensor, fmt: IntFormat, rounding: str, mode: Scale, bounds:
         scale = scale.reshape(())
         zero_point = None if zero_point is None else zero_point.reshape(())
     for part in _chunks(out):
+        if fmt.midrise:
+            part.sub_(fmt.offset)
         if rounding == Rounding.STOCHASTIC:
             part.add_(_noise(part.shape, part.dtype, part.device, generator)).floor_()
         elif rounding == Rounding.NEAREST:
@@ -658,6 +668,8 @@ def _finish_codes(out: Tensor, fmt: IntFormat, scale: Tensor | None,
         out.clamp_(fmt.qmin, fmt.qmax)
         if fmt.qmin >= 0:  # +0, never -0, on an unsigned grid (as round_int)
             out.abs_()
+        if fmt.midrise:
+            out.add_(fmt.offset)
     if scale is not None:
         out.mul_(scale)
 
@@ -710,6 +722,10 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
             check_bits(number.bits, layout.width, arg, where)
         numbers.append(number)
     main = numbers[0]
+    if rounding == Rounding.TOWARD_ZERO and any(
+            isinstance(n, IntFormat) and n.midrise for n in numbers):
+        raise ValueError(f"{where}: a mid-rise grid ('intN:midrise') has no zero to round "
+                         "toward; please use rounding='nearest' or 'stochastic'")
     if isinstance(main, TopN) and mode is not Scale.NONE:
         raise ValueError(f"{where}: scale={scale!r} applies to formats, not to top-N "
                          f"truncation ({main.spec()})")

@@ -164,7 +164,9 @@ class RowBits:
 
     Row ``r`` of the rounded tensor belongs to a node (its own row at node-level sites; a
     message's target at the message site) and is rounded to that node's ``b`` bits: codes in
-    ``[-(2**(b-1) - 1), 2**(b-1) - 1]`` (signed formats) or ``[0, 2**b - 1]`` (unsigned).
+    ``[-(2**(b-1) - 1), 2**(b-1) - 1]`` (signed formats), ``[0, 2**b - 1]`` (unsigned), or
+    the ``2**b`` levels ``k + 1/2``, ``k`` in ``[-2**(b-1), 2**(b-1) - 1]`` (mid-rise,
+    ``"int8:midrise"``: at 1 bit, the sign).
 
     - With a range (``range="minmax"``, ``"percentile:Q"``, a running range, or
       ``scale="row"``) the step of row ``r`` is ``range / qmax_r``: bits set each row's
@@ -188,7 +190,7 @@ class RowBits:
             (learned).
         learned (bool, optional): learn them. (default: :obj:`False`)
         min_bits, max_bits (int, optional): the allowed range. (default: 2 and 8; 1 is
-            allowed for unsigned formats)
+            allowed for unsigned and mid-rise formats)
 
     Example:
         >>> rb = RowBits(torch.tensor([2, 4, 8]))
@@ -342,9 +344,10 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
             if not isinstance(parsed, IntFormat) or parsed.asymmetric:
                 raise ValueError("row_bits= gives integer rows their own bit-widths: please use a "
                                  f"symmetric integer format such as 'int8' (got {describe(parsed)})")
-            if parsed.signed and row_bits.min_bits < 2:
+            if parsed.signed and not parsed.midrise and row_bits.min_bits < 2:
                 raise ValueError("row_bits: a signed grid needs at least 2 bits (codes -1, 0, 1); "
-                                 "use min_bits=2, or an unsigned format ('uint4') for 1 bit")
+                                 "use min_bits=2, an unsigned format ('uint4') or a mid-rise "
+                                 "one ('int4:midrise': at 1 bit, the sign) for 1 bit")
             if row_bits.learned and range != "lsq":
                 raise ValueError("row_bits learned: the gradient reaches a row's bits through its "
                                  "clipping range, which needs range='lsq' (a learned step)")
@@ -358,6 +361,10 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
                                  f"got {protect!r}")
             protect = (float(protect[0]), float(protect[1]))
         default = Rounding.TOWARD_ZERO if isinstance(parsed, TopN) else Rounding.NEAREST
+        if isinstance(parsed, IntFormat) and parsed.midrise and rounding is not None \
+                and Rounding.parse(rounding) is Rounding.TOWARD_ZERO:
+            raise ValueError(f"rounding='toward_zero': a mid-rise grid ({parsed.spec()}) has no "
+                             "zero to round toward; please use 'nearest' or 'stochastic'")
         mode = Scale.parse(scale)
         source = _parse_range(range)
         if mode is not Scale.NONE and isinstance(parsed, TopN):

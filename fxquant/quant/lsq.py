@@ -16,6 +16,11 @@ Gradients (Esser et al., "Learned Step Size Quantization", ICLR 2020), with ``u 
 
 Each is summed down to its input's shape, so ``s``, ``qmin`` and ``qmax`` may be scalars
 or broadcast per row.
+
+A mid-rise grid (``offset=0.5``, :class:`~fxquant.formats.IntFormat` ``midrise``) rounds
+to ``s * (round(clamp(x / s - 1/2, qmin, qmax)) + 1/2)``; with ``u = x / s - 1/2`` the
+gradients are the same, except that ``d`` outside the range is the bound plus 1/2 (the
+level there).
 """
 
 from __future__ import annotations
@@ -64,11 +69,16 @@ def _row_chunks(x: Tensor, *per: Tensor) -> Iterator[tuple[slice, tuple[Tensor, 
                         for p in per)
 
 
-def _forward(x: Tensor, s: Tensor, lo: Tensor, hi: Tensor, out: Tensor) -> None:
+def _forward(x: Tensor, s: Tensor, lo: Tensor, hi: Tensor, out: Tensor, offset: float) -> None:
     torch.div(x, s, out=out)
+    if offset:
+        out.sub_(offset)
     torch.minimum(out, hi, out=out)
     torch.maximum(out, lo, out=out)
-    out.round_().mul_(s)
+    out.round_()
+    if offset:
+        out.add_(offset)
+    out.mul_(s)
 
 
 def _row_sums(t: Tensor) -> Tensor:
@@ -78,16 +88,17 @@ def _row_sums(t: Tensor) -> Tensor:
 class _LsqRound(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor,
-                gain: float) -> Tensor:
+                gain: float, offset: float) -> Tensor:
         sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
         rows = x.shape or (1,)  # written through views of at least one dimension
         xc = x.contiguous().reshape(rows)
         y = torch.empty_like(x, memory_format=torch.contiguous_format)
         y_rows = y.view(rows)
         for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
-            _forward(xc[sl], s_c, lo_c, hi_c, y_rows[sl])
+            _forward(xc[sl], s_c, lo_c, hi_c, y_rows[sl], offset)
         ctx.save_for_backward(x, s, qmin, qmax)
         ctx.gain = gain
+        ctx.offset = offset
         return y
 
     @staticmethod
@@ -107,6 +118,8 @@ class _LsqRound(torch.autograd.Function):
         for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
             x_c, g_c = xc[sl], gc[sl]
             u = x_c / s_c
+            if ctx.offset:
+                u.sub_(ctx.offset)
             c = torch.clamp(u, lo_c, hi_c)
             outside = c != u
             grad_rows[sl].copy_(g_c).masked_fill_(outside, 0)
@@ -114,8 +127,9 @@ class _LsqRound(torch.autograd.Function):
                 g_out = g_c.masked_fill(~outside, 0)
                 parts_out.append(_row_sums(g_out))
                 parts_hi.append(_row_sums(g_out.masked_fill_(u <= 0, 0)))
-            if want_s:  # d = round(u) - u inside, the bound outside
-                parts_s.append(_row_sums(c.round_().sub_(u.masked_fill_(outside, 0)).mul_(g_c)))
+            if want_s:  # d = round(u) - u inside, the bound's level outside
+                parts_s.append(_row_sums(
+                    c.round_().sub_(u.masked_fill_(outside, -ctx.offset)).mul_(g_c)))
         per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
         grad_s = grad_lo = grad_hi = None
         if want_s:
@@ -127,7 +141,7 @@ class _LsqRound(torch.autograd.Function):
                 grad_hi = _reduce_times(above, qmax, _rows_of(sx, above))
             if want_lo:
                 grad_lo = _reduce_times(out - above, qmin, _rows_of(sx, above))
-        return grad_x if ctx.needs_input_grad[0] else None, grad_s, grad_lo, grad_hi, None
+        return grad_x if ctx.needs_input_grad[0] else None, grad_s, grad_lo, grad_hi, None, None
 
 
 def _rows_of(s: Tensor, per_row: Tensor) -> Tensor:
@@ -136,9 +150,10 @@ def _rows_of(s: Tensor, per_row: Tensor) -> Tensor:
 
 
 def lsq_round(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
-              gain: float = 1.0) -> Tensor:
+              gain: float = 1.0, offset: float = 0.0) -> Tensor:
     """``s * round(clamp(x / s, qmin, qmax))`` (round half to even) with LSQ's gradients
-    (see the module docstring); ``gain`` scales the gradient of ``s`` only.
+    (see the module docstring); ``gain`` scales the gradient of ``s`` only. ``offset=0.5``
+    rounds to a mid-rise grid, ``s * (round(clamp(x / s - 1/2, qmin, qmax)) + 1/2)``.
 
     Example:
         >>> s = torch.tensor(0.5, requires_grad=True)
@@ -149,7 +164,9 @@ def lsq_round(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
         >>> y.sum().backward()
         >>> x.grad, s.grad
         (tensor([1., 0., 0.]), tensor(-0.6000))
+        >>> lsq_round(x, s, -1, 0, offset=0.5)  # 1 bit, mid-rise: the sign times s / 2
+        tensor([ 0.2500, -0.2500,  0.2500], grad_fn=<_LsqRoundBackward>)
     """
     lo = qmin if isinstance(qmin, Tensor) else torch.tensor(float(qmin), device=x.device)
     hi = qmax if isinstance(qmax, Tensor) else torch.tensor(float(qmax), device=x.device)
-    return _LsqRound.apply(x, s, lo, hi, gain)
+    return _LsqRound.apply(x, s, lo, hi, gain, float(offset))

@@ -2,8 +2,8 @@
 
 ``torch.save(gm)`` pickles the GraphModule, and ``torch.load(path, weights_only=False)``
 of a crafted file runs whatever code it carries. :func:`save` writes only data: the
-quantization points as JSON (layer, site, config, node override) and the trace arguments,
-next to ``gm.state_dict()``; :func:`load` reads it with ``weights_only=True`` (which
+quantization points as JSON (layer, site, config, node override, shared step) and the
+trace arguments, next to ``gm.state_dict()``; :func:`load` reads it with ``weights_only=True`` (which
 refuses anything but tensors and plain containers), transforms the user's own model class
 again and loads the state into it. The other code-free route, ``torch.export``, also works
 for a transformed model (import fxquant first so the ops are registered).
@@ -24,6 +24,7 @@ from fxquant.fx.tracer import LeafSpec
 from fxquant.quant.api import TRACE_KEY, transform
 from fxquant.quant.config import QuantConfig, QuantMapping
 from fxquant.quant.describe import quantization_points
+from fxquant.quant.points import share_step
 
 __all__ = ["FORMAT", "load", "save"]
 
@@ -55,7 +56,8 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
                         f"{type(gm).__name__}")
     points = [{"name": name, "layer": p.layer, "site": p.site.value,
                "config": p.config.to_dict(),
-               "override": None if p.override_number is None else p.override_number.spec()}
+               "override": None if p.override_number is None else p.override_number.spec(),
+               "step_source": p.__dict__.get("step_source")}
               for name, p in quantization_points(gm)]
     if not points:
         raise ValueError("fxquant.save: this model has no quantization points; save its "
@@ -107,6 +109,9 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         raise ValueError(f"fxquant.load: the model given traces to other quantization points "
                          f"({names}) than the saved one ({[p['name'] for p in points]}); is it "
                          "the same model class?")
+    for p in points:  # steps shared by fxquant.share_step (absent from older files)
+        if p.get("step_source") is not None:
+            share_step(gm, p["name"], p["step_source"])
     gm.load_state_dict(state, strict=True)
     return gm
 

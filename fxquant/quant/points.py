@@ -26,7 +26,7 @@ from fxquant.quant.lsq import lsq_round
 from fxquant.quant.nodes import NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
-__all__ = ["QuantPoint", "in_degree", "refit_steps"]
+__all__ = ["QuantPoint", "in_degree", "refit_steps", "share_step"]
 
 #: values (a strided sample) and candidate steps the learned step starts from
 INIT_SAMPLE = 1 << 16
@@ -106,6 +106,7 @@ class QuantPoint(nn.Module):
                                           config.percentile)
         self.log_step: nn.Parameter | None = None
         self.step_ready = False
+        self.__dict__["step_source"] = None  # the point whose step this one uses
         if config.range == "lsq":
             self.log_step = nn.Parameter(torch.zeros(()))
         self.override_number: Number | None = override.number if override is not None else None
@@ -242,15 +243,16 @@ class QuantPoint(nn.Module):
         """``s * round(clamp(x / s, qmin, qmax))`` with LSQ's gradients."""
         number = self.config.number
         assert isinstance(number, IntFormat) and self.log_step is not None
-        if self.training and not self.step_ready:
-            self._init_step(x, number.qmin, number.qmax)
-        gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.qmax)
+        if self.training and not self.step_ready and self.__dict__["step_source"] is None:
+            self._init_step(x, number.qmin, number.qmax, number.offset)
+        gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.max_finite)
         c = self.config
         if rows is None and c.rounding is Rounding.NEAREST and c.grad is Grad.STE \
                 and c.grad_number is None:  # the common case: one fused function
-            return lsq_round(x, self.log_step.exp(), number.qmin, number.qmax, gain)
+            return lsq_round(x, self.log_step.exp(), number.qmin, number.qmax, gain,
+                             number.offset)
         s = self._scaled_step(gain)
-        y = torch.clamp(x / s, number.qmin, number.qmax)
+        y = torch.clamp(x / s, number.level(number.qmin), number.max_finite)
         codes = torch.ops.fxquant.quantize.default(y, rows=rows, numerics=NUMERICS, **self._args)
         return codes * s
 
@@ -319,21 +321,27 @@ class QuantPoint(nn.Module):
         assert isinstance(number, IntFormat)
         bits = self._node_bits(x, num_nodes, row_nodes, ids).to(x.dtype)
         qmax = (2 ** (bits - 1) - 1) if number.signed else (2 ** bits - 1)
-        qmin = -qmax if number.signed else torch.zeros_like(qmax)
+        # symmetric: {-1, 0, 1} at 2 bits; mid-rise: codes -2..1 for levels -1.5..1.5
+        qmin = (-qmax - 1 if number.midrise else -qmax) if number.signed \
+            else torch.zeros_like(qmax)
         shape = (-1,) + (1,) * (x.dim() - 1)
         qmax, qmin = qmax.view(shape), qmin.view(shape)
         self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
         if self.log_step is not None:  # one learned step; bits set each row's range
-            if self.training and not self.step_ready:  # the start, for the table's mean bits
+            if self.training and not self.step_ready \
+                    and self.__dict__["step_source"] is None:  # the start, at the mean bits
                 rb = self.config.row_bits
                 assert rb is not None  # (the same on every rank: parameters are broadcast)
                 mean_bits = float((self.row_bits if self.row_bits is not None
                                    else self.row_bits_table).detach().mean())  # type: ignore[union-attr]
                 qmax_start = 2 ** (mean_bits - 1) - 1 if number.signed else 2 ** mean_bits - 1
-                qmax_start = max(1.0, qmax_start)
-                self._init_step(x, -qmax_start if number.signed else 0.0, qmax_start)
-            gain = 1.0 / math.sqrt(max(x.numel(), 1) * float(qmax.detach().mean()))
-            return lsq_round(x, self.log_step.exp(), qmin, qmax, gain).to(x.dtype)
+                qmax_start = max(0.0 if number.midrise else 1.0, qmax_start)
+                qmin_start = -qmax_start - (1 if number.midrise else 0) if number.signed else 0.0
+                self._init_step(x, qmin_start, qmax_start, number.offset)
+            gain = 1.0 / math.sqrt(max(x.numel(), 1)
+                                   * float((qmax.detach() + number.offset).mean()))
+            return lsq_round(x, self.log_step.exp(), qmin, qmax, gain,
+                             number.offset).to(x.dtype)
         if self.config.scale.per_row:
             bounds = x.detach().abs().flatten(1).amax(1).view(shape)
         else:
@@ -341,8 +349,8 @@ class QuantPoint(nn.Module):
                 x.detach().abs().amax() if x.numel() else x.new_zeros(())
             if bounds.dim() and bounds.numel() == 2:
                 bounds = bounds.abs().amax()
-        step = (bounds.to(x.dtype) / qmax).clamp(min=torch.finfo(x.dtype).tiny)
-        return lsq_round(x, step, qmin, qmax).to(x.dtype)
+        step = (bounds.to(x.dtype) / (qmax + number.offset)).clamp(min=torch.finfo(x.dtype).tiny)
+        return lsq_round(x, step, qmin, qmax, offset=number.offset).to(x.dtype)
 
     @property
     def step(self) -> Tensor | None:
@@ -355,14 +363,15 @@ class QuantPoint(nn.Module):
         s = self.log_step.exp()
         return (s - s * gain).detach() + s * gain
 
-    def _init_step(self, x: Tensor, qmin: float, qmax: float) -> None:
+    def _init_step(self, x: Tensor, qmin: float, qmax: float, offset: float = 0.0) -> None:
         """The starting step: the one of :data:`INIT_CANDIDATES` geometric candidates (from
         ``max|x| / 1000`` to ``max|x|``) whose grid rounds this batch with the least squared
         error, on a strided sample of at most :data:`INIT_SAMPLE` values. LSQ's own start,
         ``2 mean|x| / sqrt(qmax)``, is ``2 mean|x|`` on a 2-bit grid: it rounds most values
         to zero, and a layer's output rounded to zero before a ReLU passes no gradient (a
         GCN on Cora with 2-bit aggregation and output stayed at chance). Under DDP the
-        errors are summed over ranks first, so every rank starts from the same step."""
+        errors are summed over ranks first, so every rank starts from the same step.
+        ``offset`` is the grid's (:attr:`~fxquant.formats.IntFormat.offset`)."""
         assert self.log_step is not None
         with torch.no_grad():
             v = x.detach().flatten().to(torch.float32)
@@ -373,8 +382,8 @@ class QuantPoint(nn.Module):
                 dist.all_reduce(amax, op=dist.ReduceOp.MAX)
             amax = torch.where(amax > 0, amax, torch.ones_like(amax))
             steps = amax * torch.logspace(-3, 0, INIT_CANDIDATES, device=v.device)
-            codes = torch.clamp(torch.round(v[None, :] / steps[:, None]), qmin, qmax)
-            error = (codes * steps[:, None] - v[None, :]).square().sum(1)
+            codes = torch.clamp(torch.round(v[None, :] / steps[:, None] - offset), qmin, qmax)
+            error = ((codes + offset) * steps[:, None] - v[None, :]).square().sum(1)
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 dist.all_reduce(error, op=dist.ReduceOp.SUM)
             # index_select, not steps[argmin]: traceable without a data-dependent index
@@ -463,3 +472,53 @@ def refit_steps(model: nn.Module) -> int:
     for point in points:
         point.step_ready = False
     return len(points)
+
+
+def share_step(model: nn.Module, point: str, source: str) -> None:
+    """Make the quantization point named ``point`` round with the learned step of
+    ``source`` (both ``range="lsq"``): the same :class:`~torch.nn.Parameter`, so the
+    optimizer, ``state_dict``, ``torch.compile`` and :func:`refit_steps` see one step, fitted
+    on ``source``'s first training batch.
+
+    For a tensor rounded twice on its way, with only grid-keeping ops between (a layer's
+    rounded output, a ReLU, the next layer's rounded input): on one step the second
+    rounding keeps the first's values (ReLU maps an unsigned grid onto itself), where two
+    steps learned apart re-round them, and two 1-bit grids whose steps drift more than 2x
+    apart round everything to zero. PT2E's ``SharedQuantizationSpec`` shares quantization
+    parameters the same way. Nothing changes on error.
+
+    Example:
+        >>> import fxquant
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+        ...     def forward(self, x):
+        ...         return self.b(self.a(x).relu())
+        >>> config = fxquant.QuantConfig("uint1", scale="tensor", range="lsq")
+        >>> gm = fxquant.transform(Net(), fxquant.QuantMapping()
+        ...                        .set_name("a", config).set_name("b", config, site="input"))
+        >>> fxquant.share_step(gm, "b_input_quant", "a_quant")
+        >>> len(list(gm.parameters()))  # one step for both points
+        5
+    """
+    points = {}
+    for role, name in (("point", point), ("source", source)):
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            names = [n for n, m in model.named_modules() if isinstance(m, QuantPoint)]
+            raise ValueError(f"fxquant.share_step: {role}={name!r} is not a submodule of the "
+                             f"model; its quantization points: {names}") from None
+        if not isinstance(module, QuantPoint) or module.log_step is None:
+            raise ValueError(f"fxquant.share_step: {role}={name!r} is not a quantization point "
+                             "with a learned step; both need range='lsq'")
+        points[role] = module
+    if point == source:
+        raise ValueError(f"fxquant.share_step: point and source are both {point!r}")
+    if points["source"].__dict__["step_source"] is not None:
+        raise ValueError(f"fxquant.share_step: source={source!r} uses another point's step; "
+                         "please pass that point as the source")
+    target = points["point"]
+    target.log_step = points["source"].log_step
+    target.__dict__["step_source"] = source

@@ -23,6 +23,7 @@ def test_json_contract(method, tmp_path, capsys):
     payload = json.loads(out.read_text())
     assert [r["target_bits"] for r in payload["results"]] == [2.0, 3.0]
     assert payload["lsq_refit"] == 2
+    assert payload["signed_grid"] == "symmetric" and payload["shared_step"] is False
     for result in payload["results"]:
         assert set(result) >= FIELDS
         assert result["method"] == method and len(result["accs"]) == 1
@@ -30,6 +31,16 @@ def test_json_contract(method, tmp_path, capsys):
         assert result["input_bits"] == pytest.approx(1.0, abs=0.1)  # uint1, per-row scale
         assert result["avg_bits"] > 0
     assert "| Cora |" in capsys.readouterr().out
+
+
+def test_signed_grid_and_shared_step_flags(tmp_path):
+    out = tmp_path / "old.json"
+    bits_pareto.main(["--method", "learned", "--target-bits", "2", "--seeds", "1", "--epochs",
+                      "1", "--signed-grid", "midrise", "--shared-step", "--json", str(out)])
+    payload = json.loads(out.read_text())
+    assert payload["signed_grid"] == "midrise" and payload["shared_step"] is True
+    with pytest.raises(SystemExit):
+        bits_pareto.main(["--signed-grid", "zero"])
 
 
 def test_from_json_and_plot(tmp_path):
