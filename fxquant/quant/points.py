@@ -243,7 +243,7 @@ class QuantPoint(nn.Module):
         """``s * round(clamp(x / s, qmin, qmax))`` with LSQ's gradients."""
         number = self.config.number
         assert isinstance(number, IntFormat) and self.log_step is not None
-        if self.training and not self.step_ready and self.__dict__["step_source"] is None:
+        if self.training and not self.step_ready and self.__dict__.get("step_source") is None:
             self._init_step(x, number.qmin, number.qmax, number.offset)
         gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.max_finite)
         c = self.config
@@ -329,7 +329,7 @@ class QuantPoint(nn.Module):
         self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
         if self.log_step is not None:  # one learned step; bits set each row's range
             if self.training and not self.step_ready \
-                    and self.__dict__["step_source"] is None:  # the start, at the mean bits
+                    and self.__dict__.get("step_source") is None:  # the start, at the mean bits
                 rb = self.config.row_bits
                 assert rb is not None  # (the same on every rank: parameters are broadcast)
                 mean_bits = float((self.row_bits if self.row_bits is not None
@@ -516,7 +516,7 @@ def share_step(model: nn.Module, point: str, source: str) -> None:
         points[role] = module
     if point == source:
         raise ValueError(f"fxquant.share_step: point and source are both {point!r}")
-    if points["source"].__dict__["step_source"] is not None:
+    if points["source"].__dict__.get("step_source") is not None:
         raise ValueError(f"fxquant.share_step: source={source!r} uses another point's step; "
                          "please pass that point as the source")
     target = points["point"]
