@@ -56,6 +56,7 @@ except ModuleNotFoundError:  # run as a script: this folder is on sys.path
     import train_cora  # type: ignore[no-redef]
 
 METHODS = ("topn", "format", "int", "degree", "learned")
+LSQ_METHODS = ("int", "degree", "learned")  # integer grids with a learned step
 SITES = ("input", "message", "aggregate", "output")
 #: minifloats by value bits, for the ``format`` method
 FORMATS = {3: "e1m1", 4: "e2m1", 5: "e2m2", 6: "e2m3", 7: "e3m3", 8: "e4m3"}
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             torch.manual_seed(seed)
             model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
             gm = fxquant.transform(model, mapping_for(args.method, target, data), lint="off")
-            if args.method in ("int", "degree", "learned") and args.shared_step:
+            if args.method in LSQ_METHODS and args.shared_step:
                 # the hidden output, rounded, then ReLU'd, is the next layer's input: one grid
                 fxquant.share_step(gm, "conv2_input_quant", "conv1_quant")
             accs.append(train(gm, data, args.epochs, target,
@@ -223,16 +224,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         })
     return {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
             "epochs": args.epochs, "lsq_refit": args.lsq_refit,
-            "signed_grid": args.signed_grid, "shared_step": args.shared_step, "torch": torch.__version__,
-            "fp32_accs": fp32,
-            "results": results}
+            "signed_grid": args.signed_grid, "shared_step": args.shared_step,
+            "torch": torch.__version__, "fp32_accs": fp32, "results": results}
 
 
 def _label(payload: dict[str, Any], method: str) -> str:
     """The curve's name: the method, and the grid options when not the defaults."""
     grid = payload.get("signed_grid", "symmetric")  # files from before the option: symmetric
     extra = [grid] if grid != "symmetric" else []
-    if payload.get("shared_step") and method in ("int", "degree", "learned"):
+    if payload.get("shared_step") and method in LSQ_METHODS:
         extra.append("shared step")
     return f"{method} ({', '.join(extra)})" if extra else method
 

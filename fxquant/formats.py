@@ -310,8 +310,8 @@ def _int_option(spec: str, key: str, value: str) -> int:
 @functools.lru_cache(maxsize=256)
 def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Number:
     """A number from a preset name, ``"eXmY"``, ``(exp_bits, man_bits)``, ``"topN"``,
-    ``"intN"`` / ``"uintN"`` / ``"intN:asym"`` / ``"intN:midrise"`` / ``("int", N)``, or the long form
-    :meth:`Format.spec` writes.
+    ``"intN"`` / ``"uintN"`` / ``"intN:asym"`` / ``"intN:midrise"`` / ``("int", N)``, or the
+    long form :meth:`Format.spec` writes.
 
     Example:
         >>> parse("e3m2") == PRESETS["e3m2"], parse((3, 2)).spec(), parse("top16")

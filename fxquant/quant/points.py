@@ -53,6 +53,15 @@ def _table(override: NodeOverride | None) -> Tensor | None:
     return torch.zeros(size, dtype=torch.bool, device=nodes.device).index_fill(0, nodes, True)
 
 
+def _code_range(bits: Any, number: IntFormat) -> tuple[Any, Any]:
+    """``(qmin, qmax)`` of a ``bits``-bit grid of ``number``'s kind (a float, or a tensor of
+    per-row bits): symmetric ``{-1, 0, 1}`` at 2 bits, mid-rise codes ``-2..1`` (levels
+    ``-1.5..1.5``), unsigned ``0..3``."""
+    qmax = 2 ** (bits - 1) - 1 if number.signed else 2 ** bits - 1
+    qmin = (-qmax - 1 if number.midrise else -qmax) if number.signed else qmax * 0
+    return qmin, qmax
+
+
 def _spec(number: Number | None) -> str:
     return "" if number is None else number.spec()
 
@@ -320,10 +329,7 @@ class QuantPoint(nn.Module):
         number = self.config.number
         assert isinstance(number, IntFormat)
         bits = self._node_bits(x, num_nodes, row_nodes, ids).to(x.dtype)
-        qmax = (2 ** (bits - 1) - 1) if number.signed else (2 ** bits - 1)
-        # symmetric: {-1, 0, 1} at 2 bits; mid-rise: codes -2..1 for levels -1.5..1.5
-        qmin = (-qmax - 1 if number.midrise else -qmax) if number.signed \
-            else torch.zeros_like(qmax)
+        qmin, qmax = _code_range(bits, number)
         shape = (-1,) + (1,) * (x.dim() - 1)
         qmax, qmin = qmax.view(shape), qmin.view(shape)
         self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
@@ -334,10 +340,8 @@ class QuantPoint(nn.Module):
                 assert rb is not None  # (the same on every rank: parameters are broadcast)
                 mean_bits = float((self.row_bits if self.row_bits is not None
                                    else self.row_bits_table).detach().mean())  # type: ignore[union-attr]
-                qmax_start = 2 ** (mean_bits - 1) - 1 if number.signed else 2 ** mean_bits - 1
-                qmax_start = max(0.0 if number.midrise else 1.0, qmax_start)
-                qmin_start = -qmax_start - (1 if number.midrise else 0) if number.signed else 0.0
-                self._init_step(x, qmin_start, qmax_start, number.offset)
+                lo, hi = _code_range(min(max(mean_bits, rb.min_bits), rb.max_bits), number)
+                self._init_step(x, lo, hi, number.offset)
             gain = 1.0 / math.sqrt(max(x.numel(), 1)
                                    * float((qmax.detach() + number.offset).mean()))
             return lsq_round(x, self.log_step.exp(), qmin, qmax, gain,
