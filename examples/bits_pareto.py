@@ -60,7 +60,8 @@ LSQ_METHODS = ("int", "degree", "learned")  # integer grids with a learned step
 SITES = ("input", "message", "aggregate", "output")
 #: minifloats by value bits, for the ``format`` method
 FORMATS = {3: "e1m1", 4: "e2m1", 5: "e2m2", 6: "e2m3", 7: "e3m3", 8: "e4m3"}
-PENALTY = 1.0
+DEFAULT_PENALTY = 1.0
+PENALTY = DEFAULT_PENALTY
 INPUT_FORMAT = "uint1:row"
 QUANTIZE_LOGITS = False
 #: the signed integer grid: "midrise" (2**b levels, no zero; 1 bit is the sign) or
@@ -161,8 +162,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--penalty", type=float, default=PENALTY,
-                   help=f"weight of fxquant.bit_penalty in the loss (learned; default {PENALTY:g})")
+    p.add_argument("--penalty", type=float, default=DEFAULT_PENALTY,
+                   help="weight of fxquant.bit_penalty in the loss (learned; default "
+                        f"{DEFAULT_PENALTY:g})")
     p.add_argument("--quantize-logits", action="store_true",
                    help="also round the last layer's output (the logits; float32 by default)")
     p.add_argument("--input-format", default=INPUT_FORMAT,
@@ -224,7 +226,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         })
     return {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
             "epochs": args.epochs, "lsq_refit": args.lsq_refit,
-            "signed_grid": args.signed_grid, "shared_step": args.shared_step,
+            "penalty": args.penalty, "signed_grid": args.signed_grid,
+            "shared_step": args.shared_step,
             "torch": torch.__version__, "fp32_accs": fp32, "results": results}
 
 
@@ -234,6 +237,8 @@ def _label(payload: dict[str, Any], method: str) -> str:
     extra = [grid] if grid != "symmetric" else []
     if payload.get("shared_step") and method in LSQ_METHODS:
         extra.append("shared step")
+    if method == "learned" and payload.get("penalty", DEFAULT_PENALTY) != DEFAULT_PENALTY:
+        extra.append(f"penalty {payload['penalty']:g}")
     return f"{method} ({', '.join(extra)})" if extra else method
 
 

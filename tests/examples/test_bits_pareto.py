@@ -36,9 +36,11 @@ def test_json_contract(method, tmp_path, capsys):
 def test_signed_grid_and_shared_step_flags(tmp_path):
     out = tmp_path / "old.json"
     bits_pareto.main(["--method", "learned", "--target-bits", "2", "--seeds", "1", "--epochs",
-                      "1", "--signed-grid", "midrise", "--shared-step", "--json", str(out)])
+                      "1", "--signed-grid", "midrise", "--shared-step", "--penalty", "10", "--json", str(out)])
     payload = json.loads(out.read_text())
     assert payload["signed_grid"] == "midrise" and payload["shared_step"] is True
+    assert payload["penalty"] == 10
+    assert bits_pareto._label(payload, "learned") == "learned (midrise, shared step, penalty 10)"
     with pytest.raises(SystemExit):
         bits_pareto.main(["--signed-grid", "zero"])
 
