@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from examples import bits_pareto
 from tests.support.data import needs_data
@@ -36,13 +37,43 @@ def test_json_contract(method, tmp_path, capsys):
 def test_signed_grid_and_shared_step_flags(tmp_path):
     out = tmp_path / "old.json"
     bits_pareto.main(["--method", "learned", "--target-bits", "2", "--seeds", "1", "--epochs",
-                      "1", "--signed-grid", "midrise", "--shared-step", "--penalty", "10", "--json", str(out)])
+                      "1", "--signed-grid", "midrise", "--shared-step", "--penalty", "10",
+                      "--json", str(out)])
     payload = json.loads(out.read_text())
     assert payload["signed_grid"] == "midrise" and payload["shared_step"] is True
     assert payload["penalty"] == 10
     assert bits_pareto._label(payload, "learned") == "learned (midrise, shared step, penalty 10)"
     with pytest.raises(SystemExit):
         bits_pareto.main(["--signed-grid", "zero"])
+
+
+def test_bits_are_those_of_the_best_validation_epoch(monkeypatch):
+    """Learned bit-widths fall while training: the bits reported are counted on the
+    evaluation that gave the reported accuracy, not on the final model."""
+    import fxquant
+    from fxquant.datasets import load_planetoid
+
+    data = load_planetoid("Cora", None, transform=bits_pareto.T.NormalizeFeatures(),
+                          download=False)[0]
+    calls = []
+    real = fxquant.bit_report
+
+    def spy(gm, *inputs, **kwargs):
+        report = real(gm, *inputs, **kwargs)
+        calls.append((inputs, report.avg_bits))
+        return report
+
+    monkeypatch.setattr(fxquant, "bit_report", spy)
+    torch.manual_seed(0)
+    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.6, data), lint="off")
+    _, report = bits_pareto.train(gm, data, 30, 2.6, "test")
+    assert calls and all(inputs == () for inputs, _ in calls)  # counted, not run again
+    assert report.avg_bits == calls[-1][1]
+    final = real(gm, data.x, data.edge_index).avg_bits
+    assert final < calls[0][1]  # the bits did fall: the epoch matters
+    fp32 = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    assert bits_pareto.train(fp32, data, 2, None, "fp32")[1] is None
 
 
 def test_from_json_and_plot(tmp_path):
