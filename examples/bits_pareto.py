@@ -114,18 +114,26 @@ def mapping_for(method: str, target: float, data: Any) -> fxquant.QuantMapping:
 
 
 def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
-          desc: str, lsq_refit: int = 0) -> tuple[float, fxquant.BitReport | None]:
-    """gcn.py's loop (plus the bit penalty for learned bits); test accuracy at the best
-    validation epoch, and the bits of that epoch's evaluation (learned bit-widths change
-    while training: the bits counted are those of the model that scored the accuracy;
-    None for a model without quantization points). Learned steps are fitted again on each
-    of the first ``lsq_refit`` epochs (:func:`fxquant.refit_steps`)."""
+          desc: str, lsq_refit: int = 0, within_budget: bool = False
+          ) -> tuple[float, fxquant.BitReport | None, bool]:
+    """gcn.py's loop (plus the bit penalty for learned bits); returns the test accuracy at
+    the best validation epoch, the bits of that epoch's evaluation (learned bit-widths
+    change while training: the bits counted are those of the model that scored the
+    accuracy; None for a model without quantization points), and whether that epoch met
+    the budget.
+
+    With ``within_budget`` (learned bit-widths), only epochs whose ``avg_bits`` is at most
+    ``target`` compete (model selection under a constraint, on validation accuracy and
+    bit counts only); if none does, the best validation epoch overall is returned with
+    ``False``. Learned steps are fitted again on each of the first ``lsq_refit`` epochs
+    (:func:`fxquant.refit_steps`)."""
     optimizer = torch.optim.Adam(train_cora._param_groups(model), lr=0.01)
     learned = target is not None and any(
         isinstance(m, fxquant.QuantPoint) and m.row_bits is not None for m in model.modules())
     quantized = any(isinstance(m, fxquant.QuantPoint) for m in model.modules())
-    best_val = test = 0.0
-    report = None
+    constrained = within_budget and learned
+    # [best validation, its test accuracy, its bits]: over all epochs, and within budget
+    best: dict[bool, list[Any]] = {False: [0.0, 0.0, None], True: [0.0, 0.0, None]}
     for epoch in range(epochs):
         model.train()
         if 0 < epoch < lsq_refit:
@@ -142,15 +150,22 @@ def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
         with torch.no_grad():
             pred = model(data.x, data.edge_index).argmax(-1)
         val = float((pred[data.val_mask] == data.y[data.val_mask]).float().mean())
-        if val > best_val:
-            best_val = val
-            test = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
-            # the counts of the evaluation forward just run (no second forward)
-            report = fxquant.bit_report(model) if quantized else None
+        # the counts of the evaluation forward just run (no second forward)
+        report = fxquant.bit_report(model) if constrained else None
+        for within in (False, True):
+            if val > best[within][0] and (not within or (
+                    constrained and report is not None and report.avg_bits <= target)):
+                test = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
+                bits = report if report is not None else (
+                    fxquant.bit_report(model) if quantized else None)
+                best[within] = [val, test, bits]
+    met = constrained and best[True][2] is not None
+    _, test, report = best[met]
     if quantized and report is None:  # validation never above 0: the final model's bits
         report = fxquant.bit_report(model, data.x, data.edge_index)
-    print(f"{desc}: {100 * test:.1f}", file=sys.stderr, flush=True)
-    return test, report
+    print(f"{desc}: {100 * test:.1f}" + ("" if met or not constrained else " (over budget)"),
+          file=sys.stderr, flush=True)
+    return test, report, met
 
 
 def _targets(text: str) -> list[float]:
@@ -186,6 +201,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="the second layer's input rounds with the first layer's output step "
                         "(fxquant.share_step; int, degree, learned); by default each learns "
                         "its own")
+    p.add_argument("--select", choices=("best-val", "budget"), default="best-val",
+                   help="which epoch's model is reported: the best validation accuracy "
+                        "(default), or for learned bit-widths the best among the epochs whose "
+                        "avg_bits is within --target-bits (budget_met in the JSON says, per "
+                        "seed, whether one was)")
     p.add_argument("--lsq-refit", type=train_cora._epochs, default=0, metavar="N",
                    help="fit the learned steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
@@ -215,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fp32.append(train(model, data, args.epochs, None, f"FP32 seed {seed}")[0])
     results = []
     for target in args.target_bits:
-        accs, reports = [], []
+        accs, reports, budget_met = [], [], []
         for seed in range(args.seeds):
             torch.manual_seed(seed)
             model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
@@ -223,21 +243,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.method in LSQ_METHODS and args.shared_step:
                 # the hidden output, rounded, then ReLU'd, is the next layer's input: one grid
                 fxquant.share_step(gm, "conv2_input_quant", "conv1_quant")
-            acc, report = train(gm, data, args.epochs, target,
-                                f"{args.method} {target} bits seed {seed}", args.lsq_refit)
+            acc, report, met = train(gm, data, args.epochs, target,
+                                     f"{args.method} {target} bits seed {seed}", args.lsq_refit,
+                                     args.select == "budget")
             assert report is not None
             accs.append(acc)
             reports.append(report)
+            budget_met.append(met)
         results.append({
             "method": args.method, "target_bits": target,
             "avg_bits": statistics.mean(r.avg_bits for r in reports),
             "input_bits": statistics.mean(r.input_bits for r in reports),
             "avg_bits_with_input": statistics.mean(r.avg_bits_with_input for r in reports),
             "histogram": reports[0].histogram, "accs": accs, "fp32_accs": fp32,
+            "budget_met": budget_met,
         })
     return {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
             "epochs": args.epochs, "lsq_refit": args.lsq_refit,
-            "penalty": args.penalty, "signed_grid": args.signed_grid,
+            "penalty": args.penalty, "select": args.select, "signed_grid": args.signed_grid,
             "shared_step": args.shared_step,
             "torch": torch.__version__, "fp32_accs": fp32, "results": results}
 
@@ -250,6 +273,8 @@ def _label(payload: dict[str, Any], method: str) -> str:
         extra.append("shared step")
     if method == "learned" and payload.get("penalty", DEFAULT_PENALTY) != DEFAULT_PENALTY:
         extra.append(f"penalty {payload['penalty']:g}")
+    if method == "learned" and payload.get("select") == "budget":
+        extra.append("within budget")
     return f"{method} ({', '.join(extra)})" if extra else method
 
 

@@ -67,13 +67,44 @@ def test_bits_are_those_of_the_best_validation_epoch(monkeypatch):
     torch.manual_seed(0)
     model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
     gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.6, data), lint="off")
-    _, report = bits_pareto.train(gm, data, 30, 2.6, "test")
+    _, report, met = bits_pareto.train(gm, data, 30, 2.6, "test")
+    assert met is False  # no budget asked for
     assert calls and all(inputs == () for inputs, _ in calls)  # counted, not run again
     assert report.avg_bits == calls[-1][1]
     final = real(gm, data.x, data.edge_index).avg_bits
     assert final < calls[0][1]  # the bits did fall: the epoch matters
     fp32 = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
     assert bits_pareto.train(fp32, data, 2, None, "fp32")[1] is None
+
+
+@pytest.mark.parametrize("target", [2.6, 3.4])
+def test_select_within_budget_reports_an_epoch_that_meets_it(monkeypatch, target):
+    """--select budget: the best validation epoch among those whose counted bits are
+    within the target. The widths start at 4 bits (4.11 counted) and fall to 3 (3.11) in
+    the first epochs: 3.4 is met from then on, 2.6 never (the best epoch overall is
+    returned, flagged)."""
+    import fxquant
+    from fxquant.datasets import load_planetoid
+
+    data = load_planetoid("Cora", None, transform=bits_pareto.T.NormalizeFeatures(),
+                          download=False)[0]
+    seen = []
+    real = fxquant.bit_report
+
+    def spy(gm, *inputs, **kwargs):
+        report = real(gm, *inputs, **kwargs)
+        seen.append(report.avg_bits)
+        return report
+
+    monkeypatch.setattr(fxquant, "bit_report", spy)
+    torch.manual_seed(0)
+    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.6, data), lint="off")
+    _, report, met = bits_pareto.train(gm, data, 30, target, "test", within_budget=True)
+    assert len(seen) >= 30  # every epoch counted
+    assert met == any(b <= target for b in seen) == (target == 3.4)
+    assert seen[0] > 3.4  # the first epochs do not compete
+    assert (report.avg_bits <= target) == met
 
 
 def test_from_json_and_plot(tmp_path):
