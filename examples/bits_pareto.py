@@ -285,8 +285,10 @@ def table(payloads: list[dict[str, Any]]) -> str:
         for r in payload["results"]:
             acc = 100 * statistics.mean(r["accs"])
             sd = 100 * statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0
+            over = r.get("budget_met", []).count(False) if payload.get("select") == "budget" \
+                else 0  # seeds whose every epoch was over the budget
             lines.append(f"| {payload['dataset']} | {_label(payload, r['method'])} | "
-                         f"{r['target_bits']:g} | "
+                         f"{r['target_bits']:g}{f' ({over} over)' if over else ''} | "
                          f"{r['avg_bits']:.2f} | {r['input_bits']:.2f} | {acc:.1f} +- {sd:.1f} | "
                          f"{100 * statistics.mean(r['fp32_accs']):.1f} |")
     return "\n".join(lines)
@@ -323,7 +325,7 @@ def plot(payloads: list[dict[str, Any]], path: str) -> None:
         ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=max(0, ax.get_ylim()[0]))
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7, framealpha=0.6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
