@@ -13,10 +13,14 @@ budget of ``--target-bits`` B, for everything else:
 - ``format``: a uniform minifloat with a per-row float32 scale, the widest format whose
   value bits fit B minus the scale's share of a 16-value row (2 bits);
 - ``int``: uniform integers with a learned step (LSQ), floor(B) bits (at least 2);
-- ``degree``: integers with a learned step and a bit-width per node from its in-degree:
-  higher in-degree, more bits. Two levels whose node average is B: floor(B) and one more
-  for the highest-degree fraction B - floor(B) of the nodes, or, for a whole B, B - 1 and
-  B + 1 split at the median in-degree (the bits follow from the graph: nothing stored);
+- ``degree``: integers with a learned step and a bit-width per node from its in-degree
+  (the bits follow from the graph: nothing stored). ``--degree-rule hubs-more`` (the
+  default): higher in-degree, more bits; two levels whose node average is B: floor(B) and
+  one more for the highest-degree fraction B - floor(B) of the nodes, or, for a whole B,
+  B - 1 and B + 1 split at the median in-degree. ``--degree-rule hub-messages``: every
+  site at floor(B) bits, except the messages into hubs (the top 10% by in-degree), one
+  bit fewer: a hub sums many messages, which averages their rounding errors out, and
+  they hold a quarter of Cora's messages;
 - ``learned``: A2Q-style learned bit-widths per node (with one learned step per site),
   pulled toward B by ``fxquant.bit_penalty`` added to the loss.
 
@@ -42,6 +46,7 @@ import math
 import statistics
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -61,22 +66,57 @@ LSQ_METHODS = ("int", "degree", "learned")  # integer grids with a learned step
 SITES = ("input", "message", "aggregate", "output")
 #: minifloats by value bits, for the ``format`` method
 FORMATS = {3: "e1m1", 4: "e2m1", 5: "e2m2", 6: "e2m3", 7: "e3m3", 8: "e4m3"}
-DEFAULT_PENALTY = 1.0
-PENALTY = DEFAULT_PENALTY
-INPUT_FORMAT = "uint1:row"
-QUANTIZE_LOGITS = False
-#: the signed integer grid: "midrise" (2**b levels, no zero; 1 bit is the sign) or
-#: "symmetric" (2**b - 1 levels around 0, 2 bits at least)
 SIGNED_GRIDS = ("midrise", "symmetric")
-SIGNED_GRID = "symmetric"
+DEGREE_RULES = ("hubs-more", "hub-messages")
+SHARED_BITS = ("none", "layer", "all")
+HUB_QUANTILE = 0.9  # in-degree quantile above which a node is a hub (hub-messages)
+#: fixed per-node bit-widths start this many bits above their final widths (``--anneal``)
+ANNEAL_BITS = 2
 
 
-def site_config(method: str, target: float, data: Any, unsigned: bool) -> fxquant.QuantConfig:
+@dataclass(frozen=True)
+class Options:
+    """How every method's sites are set up and trained (the command line's flags)."""
+
+    #: the raw input features' format[:scale]
+    input_format: str = "uint1:row"
+    #: also round the last layer's output (the logits)
+    quantize_logits: bool = False
+    #: weight of fxquant.bit_penalty in the loss (learned)
+    penalty: float = 1.0
+    #: the signed integer grid: "midrise" (2**b levels, no zero; 1 bit is the sign) or
+    #: "symmetric" (2**b - 1 levels around 0, 2 bits at least)
+    signed_grid: str = "symmetric"
+    #: the widest learned bit-width (``RowBits.max_bits``): fewer allowed widths, a
+    #: shorter stored code per node (1 bit for 1..2)
+    max_bits: int = 8
+    #: learned: one bit-width table per layer ("layer") or for all sites ("all")
+    #: (fxquant.share_bits); "none": a table per site
+    shared_bits: str = "none"
+    #: Adam's learning rate for learned bit-widths (the model's is 0.01)
+    bits_lr: float = 0.01
+    #: how ``degree`` assigns bits (see the module docstring)
+    degree_rule: str = "hubs-more"
+    #: bits of the last layer's aggregation (the logits before the bias); None: as the rest
+    last_aggregate_bits: int | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Options:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+DEFAULTS = Options()
+
+
+def site_config(method: str, target: float, data: Any, unsigned: bool, message: bool = False,
+                bits: int | None = None, opts: Options = DEFAULTS) -> fxquant.QuantConfig:
     """One site's config for ``method`` at budget ``target``; integer grids are unsigned
-    where the values are non-negative (or about to be clamped at zero by a ReLU)."""
+    where the values are non-negative (or about to be clamped at zero by a ReLU).
+    ``message``: the site rounds messages (rows keyed by their target node); ``bits``: this
+    site's bits instead of the budget's (``int``, ``degree``)."""
     n = data.num_nodes
     kind = "uint" if unsigned else "int"
-    midrise = not unsigned and SIGNED_GRID == "midrise"
+    midrise = not unsigned and opts.signed_grid == "midrise"
     option = ":midrise" if midrise else ""
     lowest = 1 if unsigned or midrise else 2
     if method == "topn":
@@ -85,8 +125,14 @@ def site_config(method: str, target: float, data: Any, unsigned: bool) -> fxquan
         bits = max(3, min(8, math.floor(target - 2)))
         return fxquant.QuantConfig(FORMATS[bits], scale="row")
     if method == "int":
-        bits = max(lowest, math.floor(target))
+        bits = max(lowest, math.floor(target)) if bits is None else bits
         return fxquant.QuantConfig(f"{kind}{bits}{option}", scale="tensor", range="lsq")
+    if method == "degree" and (opts.degree_rule == "hub-messages" or bits is not None):
+        base = max(lowest, math.floor(target)) if bits is None else bits
+        hub = max(lowest, base - 1) if message and bits is None else base
+        rb = fxquant.RowBits.by_degree(data.edge_index, n, [HUB_QUANTILE], [base, hub],
+                                       min_bits=lowest)
+        return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
     if method == "degree":
         low, fraction = math.floor(target), target - math.floor(target)
         levels, quantile = (low, low + 1), 1 - fraction
@@ -96,26 +142,59 @@ def site_config(method: str, target: float, data: Any, unsigned: bool) -> fxquan
         rb = fxquant.RowBits.by_degree(data.edge_index, n, [quantile], list(levels),
                                        min_bits=lowest)
         return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
-    rb = fxquant.RowBits.learned_init(n, init=min(8.0, target + 1.0), min_bits=lowest)
+    if opts.shared_bits != "none":  # a shared table has one range: the signed grid's lowest
+        lowest = 1 if opts.signed_grid == "midrise" else 2
+    rb = fxquant.RowBits.learned_init(n, init=min(float(opts.max_bits), target + 1.0),
+                                      min_bits=lowest, max_bits=opts.max_bits)
     return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
 
 
-def mapping_for(method: str, target: float, data: Any) -> fxquant.QuantMapping:
+def mapping_for(method: str, target: float, data: Any, opts: Options = DEFAULTS
+                ) -> fxquant.QuantMapping:
     mapping = fxquant.QuantMapping()
     for site in SITES:  # a layer's input is non-negative (after a ReLU)
-        mapping.set_global(site_config(method, target, data, site == "input"), site=site)
+        mapping.set_global(site_config(method, target, data, site == "input",
+                                       message=site == "message", opts=opts), site=site)
+    if opts.last_aggregate_bits is not None:
+        mapping.set_name("conv2", site_config(method, target, data, False,
+                                              bits=opts.last_aggregate_bits, opts=opts),
+                         site="aggregate")
     # the hidden layer's output feeds a ReLU: an unsigned grid loses only what it zeroes
-    mapping.set_name("conv1", site_config(method, target, data, True), site="output")
-    number, _, scale = INPUT_FORMAT.partition(":")
+    mapping.set_name("conv1", site_config(method, target, data, True, opts=opts), site="output")
+    number, _, scale = opts.input_format.partition(":")
     mapping.set_name("conv1", fxquant.QuantConfig(number, scale=scale or None), site="input")
-    if not QUANTIZE_LOGITS:
+    if not opts.quantize_logits:
         mapping.set_name("conv2", None, site="output")
     return mapping
 
 
+def share_tables(gm: torch.nn.Module, how: str) -> None:
+    """One learned bit-width table per layer (``"layer"``: its messages, aggregation and
+    output, or input) or for the whole model (``"all"``), with :func:`fxquant.share_bits`."""
+    names = [n for n, m in gm.named_modules()
+             if isinstance(m, fxquant.QuantPoint) and m.row_bits is not None]
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        layer = gm.get_submodule(name).layer if how == "layer" else ""
+        groups.setdefault(layer, []).append(name)
+    for members in groups.values():
+        for name in members[1:]:
+            fxquant.share_bits(gm, name, members[0])
+
+
+def _anneal(tables: list[tuple[fxquant.QuantPoint, torch.Tensor]], extra: int) -> None:
+    """Set each fixed per-node bit-width table to its final widths plus ``extra`` bits
+    (at most the table's ``max_bits``)."""
+    with torch.no_grad():
+        for point, final in tables:
+            rb = point.config.row_bits
+            assert rb is not None and point.row_bits_table is not None
+            point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
+
+
 def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
-          desc: str, lsq_refit: int = 0, within_budget: bool = False
-          ) -> tuple[float, fxquant.BitReport | None, bool]:
+          desc: str, lsq_refit: int = 0, within_budget: bool = False, anneal: int = 0,
+          opts: Options = DEFAULTS) -> tuple[float, fxquant.BitReport | None, bool]:
     """gcn.py's loop (plus the bit penalty for learned bits); returns the test accuracy at
     the best validation epoch, the bits of that epoch's evaluation (learned bit-widths
     change while training: the bits counted are those of the model that scored the
@@ -126,16 +205,31 @@ def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
     ``target`` compete (model selection under a constraint, on validation accuracy and
     bit counts only); if none does, the best validation epoch overall is returned with
     ``False``. Learned steps are fitted again on each of the first ``lsq_refit`` epochs
-    (:func:`fxquant.refit_steps`)."""
-    optimizer = torch.optim.Adam(train_cora._param_groups(model), lr=0.01)
+    (:func:`fxquant.refit_steps`). With ``anneal`` E, fixed per-node bit-widths start
+    :data:`ANNEAL_BITS` above their final widths and drop by one every E epochs (training
+    that starts on the final 2-bit grids is unstable: 75.6 / 80.6% on two seeds)."""
+    groups = train_cora._param_groups(model)
+    widths = {id(m.row_bits): m.row_bits for m in model.modules()
+              if isinstance(m, fxquant.QuantPoint) and m.row_bits is not None}
+    if widths:  # learned bit-widths at their own learning rate
+        groups = [{**g, "params": [p for p in g["params"] if id(p) not in widths]}
+                  for g in groups]
+        groups.append({"params": list(widths.values()), "weight_decay": 0.0,
+                       "lr": opts.bits_lr})
+    optimizer = torch.optim.Adam(groups, lr=0.01)
+    tables = [(m, m.row_bits_table.clone()) for m in model.modules()
+              if isinstance(m, fxquant.QuantPoint) and m.row_bits_table is not None] \
+        if anneal else []
     learned = target is not None and any(
         isinstance(m, fxquant.QuantPoint) and m.row_bits is not None for m in model.modules())
     quantized = any(isinstance(m, fxquant.QuantPoint) for m in model.modules())
-    constrained = within_budget and learned
+    constrained = within_budget and (learned or bool(tables))
     # [best validation, its test accuracy, its bits]: over all epochs, and within budget
     best: dict[bool, list[Any]] = {False: [0.0, 0.0, None], True: [0.0, 0.0, None]}
     for epoch in range(epochs):
         model.train()
+        if tables:
+            _anneal(tables, max(0, ANNEAL_BITS - epoch // anneal))
         if 0 < epoch < lsq_refit:
             fxquant.refit_steps(model)
         optimizer.zero_grad()
@@ -143,7 +237,7 @@ def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
         loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
         if learned:
             assert target is not None
-            loss = loss + PENALTY * fxquant.bit_penalty(model, target)
+            loss = loss + opts.penalty * fxquant.bit_penalty(model, target)
         loss.backward()
         optimizer.step()
         model.eval()
@@ -186,14 +280,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--penalty", type=float, default=DEFAULT_PENALTY,
+    p.add_argument("--penalty", type=float, default=DEFAULTS.penalty,
                    help="weight of fxquant.bit_penalty in the loss (learned; default "
-                        f"{DEFAULT_PENALTY:g})")
+                        f"{DEFAULTS.penalty:g})")
     p.add_argument("--quantize-logits", action="store_true",
                    help="also round the last layer's output (the logits; float32 by default)")
-    p.add_argument("--input-format", default=INPUT_FORMAT,
+    p.add_argument("--input-format", default=DEFAULTS.input_format,
                    help="the raw input features' format[:scale] (default uint1:row)")
-    p.add_argument("--signed-grid", choices=SIGNED_GRIDS, default=SIGNED_GRID,
+    p.add_argument("--signed-grid", choices=SIGNED_GRIDS, default=DEFAULTS.signed_grid,
                    help="signed integer sites: 'midrise' (2**b levels k + 1/2, no zero; "
                         "1 bit is the sign) or 'symmetric' (-(2**(b-1) - 1) .. 2**(b-1) - 1, "
                         "at least 2 bits) (default: symmetric)")
@@ -201,9 +295,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="the second layer's input rounds with the first layer's output step "
                         "(fxquant.share_step; int, degree, learned); by default each learns "
                         "its own")
+    p.add_argument("--max-bits", type=int, default=DEFAULTS.max_bits,
+                   help="learned bit-widths: the widest allowed (default 8); each node's "
+                        "stored width costs ceil(log2(max - min + 1)) bits")
+    p.add_argument("--shared-bits", choices=SHARED_BITS, default="none",
+                   help="learned: one bit-width per node for each layer's sites ('layer') or "
+                        "for every site ('all'; fxquant.share_bits), stored once; default "
+                        "'none': a table per site")
+    p.add_argument("--bits-lr", type=float, default=DEFAULTS.bits_lr,
+                   help="learned: Adam's learning rate for the bit-widths (default "
+                        f"{DEFAULTS.bits_lr:g})")
+    p.add_argument("--degree-rule", choices=DEGREE_RULES, default=DEFAULTS.degree_rule,
+                   help="degree: 'hubs-more' (higher in-degree, more bits; default) or "
+                        "'hub-messages' (messages into the top 10%% by in-degree one bit "
+                        "fewer)")
+    p.add_argument("--last-aggregate-bits", type=int, default=None, metavar="N",
+                   help="int, degree: N bits for the last layer's aggregation (the logits "
+                        "before the bias) instead of the budget's")
+    p.add_argument("--anneal", type=int, default=0, metavar="E",
+                   help=f"degree: the per-node bit-widths start {ANNEAL_BITS} bits above "
+                        "their final widths and drop by one every E epochs (default 0: off)")
     p.add_argument("--select", choices=("best-val", "budget"), default="best-val",
                    help="which epoch's model is reported: the best validation accuracy "
-                        "(default), or for learned bit-widths the best among the epochs whose "
+                        "(default), or for learned or annealed bit-widths the best among the "
+                        "epochs whose "
                         "avg_bits is within --target-bits (budget_met in the JSON says, per "
                         "seed, whether one was)")
     p.add_argument("--lsq-refit", type=train_cora._epochs, default=0, metavar="N",
@@ -217,14 +332,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.seeds < 1 or args.epochs < 1:
         p.error("--seeds and --epochs must be >= 1")
+    if (args.shared_bits != "none" or args.bits_lr != DEFAULTS.bits_lr) and args.method != "learned":
+        p.error("--shared-bits and --bits-lr are for --method learned")
+    if args.bits_lr <= 0:
+        p.error("--bits-lr must be positive")
+    if args.anneal < 0 or (args.anneal and args.method != "degree"):
+        p.error("--anneal E: E >= 0 epochs, for --method degree (fixed per-node widths)")
+    if args.last_aggregate_bits is not None and (
+            args.method not in ("int", "degree") or not 1 <= args.last_aggregate_bits <= 8):
+        p.error("--last-aggregate-bits: 1..8 bits, for --method int or degree")
     return args
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    global INPUT_FORMAT, QUANTIZE_LOGITS, PENALTY, SIGNED_GRID
-    INPUT_FORMAT, QUANTIZE_LOGITS = args.input_format, args.quantize_logits
-    SIGNED_GRID = args.signed_grid
-    PENALTY = args.penalty
+    opts = Options.from_args(args)
     dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
                              download=False)
     data = dataset[0]
@@ -232,20 +353,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for seed in range(args.seeds):
         torch.manual_seed(seed)
         model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
-        fp32.append(train(model, data, args.epochs, None, f"FP32 seed {seed}")[0])
+        fp32.append(train(model, data, args.epochs, None, f"FP32 seed {seed}", opts=opts)[0])
     results = []
     for target in args.target_bits:
         accs, reports, budget_met = [], [], []
         for seed in range(args.seeds):
             torch.manual_seed(seed)
             model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
-            gm = fxquant.transform(model, mapping_for(args.method, target, data), lint="off")
+            gm = fxquant.transform(model, mapping_for(args.method, target, data, opts),
+                                   lint="off")
             if args.method in LSQ_METHODS and args.shared_step:
                 # the hidden output, rounded, then ReLU'd, is the next layer's input: one grid
                 fxquant.share_step(gm, "conv2_input_quant", "conv1_quant")
+            if args.shared_bits != "none":
+                share_tables(gm, args.shared_bits)
             acc, report, met = train(gm, data, args.epochs, target,
                                      f"{args.method} {target} bits seed {seed}", args.lsq_refit,
-                                     args.select == "budget")
+                                     args.select == "budget", args.anneal, opts)
             assert report is not None
             accs.append(acc)
             reports.append(report)
@@ -261,7 +385,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
             "epochs": args.epochs, "lsq_refit": args.lsq_refit,
             "penalty": args.penalty, "select": args.select, "signed_grid": args.signed_grid,
-            "shared_step": args.shared_step,
+            "shared_step": args.shared_step, "max_bits": args.max_bits,
+            "shared_bits": args.shared_bits, "bits_lr": args.bits_lr,
+            "degree_rule": args.degree_rule, "anneal": args.anneal,
+            "last_aggregate_bits": args.last_aggregate_bits,
             "torch": torch.__version__, "fp32_accs": fp32, "results": results}
 
 
@@ -271,9 +398,21 @@ def _label(payload: dict[str, Any], method: str) -> str:
     extra = [grid] if grid != "symmetric" else []
     if payload.get("shared_step") and method in LSQ_METHODS:
         extra.append("shared step")
-    if method == "learned" and payload.get("penalty", DEFAULT_PENALTY) != DEFAULT_PENALTY:
+    if method == "learned" and payload.get("penalty", DEFAULTS.penalty) != DEFAULTS.penalty:
         extra.append(f"penalty {payload['penalty']:g}")
-    if method == "learned" and payload.get("select") == "budget":
+    if method == "learned" and payload.get("max_bits", 8) != 8:
+        extra.append(f"max {payload['max_bits']} bits")
+    if method == "learned" and payload.get("shared_bits", "none") != "none":
+        extra.append(f"bits shared per {payload['shared_bits'].replace('all', 'model')}")
+    if method == "learned" and payload.get("bits_lr", DEFAULTS.bits_lr) != DEFAULTS.bits_lr:
+        extra.append(f"bits lr {payload['bits_lr']:g}")
+    if method == "degree" and payload.get("degree_rule", "hubs-more") != "hubs-more":
+        extra.append(payload["degree_rule"])
+    if payload.get("last_aggregate_bits") is not None:
+        extra.append(f"last aggregate {payload['last_aggregate_bits']} bits")
+    if payload.get("anneal"):
+        extra.append(f"anneal {payload['anneal']}")
+    if payload.get("select") == "budget" and (method == "learned" or payload.get("anneal")):
         extra.append("within budget")
     return f"{method} ({', '.join(extra)})" if extra else method
 

@@ -9,7 +9,7 @@ from fxquant.quant.functional import quantize, truncate
 from fxquant.quant.nodes import top_degree_nodes
 from fxquant.quant.observers import RangeObserver
 from fxquant.quant.persist import load, save
-from fxquant.quant.points import QuantPoint, refit_steps, share_step
+from fxquant.quant.points import QuantPoint, refit_steps, share_bits, share_step
 
 __all__ = [
     "BitReport",
@@ -27,6 +27,7 @@ __all__ = [
     "quantize",
     "refit_steps",
     "save",
+    "share_bits",
     "share_step",
     "summary",
     "top_degree_nodes",

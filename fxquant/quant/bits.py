@@ -9,7 +9,8 @@ How bits are counted (so a budget cannot be met by accounting):
   learned LSQ step), per row (``scale="row"``: 32 bits per row) or per block of 32
   (``"block32"``: an 8-bit E8M0 scale); a per-node bit-width costs, per node that has
   rows there, the bits of a fixed-length code for the allowed widths (3 for the default 2
-  to 8 bits: seven widths), unless it follows from the graph (``RowBits.by_degree``);
+  to 8 bits: seven widths), unless it follows from the graph (``RowBits.by_degree``); a
+  table shared by several points (:func:`fxquant.share_bits`) is counted once;
 - ``avg_bits`` averages over every quantized value **except the model's raw input
   features** (an ``input`` point on a forward argument): normalized bag-of-words rows are
   exact at 1 bit with a per-row scale, which would make any budget trivial. They are
@@ -141,7 +142,9 @@ def _count(name: str, point: QuantPoint, differentiable: bool = False
         if differentiable and point.row_bits is not None:
             learned_sum = bits.sum() * width
         histogram = dict(Counter(int(b) for b in bits.detach().round().tolist()))
-        storage = bitwidth_bits(config.row_bits) * num_nodes if config.row_bits.stored else 0
+        # a table shared by fxquant.share_bits is stored once, at its source
+        stored = config.row_bits.stored and point.__dict__.get("bits_source") is None
+        storage = bitwidth_bits(config.row_bits) * num_nodes if stored else 0
     else:
         base = config.number.bits
         value_bits = float(base * values)

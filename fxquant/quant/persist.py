@@ -24,7 +24,7 @@ from fxquant.fx.tracer import LeafSpec
 from fxquant.quant.api import TRACE_KEY, transform
 from fxquant.quant.config import QuantConfig, QuantMapping
 from fxquant.quant.describe import quantization_points
-from fxquant.quant.points import share_step
+from fxquant.quant.points import share_bits, share_step
 
 __all__ = ["FORMAT", "load", "save"]
 
@@ -57,7 +57,8 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
     points = [{"name": name, "layer": p.layer, "site": p.site.value,
                "config": p.config.to_dict(),
                "override": None if p.override_number is None else p.override_number.spec(),
-               "step_source": p.__dict__.get("step_source")}
+               "step_source": p.__dict__.get("step_source"),
+               "bits_source": p.__dict__.get("bits_source")}
               for name, p in quantization_points(gm)]
     if not points:
         raise ValueError("fxquant.save: this model has no quantization points; save its "
@@ -109,9 +110,11 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         raise ValueError(f"fxquant.load: the model given traces to other quantization points "
                          f"({names}) than the saved one ({[p['name'] for p in points]}); is it "
                          "the same model class?")
-    for p in points:  # steps shared by fxquant.share_step (absent from older files)
+    for p in points:  # steps and bit-widths shared (absent from older files)
         if p.get("step_source") is not None:
             share_step(gm, p["name"], p["step_source"])
+        if p.get("bits_source") is not None:
+            share_bits(gm, p["name"], p["bits_source"])
     gm.load_state_dict(state, strict=True)
     return gm
 

@@ -11,6 +11,7 @@ state in ``state_dict``, survives pickling with its config, and torch.compile in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,6 +41,26 @@ def in_degree(edge_index: Tensor, num_nodes: int, like: Tensor) -> Tensor:
     ones = torch.ones(target.shape[0], dtype=torch.float32, device=like.device)
     return torch.zeros(num_nodes, dtype=torch.float32, device=like.device).index_add(
         0, target, ones)
+
+
+class _ClampInward(torch.autograd.Function):
+    """``x.clamp(lo, hi)`` whose gradient also reaches values outside the range, but only
+    where a descent step moves them back in. A learned bit-width that an optimizer's
+    momentum carried below ``min_bits`` would get no gradient from a plain clamp and stay
+    at ``min_bits`` for good, whatever the penalty or the loss say; a straight-through
+    clamp would let it drift further out on gradients that cannot change the forward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, lo: float, hi: float) -> Tensor:
+        ctx.save_for_backward(x)
+        ctx.lo, ctx.hi = lo, hi
+        return x.clamp(lo, hi)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (x,) = ctx.saved_tensors
+        inward = ((x >= ctx.lo) | (grad < 0)) & ((x <= ctx.hi) | (grad > 0))
+        return torch.where(inward, grad, torch.zeros_like(grad)), None, None
 
 
 def _table(override: NodeOverride | None) -> Tensor | None:
@@ -116,6 +137,7 @@ class QuantPoint(nn.Module):
         self.log_step: nn.Parameter | None = None
         self.step_ready = False
         self.__dict__["step_source"] = None  # the point whose step this one uses
+        self.__dict__["bits_source"] = None  # the point whose bit-width table this one uses
         if config.range == "lsq":
             self.log_step = nn.Parameter(torch.zeros(()))
         self.override_number: Number | None = override.number if override is not None else None
@@ -298,9 +320,11 @@ class QuantPoint(nn.Module):
         bits = lookup(table, nodes)
         nearest = self._nearest_seen(node_range, table)
         bits = torch.where(known, bits, nearest)
-        bits = bits.clamp(rb.min_bits, rb.max_bits)
         if self.row_bits is not None:
+            bits = _ClampInward.apply(bits, rb.min_bits, rb.max_bits)
             bits = bits + (bits.round() - bits).detach()  # straight-through rounding
+        else:
+            bits = bits.clamp(rb.min_bits, rb.max_bits)
         return bits if row_nodes is None else bits[row_nodes]
 
     def _nearest_seen(self, node_range: Tensor, table: Tensor) -> Tensor:
@@ -506,23 +530,84 @@ def share_step(model: nn.Module, point: str, source: str) -> None:
         >>> len(list(gm.parameters()))  # one step for both points
         5
     """
-    points = {}
-    for role, name in (("point", point), ("source", source)):
-        try:
-            module = model.get_submodule(name)
-        except AttributeError:
-            names = [n for n, m in model.named_modules() if isinstance(m, QuantPoint)]
-            raise ValueError(f"fxquant.share_step: {role}={name!r} is not a submodule of the "
-                             f"model; its quantization points: {names}") from None
-        if not isinstance(module, QuantPoint) or module.log_step is None:
-            raise ValueError(f"fxquant.share_step: {role}={name!r} is not a quantization point "
-                             "with a learned step; both need range='lsq'")
-        points[role] = module
-    if point == source:
-        raise ValueError(f"fxquant.share_step: point and source are both {point!r}")
+    points = _two_points(model, point, source, "share_step",
+                         lambda m: m.log_step is not None, "a learned step; both need range='lsq'")
     if points["source"].__dict__.get("step_source") is not None:
         raise ValueError(f"fxquant.share_step: source={source!r} uses another point's step; "
                          "please pass that point as the source")
     target = points["point"]
     target.log_step = points["source"].log_step
     target.__dict__["step_source"] = source
+
+
+def _two_points(model: nn.Module, point: str, source: str, api: str,
+                has: Callable[[QuantPoint], bool], what: str) -> dict[str, QuantPoint]:
+    """The quantization points named ``point`` and ``source``, checked to have ``what``."""
+    points = {}
+    for role, name in (("point", point), ("source", source)):
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            names = [n for n, m in model.named_modules() if isinstance(m, QuantPoint)]
+            raise ValueError(f"fxquant.{api}: {role}={name!r} is not a submodule of the "
+                             f"model; its quantization points: {names}") from None
+        if not isinstance(module, QuantPoint) or not has(module):
+            raise ValueError(f"fxquant.{api}: {role}={name!r} is not a quantization point "
+                             f"with {what}")
+        points[role] = module
+    if point == source:
+        raise ValueError(f"fxquant.{api}: point and source are both {point!r}")
+    return points
+
+
+def share_bits(model: nn.Module, point: str, source: str) -> None:
+    """Make the quantization point named ``point`` read its per-node bit-widths from
+    ``source``'s table (both with :class:`~fxquant.quant.config.RowBits` of the same nodes
+    and range): the same :class:`~torch.nn.Parameter` when learned (the same buffer when
+    fixed), so each node has **one** bit-width for both sites, trained by the gradients of
+    both, and stored once: :func:`fxquant.bit_report` counts the table's storage at
+    ``source`` only.
+
+    A2Q (Zhu et al., ICLR 2023) learns one bit-width per node and layer; sharing the table
+    across a layer's sites (its messages, aggregation and output, keyed by their node) does
+    the same, at a fraction of the storage of a table per site. Each point keeps its own
+    record of the ranges it has seen, so a node unseen in training takes the bits of the
+    seen node nearest in that point's range. Nothing changes on error.
+
+    Example:
+        >>> import fxquant
+        >>> from fxquant.quant.config import RowBits
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+        ...     def forward(self, x):
+        ...         return self.b(self.a(x))
+        >>> def config():
+        ...     return fxquant.QuantConfig("int8", scale="tensor", range="lsq",
+        ...                                row_bits=RowBits.learned_init(6, 4.0))
+        >>> gm = fxquant.transform(Net(), fxquant.QuantMapping()
+        ...                        .set_name("a", config()).set_name("b", config()))
+        >>> fxquant.share_bits(gm, "b_quant", "a_quant")
+        >>> gm.get_submodule("b_quant").row_bits is gm.get_submodule("a_quant").row_bits
+        True
+    """
+    points = _two_points(model, point, source, "share_bits",
+                         lambda m: m.config.row_bits is not None,
+                         "per-node bit-widths (QuantConfig(row_bits=RowBits(...)))")
+    a, b = (points[r].config.row_bits for r in ("point", "source"))
+    assert a is not None and b is not None
+    if (a.learned, a.num_nodes, a.min_bits, a.max_bits) != \
+            (b.learned, b.num_nodes, b.min_bits, b.max_bits):
+        raise ValueError(f"fxquant.share_bits: point={point!r} has {a!r} and source={source!r} "
+                         f"has {b!r}; a shared table needs the same nodes, the same range and "
+                         "both learned or both fixed")
+    if points["source"].__dict__.get("bits_source") is not None:
+        raise ValueError(f"fxquant.share_bits: source={source!r} uses another point's "
+                         "bit-widths; please pass that point as the source")
+    target, origin = points["point"], points["source"]
+    if origin.row_bits is not None:
+        target.row_bits = origin.row_bits
+    else:
+        target.row_bits_table = origin.row_bits_table
+    target.__dict__["bits_source"] = source

@@ -114,3 +114,105 @@ def test_from_json_and_plot(tmp_path):
     png = tmp_path / "p.png"
     payloads = bits_pareto.main(["--from-json", str(out), "--plot", str(png)])
     assert png.stat().st_size > 1000 and payloads[0]["results"][0]["method"] == "int"
+
+
+def _cora():
+    from fxquant.datasets import load_planetoid
+
+    return load_planetoid("Cora", None, transform=bits_pareto.T.NormalizeFeatures(),
+                          download=False)[0]
+
+
+def test_hub_messages_rule_and_last_aggregate_bits():
+    """--degree-rule hub-messages: every site at floor(B) bits, the messages into the top
+    10% by in-degree one fewer; --last-aggregate-bits sets the logits-side aggregation.
+    Nothing is stored for the widths (they follow from the graph)."""
+    import fxquant
+
+    data = _cora()
+    opts = bits_pareto.Options(signed_grid="midrise", degree_rule="hub-messages",
+                               last_aggregate_bits=4)
+    torch.manual_seed(0)
+    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    gm = fxquant.transform(model, bits_pareto.mapping_for("degree", 2.0, data, opts), lint="off")
+    report = fxquant.bit_report(gm, data.x, data.edge_index)
+    sites = {(s.layer, s.site): s for s in report.sites}
+    degree = torch.bincount(data.edge_index[1], minlength=data.num_nodes)
+    hubs = degree > torch.quantile(degree.float(), bits_pareto.HUB_QUANTILE)
+    messages = int((degree[hubs] + 1).sum())  # each hub's in-edges and its self loop
+    for layer in ("conv1", "conv2"):
+        assert sites[(layer, "message")].histogram == {
+            1: messages, 2: data.edge_index.shape[1] + data.num_nodes - messages}
+    for key in (("conv1", "aggregate"), ("conv1", "output"), ("conv2", "input")):
+        assert sites[key].histogram == {2: data.num_nodes}
+    assert sites[("conv2", "aggregate")].histogram == {4: data.num_nodes}
+    value_bits = sum(s.value_bits for s in report.sites if not s.raw_input)
+    steps = 32 * sum(1 for s in report.sites if not s.raw_input)
+    assert report.avg_bits * sum(s.values for s in report.sites if not s.raw_input) == \
+        pytest.approx(value_bits + steps)  # only the steps' storage
+    assert report.avg_bits < 2.0
+
+
+def test_anneal_starts_two_bits_above_and_drops_one_every_e_epochs():
+    import fxquant
+
+    data = _cora()
+    opts = bits_pareto.Options(signed_grid="midrise", degree_rule="hub-messages")
+    torch.manual_seed(0)
+    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    gm = fxquant.transform(model, bits_pareto.mapping_for("degree", 2.0, data, opts), lint="off")
+    point = gm.get_submodule("conv1_message_quant")
+    final = point.row_bits_table.clone()
+    seen = []
+    point.register_forward_pre_hook(
+        lambda m, args: seen.append(float((m.row_bits_table - final).mean())) if m.training
+        else None)
+    _, report, met = bits_pareto.train(gm, data, 5, 2.0, "test", within_budget=True, anneal=2)
+    assert seen == [2.0, 2.0, 1.0, 1.0, 0.0]
+    assert torch.equal(point.row_bits_table, final)
+    assert met and report.avg_bits < 2.0  # --select budget: the annealing epochs do not compete
+
+
+def test_degree_flags_in_the_json_and_their_errors(tmp_path):
+    out = tmp_path / "hubs.json"
+    bits_pareto.main(["--method", "degree", "--degree-rule", "hub-messages", "--target-bits",
+                      "2", "--seeds", "1", "--epochs", "2", "--signed-grid", "midrise",
+                      "--anneal", "1", "--last-aggregate-bits", "4", "--select", "budget",
+                      "--json", str(out)])
+    payload = json.loads(out.read_text())
+    assert (payload["degree_rule"], payload["anneal"], payload["last_aggregate_bits"]) == \
+        ("hub-messages", 1, 4)
+    assert bits_pareto._label(payload, "degree") == ("degree (midrise, hub-messages, last "
+                                                     "aggregate 4 bits, anneal 1, within "
+                                                     "budget)")
+    for bad in (["--method", "learned", "--anneal", "5"], ["--method", "topn",
+                                                            "--last-aggregate-bits", "4"],
+                ["--method", "int", "--last-aggregate-bits", "9"]):
+        with pytest.raises(SystemExit):
+            bits_pareto.main(bad)
+
+
+@pytest.mark.parametrize("how, tables", [("layer", 2), ("all", 1)])
+def test_shared_bits_one_table_per_layer_or_model(how, tables, tmp_path):
+    import fxquant
+
+    data = _cora()
+    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    opts = bits_pareto.Options(shared_bits=how)
+    gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.0, data, opts),
+                           lint="off")
+    bits_pareto.share_tables(gm, how)
+    points = [m for m in gm.modules() if isinstance(m, fxquant.QuantPoint)
+              and m.row_bits is not None]
+    assert len(points) == 6 and len({id(m.row_bits) for m in points}) == tables
+    if how == "layer":
+        assert all(m.row_bits is points[0].row_bits for m in points if m.layer == "conv1")
+    out = tmp_path / "shared.json"
+    bits_pareto.main(["--method", "learned", "--target-bits", "2", "--seeds", "1", "--epochs",
+                      "1", "--shared-bits", how, "--bits-lr", "0.02", "--json", str(out)])
+    payload = json.loads(out.read_text())
+    assert (payload["shared_bits"], payload["bits_lr"]) == (how, 0.02)
+    assert bits_pareto._label(payload, "learned").endswith(
+        f"bits shared per {'model' if how == 'all' else 'layer'}, bits lr 0.02)")
+    with pytest.raises(SystemExit):
+        bits_pareto.main(["--method", "int", "--shared-bits", how])

@@ -248,3 +248,26 @@ def test_block32_storage_and_untrained_running_range():
     torch.testing.assert_close(point(x), fxquant.quantize(x, "int8", scale="tensor"))
     with pytest.raises(ValueError, match="one step per tensor"):
         QuantConfig("int4", scale="row", range="lsq")
+
+
+@pytest.mark.parametrize("start, target, moves", [
+    (1.2, 6.0, True),  # below min_bits, pulled up: back into the range
+    (1.2, 2.0, False),  # below, pushed further down: no gradient (the forward is 2 already)
+    (9.5, 2.0, True),  # above max_bits, pulled down
+    (9.5, 8.0, False),
+])
+def test_learned_bits_outside_their_range_only_get_gradient_back_in(start, target, moves):
+    """An optimizer's momentum can carry a learned bit-width past min_bits / max_bits; a
+    plain clamp would then leave it there for good (no gradient), whatever the penalty."""
+    config = QuantConfig("int8", scale="tensor", range="lsq",
+                         row_bits=RowBits.learned_init(4, 4.0, min_bits=2, max_bits=8))
+    gm = fxquant.transform(nn.Sequential(nn.Linear(3, 64)), QuantMapping().set_name("0", config))
+    bits = gm.get_submodule("_0_quant").row_bits
+    with torch.no_grad():
+        bits[0] = start
+    gm(torch.randn(4, 3))
+    fxquant.bit_penalty(gm, target).backward()
+    grad = float(bits.grad[0])
+    assert (grad != 0) is moves
+    if moves:  # a descent step moves it toward the range
+        assert (start - grad - 5.0) ** 2 < (start - 5.0) ** 2

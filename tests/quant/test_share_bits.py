@@ -1,0 +1,120 @@
+"""One per-node bit-width table for several quantization points (``fxquant.share_bits``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch_geometric.nn import GCNConv
+
+import fxquant
+from fxquant import QuantConfig, QuantMapping, RowBits
+
+
+class TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(3, 4), GCNConv(4, 2)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def _mapping(n: int = 5, learned: bool = True, max_bits: int = 8) -> QuantMapping:
+    mapping = QuantMapping()
+    for site in ("message", "output"):
+        rb = RowBits.learned_init(n, 3.6, max_bits=max_bits) if learned else \
+            RowBits(torch.tensor([2, 2, 4, 4, 8][:n]), max_bits=max_bits)
+        mapping.set_name("conv1", QuantConfig("int8", scale="tensor", range="lsq", row_bits=rb),
+                         site=site)
+    return mapping
+
+
+def _graph() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(5, 3), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+
+
+def test_one_table_trained_by_both_sites_and_stored_once():
+    x, edge_index = _graph()
+    torch.manual_seed(0)
+    apart = fxquant.transform(TwoLayers(), _mapping())
+    torch.manual_seed(0)
+    shared = fxquant.transform(TwoLayers(), _mapping())
+    fxquant.share_bits(shared, "conv1_quant", "conv1_message_quant")
+    msg, out = shared.get_submodule("conv1_message_quant"), shared.get_submodule("conv1_quant")
+    assert out.row_bits is msg.row_bits
+    assert sum(p is msg.row_bits for p in shared.parameters()) == 1
+    # same values as two tables that hold the same bits; the gradient is the sum of both
+    for gm in (apart, shared):
+        gm(x, edge_index).pow(2).sum().backward()
+    torch.testing.assert_close(apart(x, edge_index), shared(x, edge_index))
+    both = apart.get_submodule("conv1_message_quant").row_bits.grad \
+        + apart.get_submodule("conv1_quant").row_bits.grad
+    assert msg.row_bits.grad is not None
+    torch.testing.assert_close(msg.row_bits.grad, both)
+    # storage: 3 bits per node for one table, not two (4 values per row)
+    a, s = fxquant.bit_report(apart, x, edge_index), fxquant.bit_report(shared, x, edge_index)
+    by_site = {(r.layer, r.site): r for r in s.sites}
+    values = by_site[("conv1", "output")].values
+    assert values == 5 * 4
+    assert by_site[("conv1", "output")].avg_bits == pytest.approx(
+        (4 * 5 * 4 + 32) / values)  # 4 bits per value (3.6 rounded), the step, no table
+    total = sum(r.values for r in s.sites)
+    assert a.avg_bits - s.avg_bits == pytest.approx(3 * 5 / total)
+
+
+def test_fixed_tables_share_too():
+    x, edge_index = _graph()
+    gm = fxquant.transform(TwoLayers(), _mapping(learned=False))
+    fxquant.share_bits(gm, "conv1_quant", "conv1_message_quant")
+    assert gm.get_submodule("conv1_quant").row_bits_table is \
+        gm.get_submodule("conv1_message_quant").row_bits_table
+    report = fxquant.bit_report(gm, x, edge_index)
+    assert {(r.layer, r.site): r.histogram for r in report.sites}[("conv1", "output")] == \
+        {2: 2, 4: 2, 8: 1}
+
+
+def test_shared_bits_survive_save_load_and_compile(tmp_path):
+    x, edge_index = _graph()
+    torch.manual_seed(0)
+    gm = fxquant.transform(TwoLayers(), _mapping())
+    fxquant.share_bits(gm, "conv1_quant", "conv1_message_quant")
+    optimizer = torch.optim.Adam(gm.parameters(), lr=0.2)
+    for _ in range(4):
+        optimizer.zero_grad()
+        (gm(x, edge_index).sum() + fxquant.bit_penalty(gm, 2.0)).backward()
+        optimizer.step()
+    gm.eval()
+    expected = gm(x, edge_index)
+    path = tmp_path / "gm.pt"
+    fxquant.save(gm, path)
+    loaded = fxquant.load(path, TwoLayers()).eval()
+    assert loaded.get_submodule("conv1_quant").row_bits is \
+        loaded.get_submodule("conv1_message_quant").row_bits
+    torch.testing.assert_close(loaded(x, edge_index), expected)
+    compiled = torch.compile(gm, fullgraph=True)
+    torch.testing.assert_close(compiled(x, edge_index), expected)
+
+
+def test_share_bits_errors_name_the_point_and_change_nothing():
+    gm = fxquant.transform(TwoLayers(), _mapping().set_name(
+        "conv2", QuantConfig("int8", scale="tensor", range="lsq",
+                             row_bits=RowBits.learned_init(5, 3.0, max_bits=4))))
+    before = {n: p for n, p in gm.named_parameters()}
+    with pytest.raises(ValueError, match=r"point='nope' is not a submodule.*conv1_quant"):
+        fxquant.share_bits(gm, "nope", "conv1_quant")
+    with pytest.raises(ValueError, match=r"point='conv1_quant' has RowBits.*2\.\.8.*2\.\.4"):
+        fxquant.share_bits(gm, "conv1_quant", "conv2_quant")
+    with pytest.raises(ValueError, match="point and source are both"):
+        fxquant.share_bits(gm, "conv1_quant", "conv1_quant")
+    fxquant.share_bits(gm, "conv1_quant", "conv1_message_quant")
+    after_first = {n: p for n, p in gm.named_parameters()}
+    with pytest.raises(ValueError, match="uses another point's bit-widths"):
+        fxquant.share_bits(gm, "conv1_message_quant", "conv1_quant")
+    assert {n: p for n, p in gm.named_parameters()} == after_first
+    plain = fxquant.transform(TwoLayers(), QuantMapping().set_global(
+        QuantConfig("int8", scale="tensor")))
+    with pytest.raises(ValueError, match=r"point='conv2_quant' is not a quantization point "
+                                         r"with per-node bit-widths"):
+        fxquant.share_bits(plain, "conv2_quant", "conv1_quant")
+    assert len(before) == len(after_first) + 1
