@@ -530,19 +530,17 @@ def share_step(model: nn.Module, point: str, source: str) -> None:
         >>> len(list(gm.parameters()))  # one step for both points
         5
     """
-    points = _two_points(model, point, source, "share_step",
+    points = _two_points(model, point, source, "share_step", "step_source",
                          lambda m: m.log_step is not None, "a learned step; both need range='lsq'")
-    if points["source"].__dict__.get("step_source") is not None:
-        raise ValueError(f"fxquant.share_step: source={source!r} uses another point's step; "
-                         "please pass that point as the source")
     target = points["point"]
     target.log_step = points["source"].log_step
     target.__dict__["step_source"] = source
 
 
-def _two_points(model: nn.Module, point: str, source: str, api: str,
+def _two_points(model: nn.Module, point: str, source: str, api: str, link: str,
                 has: Callable[[QuantPoint], bool], what: str) -> dict[str, QuantPoint]:
-    """The quantization points named ``point`` and ``source``, checked to have ``what``."""
+    """The quantization points named ``point`` and ``source``, checked to have ``what``
+    and to form no chain of shares (``link``: the attribute naming a point's source)."""
     points = {}
     for role, name in (("point", point), ("source", source)):
         try:
@@ -557,6 +555,15 @@ def _two_points(model: nn.Module, point: str, source: str, api: str,
         points[role] = module
     if point == source:
         raise ValueError(f"fxquant.{api}: point and source are both {point!r}")
+    if points["source"].__dict__.get(link) is not None:
+        raise ValueError(f"fxquant.{api}: source={source!r} already shares "
+                         f"{points['source'].__dict__[link]!r}'s; please pass that point as "
+                         "the source")
+    users = [n for n, m in model.named_modules()
+             if isinstance(m, QuantPoint) and m.__dict__.get(link) == point]
+    if users:
+        raise ValueError(f"fxquant.{api}: point={point!r} is the source of {users}; please "
+                         f"share those from {source!r} first")
     return points
 
 
@@ -592,7 +599,7 @@ def share_bits(model: nn.Module, point: str, source: str) -> None:
         >>> gm.get_submodule("b_quant").row_bits is gm.get_submodule("a_quant").row_bits
         True
     """
-    points = _two_points(model, point, source, "share_bits",
+    points = _two_points(model, point, source, "share_bits", "bits_source",
                          lambda m: m.config.row_bits is not None,
                          "per-node bit-widths (QuantConfig(row_bits=RowBits(...)))")
     a, b = (points[r].config.row_bits for r in ("point", "source"))
@@ -602,9 +609,6 @@ def share_bits(model: nn.Module, point: str, source: str) -> None:
         raise ValueError(f"fxquant.share_bits: point={point!r} has {a!r} and source={source!r} "
                          f"has {b!r}; a shared table needs the same nodes, the same range and "
                          "both learned or both fixed")
-    if points["source"].__dict__.get("bits_source") is not None:
-        raise ValueError(f"fxquant.share_bits: source={source!r} uses another point's "
-                         "bit-widths; please pass that point as the source")
     target, origin = points["point"], points["source"]
     if origin.row_bits is not None:
         target.row_bits = origin.row_bits

@@ -187,7 +187,8 @@ def test_degree_flags_in_the_json_and_their_errors(tmp_path):
                                                      "budget)")
     for bad in (["--method", "learned", "--anneal", "5"], ["--method", "topn",
                                                             "--last-aggregate-bits", "4"],
-                ["--method", "int", "--last-aggregate-bits", "9"]):
+                ["--method", "int", "--last-aggregate-bits", "9"],
+                ["--method", "learned", "--max-bits", "1"], ["--method", "int", "--max-bits", "4"]):
         with pytest.raises(SystemExit):
             bits_pareto.main(bad)
 
@@ -216,3 +217,17 @@ def test_shared_bits_one_table_per_layer_or_model(how, tables, tmp_path):
         f"bits shared per {'model' if how == 'all' else 'layer'}, bits lr 0.02)")
     with pytest.raises(SystemExit):
         bits_pareto.main(["--method", "int", "--shared-bits", how])
+
+
+def test_select_budget_judges_fixed_bits_too():
+    """Uniform int3 with its float32 steps counts 3.0004 bits: over a budget of 3.0, within
+    3.1; the flag says so for fixed bit-widths as for learned ones."""
+    import fxquant
+
+    data = _cora()
+    for target, within in ((3.0, False), (3.1, True)):
+        torch.manual_seed(0)
+        model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+        gm = fxquant.transform(model, bits_pareto.mapping_for("int", target, data), lint="off")
+        _, report, met = bits_pareto.train(gm, data, 2, target, "test", within_budget=True)
+        assert met is within and report.avg_bits == pytest.approx(3.0, abs=1e-3)

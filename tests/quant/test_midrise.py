@@ -177,7 +177,7 @@ def test_share_step_errors_name_the_point_and_change_nothing():
     gm = _shared()
     with pytest.raises(ValueError, match=r"is not a submodule.*b_input_quant"):
         fxquant.share_step(gm, "nope", "a_quant")
-    with pytest.raises(ValueError, match="uses another point's step"):
+    with pytest.raises(ValueError, match="source='b_input_quant' already shares 'a_quant'"):
         fxquant.share_step(gm, "a_quant", "b_input_quant")
     torch.manual_seed(0)
     plain = fxquant.transform(_TwoLinear(), QuantMapping().set_name("a", QuantConfig(

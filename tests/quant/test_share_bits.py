@@ -109,8 +109,12 @@ def test_share_bits_errors_name_the_point_and_change_nothing():
         fxquant.share_bits(gm, "conv1_quant", "conv1_quant")
     fxquant.share_bits(gm, "conv1_quant", "conv1_message_quant")
     after_first = {n: p for n, p in gm.named_parameters()}
-    with pytest.raises(ValueError, match="uses another point's bit-widths"):
+    with pytest.raises(ValueError, match="source='conv1_quant' already shares "
+                                         "'conv1_message_quant'"):
         fxquant.share_bits(gm, "conv1_message_quant", "conv1_quant")
+    with pytest.raises(ValueError, match=r"point='conv1_message_quant' is the source of "
+                                         r"\['conv1_quant'\]"):
+        fxquant.share_bits(gm, "conv1_message_quant", "conv2_quant")
     assert {n: p for n, p in gm.named_parameters()} == after_first
     plain = fxquant.transform(TwoLayers(), QuantMapping().set_global(
         QuantConfig("int8", scale="tensor")))
