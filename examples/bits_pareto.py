@@ -22,7 +22,8 @@ budget of ``--target-bits`` B, for everything else:
   bit fewer: a hub sums many messages, which averages their rounding errors out, and
   they hold a quarter of Cora's messages;
 - ``learned``: A2Q-style learned bit-widths per node (with one learned step per site),
-  pulled toward B by ``fxquant.bit_penalty`` added to the loss.
+  pulled toward B by ``fxquant.bit_penalty`` added to the loss; a table per site, or one
+  per layer or for the whole model (``--shared-bits``, ``fxquant.share_bits``).
 
 Integer grids are unsigned at the layers' inputs (non-negative after ReLU) and at the
 hidden layer's output (it feeds the ReLU, which zeroes what an unsigned grid clamps), and
@@ -302,7 +303,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-bits", type=int, default=DEFAULTS.max_bits,
                    help="learned bit-widths: the widest allowed (default 8); each node's "
                         "stored width costs ceil(log2(max - min + 1)) bits")
-    p.add_argument("--shared-bits", choices=SHARED_BITS, default="none",
+    p.add_argument("--shared-bits", choices=SHARED_BITS, default=DEFAULTS.shared_bits,
                    help="learned: one bit-width per node for each layer's sites ('layer') or "
                         "for every site ('all'; fxquant.share_bits), stored once; default "
                         "'none': a table per site")
@@ -346,8 +347,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.anneal < 0 or (args.anneal and args.method != "degree"):
         p.error("--anneal E: E >= 0 epochs, for --method degree (fixed per-node widths)")
     if args.last_aggregate_bits is not None and (
-            args.method not in ("int", "degree") or not 1 <= args.last_aggregate_bits <= 8):
-        p.error("--last-aggregate-bits: 1..8 bits, for --method int or degree")
+            args.method not in ("int", "degree") or not lowest <= args.last_aggregate_bits <= 8):
+        p.error(f"--last-aggregate-bits: {lowest}..8 bits (1 only with --signed-grid midrise), "
+                "for --method int or degree")
     return args
 
 

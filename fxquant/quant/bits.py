@@ -125,13 +125,33 @@ class BitReport:
                 "KiB in float32")
 
 
-def _count(name: str, point: QuantPoint, differentiable: bool = False
+def _table_nodes(points: list[tuple[str, QuantPoint]]) -> dict[str, int]:
+    """Which points store a per-node bit-width table, and for how many nodes: a table
+    several points share (:func:`fxquant.share_bits`) is stored once, at its source, or
+    at the first sharing point that ran when the source did not, for the most nodes any
+    of them had rows for."""
+    owners: dict[int, tuple[str, int]] = {}
+    for name, point in points:
+        rb = point.config.row_bits
+        if rb is None or not rb.stored:
+            continue
+        table = point.row_bits if point.row_bits is not None else point.row_bits_table
+        nodes = point.__dict__["last_rows"][2]
+        owner, most = owners.get(id(table), (name, 0))
+        if point.__dict__.get("bits_source") is None:
+            owner = name
+        owners[id(table)] = (owner, max(most, nodes))
+    return dict(owners.values())
+
+
+def _count(name: str, point: QuantPoint, table_nodes: int = 0, differentiable: bool = False
            ) -> tuple[SiteBits, Tensor | None]:
-    """The point's bits in its last forward; with ``differentiable``, also the sum of the
-    learned rows' bits as a tensor (for the penalty)."""
+    """The point's bits in its last forward, with the storage of a per-node bit-width
+    table for ``table_nodes`` nodes; with ``differentiable``, also the sum of the learned
+    rows' bits as a tensor (for the penalty)."""
     last = point.__dict__.get("last_rows")
     assert isinstance(last, tuple)
-    rows, width, num_nodes, override_rows = last
+    rows, width, _, override_rows = last
     config = point.config
     values = rows * width
     histogram: dict[int, int] = {}
@@ -142,9 +162,7 @@ def _count(name: str, point: QuantPoint, differentiable: bool = False
         if differentiable and point.row_bits is not None:
             learned_sum = bits.sum() * width
         histogram = dict(Counter(int(b) for b in bits.detach().round().tolist()))
-        # a table shared by fxquant.share_bits is stored once, at its source
-        stored = config.row_bits.stored and point.__dict__.get("bits_source") is None
-        storage = bitwidth_bits(config.row_bits) * num_nodes if stored else 0
+        storage = bitwidth_bits(config.row_bits) * table_nodes
     else:
         base = config.number.bits
         value_bits = float(base * values)
@@ -209,7 +227,9 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
         finally:
             for module, mode in modes:
                 module.training = mode
-    return BitReport([_count(name, p)[0] for name, p in _points(gm)])
+    points = _points(gm)
+    tables = _table_nodes(points)
+    return BitReport([_count(name, p, tables.get(name, 0))[0] for name, p in points])
 
 
 def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
@@ -236,8 +256,10 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
     total_values = 0
     fixed_bits = 0.0
     learned: list[Tensor] = []
-    for name, point in _points(gm):
-        site, learned_sum = _count(name, point, differentiable=True)
+    points = _points(gm)
+    tables = _table_nodes(points)
+    for name, point in points:
+        site, learned_sum = _count(name, point, tables.get(name, 0), differentiable=True)
         if site.raw_input:
             continue
         total_values += site.values

@@ -2,11 +2,12 @@
 
 ``torch.save(gm)`` pickles the GraphModule, and ``torch.load(path, weights_only=False)``
 of a crafted file runs whatever code it carries. :func:`save` writes only data: the
-quantization points as JSON (layer, site, config, node override, shared step) and the
-trace arguments, next to ``gm.state_dict()``; :func:`load` reads it with ``weights_only=True`` (which
-refuses anything but tensors and plain containers), transforms the user's own model class
-again and loads the state into it. The other code-free route, ``torch.export``, also works
-for a transformed model (import fxquant first so the ops are registered).
+quantization points as JSON (layer, site, config, node override, shared step and
+bit-width table) and the trace arguments, next to ``gm.state_dict()``; :func:`load` reads
+it with ``weights_only=True`` (which refuses anything but tensors and plain containers),
+transforms the user's own model class again and loads the state into it. The other
+code-free route, ``torch.export``, also works for a transformed model (import fxquant
+first so the ops are registered).
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ from fxquant.quant.points import share_bits, share_step
 
 __all__ = ["FORMAT", "load", "save"]
 
-#: The version tag written into every file.
+#: The version tag written into every file without shared steps or bit-width tables.
 FORMAT = "fxquant-state-1"
+#: The tag of a file with points that share another's step or bit-width table
+#: (:func:`~fxquant.share_step`, :func:`~fxquant.share_bits`): a version that cannot
+#: restore the sharing refuses it instead of loading untied copies.
+FORMAT_SHARED = "fxquant-state-2"
 
 
 def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
@@ -69,8 +74,9 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
     except TypeError as e:
         raise ValueError(f"fxquant.save: the concrete_args this model was traced with are not "
                          f"plain values ({e}); they cannot be saved without pickling") from e
-    torch.save({"format": FORMAT, "points": json.dumps(points), "trace": trace_json,
-                "state_dict": gm.state_dict()}, path)
+    shared = any(p["step_source"] is not None or p["bits_source"] is not None for p in points)
+    torch.save({"format": FORMAT_SHARED if shared else FORMAT, "points": json.dumps(points),
+                "trace": trace_json, "state_dict": gm.state_dict()}, path)
 
 
 def load(path: str | os.PathLike[str], model: nn.Module,
@@ -91,9 +97,9 @@ def load(path: str | os.PathLike[str], model: nn.Module,
     except Exception as e:
         raise ValueError(f"fxquant.load: {path} is not a file fxquant.save wrote, or it carries "
                          f"code, which is refused ({type(e).__name__}: {str(e)[:200]})") from e
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+    if not isinstance(blob, dict) or blob.get("format") not in (FORMAT, FORMAT_SHARED):
         raise ValueError(f"fxquant.load: {path} is not a file fxquant.save wrote "
-                         f"(expected format {FORMAT!r})")
+                         f"(expected format {FORMAT!r} or {FORMAT_SHARED!r})")
     points = json.loads(blob["points"])
     trace = json.loads(blob["trace"])
     state = blob["state_dict"]

@@ -173,7 +173,7 @@ def test_anneal_starts_two_bits_above_and_drops_one_every_e_epochs():
     assert met and report.avg_bits < 2.0  # --select budget: the annealing epochs do not compete
 
 
-def test_degree_flags_in_the_json_and_their_errors(tmp_path):
+def test_degree_flags_in_the_json_and_their_errors(tmp_path, capsys):
     out = tmp_path / "hubs.json"
     bits_pareto.main(["--method", "degree", "--degree-rule", "hub-messages", "--target-bits",
                       "2", "--seeds", "1", "--epochs", "2", "--signed-grid", "midrise",
@@ -185,12 +185,17 @@ def test_degree_flags_in_the_json_and_their_errors(tmp_path):
     assert bits_pareto._label(payload, "degree") == ("degree (midrise, hub-messages, last "
                                                      "aggregate 4 bits, anneal 1, within "
                                                      "budget)")
-    for bad in (["--method", "learned", "--anneal", "5"], ["--method", "topn",
-                                                            "--last-aggregate-bits", "4"],
-                ["--method", "int", "--last-aggregate-bits", "9"],
-                ["--method", "learned", "--max-bits", "1"], ["--method", "int", "--max-bits", "4"]):
+    for bad, message in ((["--method", "learned", "--anneal", "5"], "--anneal E"),
+                         (["--method", "topn", "--last-aggregate-bits", "4"],
+                          "--last-aggregate-bits"),
+                         (["--method", "int", "--last-aggregate-bits", "9"], "2..8 bits"),
+                         (["--method", "int", "--last-aggregate-bits", "1"], "2..8 bits"),
+                         (["--method", "learned", "--max-bits", "1"], "--max-bits"),
+                         (["--method", "int", "--max-bits", "4"], "--max-bits"),
+                         (["--method", "int", "--bits-lr", "0.1"], "--bits-lr are for")):
         with pytest.raises(SystemExit):
             bits_pareto.main(bad)
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("how, tables", [("layer", 2), ("all", 1)])

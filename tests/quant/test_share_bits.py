@@ -122,3 +122,34 @@ def test_share_bits_errors_name_the_point_and_change_nothing():
                                          r"with per-node bit-widths"):
         fxquant.share_bits(plain, "conv2_quant", "conv1_quant")
     assert len(before) == len(after_first) + 1
+
+
+def test_a_shared_table_is_stored_even_when_its_source_did_not_run():
+    """The storage moves to the first sharing point that ran: a budget cannot be met by
+    leaving the source out of the forward."""
+    x, edge_index = _graph()
+    gm = fxquant.transform(TwoLayers(), _mapping())
+    fxquant.share_bits(gm, "conv1_quant", "conv1_message_quant")
+    gm(x, edge_index)
+    both = {s.name: s for s in fxquant.bit_report(gm).sites}
+    assert both["conv1_message_quant"].storage_bits == 3 * 5 + 32
+    assert both["conv1_quant"].storage_bits == 32
+    gm.get_submodule("conv1_message_quant").__dict__["last_rows"] = None  # as if it never ran
+    alone = {s.name: s for s in fxquant.bit_report(gm).sites}
+    assert "conv1_message_quant" not in alone
+    assert alone["conv1_quant"].storage_bits == 3 * 5 + 32
+
+
+def test_files_with_shared_tables_carry_their_own_format_tag(tmp_path):
+    """A version of fxquant that cannot restore the sharing refuses such a file instead of
+    loading untied tables; files without sharing keep the first tag."""
+    from fxquant.quant.persist import FORMAT, FORMAT_SHARED
+
+    plain = fxquant.transform(TwoLayers(), _mapping())
+    shared = fxquant.transform(TwoLayers(), _mapping())
+    fxquant.share_bits(shared, "conv1_quant", "conv1_message_quant")
+    for gm, tag in ((plain, FORMAT), (shared, FORMAT_SHARED)):
+        path = tmp_path / f"{tag}.pt"
+        fxquant.save(gm, path)
+        assert torch.load(path, weights_only=True)["format"] == tag
+        fxquant.load(path, TwoLayers())
