@@ -449,7 +449,8 @@ def plot(payloads: list[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     datasets = sorted({p["dataset"] for p in payloads})
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(7 * len(datasets), 7.5), squeeze=False)
+    colors = plt.get_cmap("tab20").colors
     for ax, name in zip(axes[0], datasets, strict=True):
         by_method: dict[str, list[tuple[float, float, float]]] = {}
         fp32 = []
@@ -461,11 +462,13 @@ def plot(payloads: list[dict[str, Any]], path: str) -> None:
                 by_method.setdefault(_label(p, r["method"]), []).append(
                     (r["avg_bits"], 100 * statistics.mean(r["accs"]),
                      100 * statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0))
-        for method in sorted(by_method, key=lambda m: (METHODS.index(m.split()[0]), m)):
+        ordered = sorted(by_method, key=lambda m: (METHODS.index(m.split()[0]), m))
+        for i, method in enumerate(ordered):
             points = sorted(by_method[method])
             if points:
                 ax.errorbar([b for b, _, _ in points], [a for _, a, _ in points],
-                            yerr=[s for _, _, s in points], marker="o", capsize=3, label=method)
+                            yerr=[s for _, _, s in points], marker="o", capsize=3, label=method,
+                            color=colors[2 * (i % 10) + i // 10 % 2])
         if fp32:
             ax.axhline(100 * statistics.mean(fp32), color="gray", ls="--", label="FP32")
         ax.set(xlabel="average bits per value (raw input excluded, storage included)",
@@ -473,7 +476,7 @@ def plot(payloads: list[dict[str, Any]], path: str) -> None:
         ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=max(0, ax.get_ylim()[0]))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, framealpha=0.6)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
