@@ -18,7 +18,8 @@ budget of ``--target-bits`` B, for everything else:
   default): higher in-degree, more bits; two levels whose node average is B: floor(B) and
   one more for the highest-degree fraction B - floor(B) of the nodes, or, for a whole B,
   B - 1 and B + 1 split at the median in-degree. ``--degree-rule hub-messages``: every
-  site at floor(B) bits, except the messages into hubs (the top 10% by in-degree), one
+  site at floor(B) bits, except the messages into hubs (by default the top 10% by
+  in-degree, ``--hub-quantile``), one
   bit fewer: a hub sums many messages, which averages their rounding errors out, and
   they hold a quarter of Cora's messages;
 - ``learned``: A2Q-style learned bit-widths per node (with one learned step per site),
@@ -74,7 +75,6 @@ FORMATS = {3: "e1m1", 4: "e2m1", 5: "e2m2", 6: "e2m3", 7: "e3m3", 8: "e4m3"}
 SIGNED_GRIDS = ("midrise", "symmetric")
 DEGREE_RULES = ("hubs-more", "hub-messages")
 SHARED_BITS = ("none", "layer", "all")
-HUB_QUANTILE = 0.9  # in-degree quantile above which a node is a hub (hub-messages)
 #: fixed per-node bit-widths start this many bits above their final widths (``--anneal``)
 ANNEAL_BITS = 2
 
@@ -102,6 +102,8 @@ class Options:
     bits_lr: float = 0.01
     #: how ``degree`` assigns bits (see the module docstring)
     degree_rule: str = "hubs-more"
+    #: hub-messages: the in-degree quantile above which a node is a hub
+    hub_quantile: float = 0.9
     #: bits of the last layer's aggregation (the logits before the bias); None: as the rest
     last_aggregate_bits: int | None = None
 
@@ -135,7 +137,7 @@ def site_config(method: str, target: float, data: Any, unsigned: bool, message: 
     if method == "degree" and (opts.degree_rule == "hub-messages" or bits is not None):
         base = max(lowest, math.floor(target)) if bits is None else bits
         hub = max(lowest, base - 1) if message and bits is None else base
-        rb = fxquant.RowBits.by_degree(data.edge_index, n, [HUB_QUANTILE], [base, hub],
+        rb = fxquant.RowBits.by_degree(data.edge_index, n, [opts.hub_quantile], [base, hub],
                                        min_bits=lowest)
         return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
     if method == "degree":
@@ -312,8 +314,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         f"{DEFAULTS.bits_lr:g})")
     p.add_argument("--degree-rule", choices=DEGREE_RULES, default=DEFAULTS.degree_rule,
                    help="degree: 'hubs-more' (higher in-degree, more bits; default) or "
-                        "'hub-messages' (messages into the top 10%% by in-degree one bit "
-                        "fewer)")
+                        "'hub-messages' (messages into the hubs one bit fewer)")
+    p.add_argument("--hub-quantile", type=float, default=DEFAULTS.hub_quantile, metavar="Q",
+                   help="hub-messages: nodes whose in-degree lies above this quantile of all "
+                        f"in-degrees are hubs (default {DEFAULTS.hub_quantile:g}: the top 10%%)")
     p.add_argument("--last-aggregate-bits", type=int, default=None, metavar="N",
                    help="int, degree: N bits for the last layer's aggregation (the logits "
                         "before the bias) instead of the budget's")
@@ -344,6 +348,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not lowest <= args.max_bits <= 8 or (args.max_bits != 8 and args.method != "learned"):
         p.error(f"--max-bits: {lowest}..8 bits (1 only with --signed-grid midrise), for "
                 "--method learned")
+    if not 0 < args.hub_quantile < 1 or (args.hub_quantile != DEFAULTS.hub_quantile
+                                         and args.degree_rule != "hub-messages"):
+        p.error("--hub-quantile Q: 0 < Q < 1, with --degree-rule hub-messages")
     if args.anneal < 0 or (args.anneal and args.method != "degree"):
         p.error("--anneal E: E >= 0 epochs, for --method degree (fixed per-node widths)")
     if args.last_aggregate_bits is not None and (
@@ -396,7 +403,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "penalty": args.penalty, "select": args.select, "signed_grid": args.signed_grid,
             "shared_step": args.shared_step, "max_bits": args.max_bits,
             "shared_bits": args.shared_bits, "bits_lr": args.bits_lr,
-            "degree_rule": args.degree_rule, "anneal": args.anneal,
+            "degree_rule": args.degree_rule, "hub_quantile": args.hub_quantile,
+            "anneal": args.anneal,
             "last_aggregate_bits": args.last_aggregate_bits,
             "torch": torch.__version__, "fp32_accs": fp32, "results": results}
 
@@ -417,6 +425,8 @@ def _label(payload: dict[str, Any], method: str) -> str:
         extra.append(f"bits lr {payload['bits_lr']:g}")
     if method == "degree" and payload.get("degree_rule", "hubs-more") != "hubs-more":
         extra.append(payload["degree_rule"])
+        if payload.get("hub_quantile", DEFAULTS.hub_quantile) != DEFAULTS.hub_quantile:
+            extra.append(f"hubs above quantile {payload['hub_quantile']:g}")
     if payload.get("last_aggregate_bits") is not None:
         extra.append(f"last aggregate {payload['last_aggregate_bits']} bits")
     if payload.get("anneal"):

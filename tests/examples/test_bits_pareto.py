@@ -123,22 +123,24 @@ def _cora():
                           download=False)[0]
 
 
-def test_hub_messages_rule_and_last_aggregate_bits():
-    """--degree-rule hub-messages: every site at floor(B) bits, the messages into the top
-    10% by in-degree one fewer; --last-aggregate-bits sets the logits-side aggregation.
-    Nothing is stored for the widths (they follow from the graph)."""
+@pytest.mark.parametrize("quantile", [0.9, 0.7])
+def test_hub_messages_rule_and_last_aggregate_bits(quantile):
+    """--degree-rule hub-messages: every site at floor(B) bits, the messages into the hubs
+    (above the --hub-quantile of in-degrees) one fewer; --last-aggregate-bits sets the
+    logits-side aggregation. Nothing is stored for the widths (they follow from the
+    graph)."""
     import fxquant
 
     data = _cora()
     opts = bits_pareto.Options(signed_grid="midrise", degree_rule="hub-messages",
-                               last_aggregate_bits=4)
+                               last_aggregate_bits=4, hub_quantile=quantile)
     torch.manual_seed(0)
     model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
     gm = fxquant.transform(model, bits_pareto.mapping_for("degree", 2.0, data, opts), lint="off")
     report = fxquant.bit_report(gm, data.x, data.edge_index)
     sites = {(s.layer, s.site): s for s in report.sites}
     degree = torch.bincount(data.edge_index[1], minlength=data.num_nodes)
-    hubs = degree > torch.quantile(degree.float(), bits_pareto.HUB_QUANTILE)
+    hubs = degree > torch.quantile(degree.float(), opts.hub_quantile)
     messages = int((degree[hubs] + 1).sum())  # each hub's in-edges and its self loop
     for layer in ("conv1", "conv2"):
         assert sites[(layer, "message")].histogram == {
@@ -192,7 +194,10 @@ def test_degree_flags_in_the_json_and_their_errors(tmp_path, capsys):
                          (["--method", "int", "--last-aggregate-bits", "1"], "2..8 bits"),
                          (["--method", "learned", "--max-bits", "1"], "--max-bits"),
                          (["--method", "int", "--max-bits", "4"], "--max-bits"),
-                         (["--method", "int", "--bits-lr", "0.1"], "--bits-lr are for")):
+                         (["--method", "int", "--bits-lr", "0.1"], "--bits-lr are for"),
+                         (["--method", "degree", "--hub-quantile", "0.5"], "--hub-quantile"),
+                         (["--method", "degree", "--degree-rule", "hub-messages",
+                           "--hub-quantile", "1"], "--hub-quantile")):
         with pytest.raises(SystemExit):
             bits_pareto.main(bad)
         assert message in capsys.readouterr().err
