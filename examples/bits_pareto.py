@@ -227,8 +227,7 @@ def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
     tables = [(m, m.row_bits_table.clone()) for m in model.modules()
               if isinstance(m, fxquant.QuantPoint) and m.row_bits_table is not None] \
         if anneal else []
-    learned = target is not None and any(
-        isinstance(m, fxquant.QuantPoint) and m.row_bits is not None for m in model.modules())
+    learned = target is not None and bool(widths)
     quantized = any(isinstance(m, fxquant.QuantPoint) for m in model.modules())
     constrained = within_budget and quantized and target is not None
     # [best validation, its test accuracy, its bits]: over all epochs, and within budget

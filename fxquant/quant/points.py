@@ -27,7 +27,7 @@ from fxquant.quant.lsq import lsq_round
 from fxquant.quant.nodes import NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
-__all__ = ["QuantPoint", "in_degree", "refit_steps", "share_step"]
+__all__ = ["QuantPoint", "in_degree", "refit_steps", "share_bits", "share_step"]
 
 #: values (a strided sample) and candidate steps the learned step starts from
 INIT_SAMPLE = 1 << 16
@@ -270,11 +270,18 @@ class QuantPoint(nn.Module):
         p = p_min + (p_max - p_min) * rank / max(degree.numel(), 1)
         return torch.bernoulli(p).to(torch.bool)
 
+    @property
+    def _fits_step(self) -> bool:
+        """Whether this forward fits the learned step: the first training batch (or the
+        next after :func:`refit_steps`) of a point that owns its step."""
+        return self.training and not self.step_ready \
+            and self.__dict__.get("step_source") is None
+
     def _lsq(self, x: Tensor, rows: Tensor | None) -> Tensor:
         """``s * round(clamp(x / s, qmin, qmax))`` with LSQ's gradients."""
         number = self.config.number
         assert isinstance(number, IntFormat) and self.log_step is not None
-        if self.training and not self.step_ready and self.__dict__.get("step_source") is None:
+        if self._fits_step:
             self._init_step(x, number.qmin, number.qmax, number.offset)
         gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.max_finite)
         c = self.config
@@ -358,8 +365,7 @@ class QuantPoint(nn.Module):
         qmax, qmin = qmax.view(shape), qmin.view(shape)
         self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
         if self.log_step is not None:  # one learned step; bits set each row's range
-            if self.training and not self.step_ready \
-                    and self.__dict__.get("step_source") is None:  # the start, at the mean bits
+            if self._fits_step:  # the start, at the mean bits
                 rb = self.config.row_bits
                 assert rb is not None  # (the same on every rank: parameters are broadcast)
                 mean_bits = float((self.row_bits if self.row_bits is not None

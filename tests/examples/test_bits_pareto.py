@@ -16,6 +16,29 @@ FIELDS = {"method", "target_bits", "avg_bits", "input_bits", "avg_bits_with_inpu
           "fp32_accs"}
 
 
+def _cora():
+    from fxquant.datasets import load_planetoid
+
+    return load_planetoid("Cora", None, transform=bits_pareto.T.NormalizeFeatures(),
+                          download=False)[0]
+
+
+def _spy_bit_report(monkeypatch) -> list:
+    """Record ``(inputs, avg_bits)`` of every ``fxquant.bit_report`` call."""
+    import fxquant
+
+    calls = []
+    real = fxquant.bit_report
+
+    def spy(gm, *inputs, **kwargs):
+        report = real(gm, *inputs, **kwargs)
+        calls.append((inputs, report.avg_bits))
+        return report
+
+    monkeypatch.setattr(fxquant, "bit_report", spy)
+    return calls
+
+
 @pytest.mark.parametrize("method", bits_pareto.METHODS)
 def test_json_contract(method, tmp_path, capsys):
     out = tmp_path / f"{method}.json"
@@ -51,19 +74,10 @@ def test_bits_are_those_of_the_best_validation_epoch(monkeypatch):
     """Learned bit-widths fall while training: the bits reported are counted on the
     evaluation that gave the reported accuracy, not on the final model."""
     import fxquant
-    from fxquant.datasets import load_planetoid
 
-    data = load_planetoid("Cora", None, transform=bits_pareto.T.NormalizeFeatures(),
-                          download=False)[0]
-    calls = []
+    data = _cora()
     real = fxquant.bit_report
-
-    def spy(gm, *inputs, **kwargs):
-        report = real(gm, *inputs, **kwargs)
-        calls.append((inputs, report.avg_bits))
-        return report
-
-    monkeypatch.setattr(fxquant, "bit_report", spy)
+    calls = _spy_bit_report(monkeypatch)
     torch.manual_seed(0)
     model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
     gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.6, data), lint="off")
@@ -84,23 +98,14 @@ def test_select_within_budget_reports_an_epoch_that_meets_it(monkeypatch, target
     the first epochs: 3.4 is met from then on, 2.6 never (the best epoch overall is
     returned, flagged)."""
     import fxquant
-    from fxquant.datasets import load_planetoid
 
-    data = load_planetoid("Cora", None, transform=bits_pareto.T.NormalizeFeatures(),
-                          download=False)[0]
-    seen = []
-    real = fxquant.bit_report
-
-    def spy(gm, *inputs, **kwargs):
-        report = real(gm, *inputs, **kwargs)
-        seen.append(report.avg_bits)
-        return report
-
-    monkeypatch.setattr(fxquant, "bit_report", spy)
+    data = _cora()
+    calls = _spy_bit_report(monkeypatch)
     torch.manual_seed(0)
     model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
     gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.6, data), lint="off")
     _, report, met = bits_pareto.train(gm, data, 30, target, "test", within_budget=True)
+    seen = [bits for _, bits in calls]
     assert len(seen) >= 30  # every epoch counted
     assert met == any(b <= target for b in seen) == (target == 3.4)
     assert seen[0] > 3.4  # the first epochs do not compete
@@ -114,13 +119,6 @@ def test_from_json_and_plot(tmp_path):
     png = tmp_path / "p.png"
     payloads = bits_pareto.main(["--from-json", str(out), "--plot", str(png)])
     assert png.stat().st_size > 1000 and payloads[0]["results"][0]["method"] == "int"
-
-
-def _cora():
-    from fxquant.datasets import load_planetoid
-
-    return load_planetoid("Cora", None, transform=bits_pareto.T.NormalizeFeatures(),
-                          download=False)[0]
 
 
 @pytest.mark.parametrize("quantile", [0.9, 0.7])

@@ -10,6 +10,7 @@ from torch_geometric.nn import GCNConv
 import fxquant
 from fxquant import QuantConfig, QuantMapping, RowBits
 from fxquant.quant.points import QuantPoint
+from tests.support.models import TwoLayers, penalty_steps
 
 
 def test_rows_land_on_their_own_grids_with_a_range():
@@ -75,15 +76,6 @@ def test_penalty_drives_the_average_to_the_target():
     assert fxquant.bit_report(gm).avg_bits == pytest.approx(3.0, abs=0.35)
 
 
-class TwoLayers(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = GCNConv(3, 4), GCNConv(4, 2)
-
-    def forward(self, x, edge_index):
-        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
-
-
 def test_accounting_matches_a_hand_count():
     """5 nodes, 4 edges (+5 self loops = 9 messages). conv1: input int8 per tensor (raw
     input: reported apart), messages with node bits [2,2,4,4,8] (a stored table: 3 bits per
@@ -143,11 +135,7 @@ def learned_gcn():
 def test_learned_bits_save_load_and_compile(tmp_path):
     gm = learned_gcn()
     x, edge_index = torch.randn(30, 3), torch.randint(0, 30, (2, 90))
-    optimizer = torch.optim.Adam(gm.parameters(), lr=0.05)
-    for _ in range(5):
-        optimizer.zero_grad()
-        (gm(x, edge_index).sum() + fxquant.bit_penalty(gm, 2.0)).backward()
-        optimizer.step()
+    penalty_steps(gm, x, edge_index, steps=5, lr=0.05)
     gm.eval()
     expected = gm(x, edge_index)
     path = tmp_path / "gm.pt"

@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-from torch_geometric.nn import GCNConv
 
 import fxquant
 from fxquant import QuantConfig, QuantMapping, RowBits
-
-
-class TwoLayers(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1, self.conv2 = GCNConv(3, 4), GCNConv(4, 2)
-
-    def forward(self, x, edge_index):
-        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+from tests.support.models import TwoLayers, penalty_steps
 
 
 def _mapping(n: int = 5, learned: bool = True, max_bits: int = 8) -> QuantMapping:
@@ -79,11 +69,7 @@ def test_shared_bits_survive_save_load_and_compile(tmp_path):
     torch.manual_seed(0)
     gm = fxquant.transform(TwoLayers(), _mapping())
     fxquant.share_bits(gm, "conv1_quant", "conv1_message_quant")
-    optimizer = torch.optim.Adam(gm.parameters(), lr=0.2)
-    for _ in range(4):
-        optimizer.zero_grad()
-        (gm(x, edge_index).sum() + fxquant.bit_penalty(gm, 2.0)).backward()
-        optimizer.step()
+    penalty_steps(gm, x, edge_index, steps=4, lr=0.2)
     gm.eval()
     expected = gm(x, edge_index)
     path = tmp_path / "gm.pt"

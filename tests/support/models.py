@@ -35,6 +35,29 @@ class GCN(nn.Module):
         return F.log_softmax(x, dim=1)
 
 
+class TwoLayers(nn.Module):
+    """Two ``GCNConv`` with a ReLU between (3 -> 4 -> 2 channels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(3, 4), GCNConv(4, 2)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def penalty_steps(gm: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, steps: int,
+                  lr: float, target_bits: float = 2.0) -> None:
+    """A few Adam steps on the output's sum plus ``fxquant.bit_penalty`` (learned bits)."""
+    import fxquant
+
+    optimizer = torch.optim.Adam(gm.parameters(), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        (gm(x, edge_index).sum() + fxquant.bit_penalty(gm, target_bits)).backward()
+        optimizer.step()
+
+
 class DataGCN(GCN):
     """The same model reading a PyG ``Data`` object: ``forward(data)``."""
 
