@@ -19,6 +19,7 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 """
 
 from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
+from fxquant.errors import FxquantError
 from fxquant.formats import Format, TopN
 from fxquant.fx import GNNTracer, TraceError, trace
 from fxquant.linter import (
@@ -59,6 +60,7 @@ __all__ = [
     "BitReport",
     "Finding",
     "Format",
+    "FxquantError",
     "FunctionalizeError",
     "GNNTracer",
     "Grad",

@@ -26,6 +26,8 @@ from typing import Any
 from torch_geometric.datasets import Planetoid
 from torch_geometric.io.planetoid import read_file
 
+from fxquant.errors import FxquantValueError
+
 __all__ = ["PLANETOID_NAMES", "cache_dir", "load_planetoid"]
 
 #: Dataset names as PyG spells them.
@@ -112,7 +114,7 @@ def load_planetoid(
     Raises:
         FileNotFoundError: some raw files are missing (the message lists them), or none is
             where it looked and the download failed (the message lists the places).
-        ValueError: a raw file cannot be read (the message names it), or the cache folder
+        fxquant.errors.FxquantValueError: a raw file cannot be read (the message names it), or the cache folder
             lies inside the data root.
 
     Example:
@@ -123,7 +125,7 @@ def load_planetoid(
     """
     canonical = {n.lower(): n for n in PLANETOID_NAMES}.get(str(name).lower())
     if canonical is None:
-        raise ValueError(f"unknown Planetoid dataset {name!r}; choose one of {list(PLANETOID_NAMES)}")
+        raise FxquantValueError(f"unknown Planetoid dataset {name!r}; choose one of {list(PLANETOID_NAMES)}")
     if importlib.util.find_spec("scipy") is None:
         raise ImportError(
             "reading Planetoid's raw files needs scipy (they are pickled scipy.sparse "
@@ -137,7 +139,7 @@ def load_planetoid(
     if given is not None:
         source = Path(given).expanduser().resolve()
         if _inside(cache, source):
-            raise ValueError(
+            raise FxquantValueError(
                 f"the cache folder {cache} (FXQUANT_CACHE) lies inside the data root {source} "
                 f"({what}); fxquant never writes into the data root. Please point FXQUANT_CACHE "
                 "elsewhere."
@@ -165,7 +167,7 @@ def load_planetoid(
             if broken is None:
                 raise
             file, cause = broken
-            raise ValueError(
+            raise FxquantValueError(
                 f"Planetoid {canonical}: the raw file {raw / file} cannot be read "
                 f"({type(cause).__name__}: {cause}); it is corrupt or truncated. Please "
                 "replace it with the original."

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from fxquant.errors import FxquantTypeError, FxquantValueError
+
 __all__ = ["PRESETS", "Format", "IntFormat", "Number", "TopN", "parse"]
 
 Special = Literal["ieee", "nan_only", "none"]
@@ -66,45 +68,45 @@ class Format:
         for arg in ("exp_bits", "man_bits"):
             value = getattr(self, arg)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Format: {arg} must be an int >= 0, got {value!r}")
+                raise FxquantValueError(f"Format: {arg} must be an int >= 0, got {value!r}")
         if self.bits > 32:
-            raise ValueError(
+            raise FxquantValueError(
                 f"Format: 1 + exp_bits + man_bits = {self.bits} bits; fxquant simulates formats "
                 "of at most 32 bits (float32 inputs carry no more)."
             )
         if self.bias is None:
             object.__setattr__(self, "bias", max(2 ** (self.exp_bits - 1) - 1, 0))
         elif isinstance(self.bias, bool) or not isinstance(self.bias, int):
-            raise ValueError(f"Format: bias must be an int, got {self.bias!r}")
+            raise FxquantValueError(f"Format: bias must be an int, got {self.bias!r}")
         if self.special not in ("ieee", "nan_only", "none"):
-            raise ValueError(
+            raise FxquantValueError(
                 f"Format: special={self.special!r} is not one of ['ieee', 'nan_only', 'none']"
             )
         if self.overflow not in ("saturate", "inf"):
-            raise ValueError(f"Format: overflow={self.overflow!r} is not one of ['saturate', 'inf']")
+            raise FxquantValueError(f"Format: overflow={self.overflow!r} is not one of ['saturate', 'inf']")
         if self.overflow == "inf" and self.special != "ieee":
-            raise ValueError(
+            raise FxquantValueError(
                 f"Format: overflow='inf' needs inf codes, but special={self.special!r}; "
                 "please use special='ieee' or overflow='saturate'."
             )
         if self.exp_bits == 0 and not self.subnormals:
-            raise ValueError(
+            raise FxquantValueError(
                 "Format: with 0 exponent bits every nonzero value is subnormal, so "
                 "subnormals=False leaves only zero; please keep subnormals=True."
             )
         if self.special != "none" and self.exp_bits == 0:
-            raise ValueError(f"Format: special={self.special!r} needs at least one exponent bit")
+            raise FxquantValueError(f"Format: special={self.special!r} needs at least one exponent bit")
         if self.special == "ieee" and self.exp_bits == 1:
-            raise ValueError("Format: special='ieee' with 1 exponent bit leaves no finite normals")
+            raise FxquantValueError("Format: special='ieee' with 1 exponent bit leaves no finite normals")
         name = f"e{self.exp_bits}m{self.man_bits} (bias {self.bias})"
         if not math.isfinite(self.max_finite) or not self.min_subnormal > 0:
-            raise ValueError(
+            raise FxquantValueError(
                 f"Format: {name} reaches beyond float64's range (largest value "
                 f"{self.max_finite}, smallest {self.min_subnormal}); fxquant simulates formats "
                 "whose values are float64 numbers. Please use fewer exponent bits or another bias."
             )
         if self.max_finite == 0:
-            raise ValueError(f"Format: {name} has no nonzero value; please give it at least one "
+            raise FxquantValueError(f"Format: {name} has no nonzero value; please give it at least one "
                              "exponent or mantissa bit.")
 
     # -- derived numbers ------------------------------------------------------------------
@@ -179,7 +181,7 @@ class TopN:
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 1 <= self.bits <= 64:
-            raise ValueError(f"TopN: bits must be an int in 1..64, got {self.bits!r}")
+            raise FxquantValueError(f"TopN: bits must be an int in 1..64, got {self.bits!r}")
 
     def spec(self) -> str:
         return f"top{self.bits}"
@@ -225,11 +227,11 @@ class IntFormat:
 
     def __post_init__(self) -> None:
         if self.midrise and (self.asymmetric or not self.signed):
-            raise ValueError("IntFormat: a mid-rise grid is signed and symmetric; drop "
+            raise FxquantValueError("IntFormat: a mid-rise grid is signed and symmetric; drop "
                              "asymmetric / signed=False, or midrise")
         low = 2 if self.signed and not self.asymmetric and not self.midrise else 1
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not low <= self.bits <= 16:
-            raise ValueError(f"IntFormat: bits must be an int in {low}..16, got {self.bits!r}")
+            raise FxquantValueError(f"IntFormat: bits must be an int in {low}..16, got {self.bits!r}")
         if self.asymmetric:
             object.__setattr__(self, "signed", False)
 
@@ -304,7 +306,7 @@ def _int_option(spec: str, key: str, value: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"format option {key}={value!r} in {spec!r} must be an integer") from None
+        raise FxquantValueError(f"format option {key}={value!r} in {spec!r} must be an integer") from None
 
 
 @functools.lru_cache(maxsize=256)
@@ -319,7 +321,7 @@ def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Numb
         >>> parse("e20m20")
         Traceback (most recent call last):
         ...
-        ValueError: Format: 1 + exp_bits + man_bits = 41 bits; ...
+        fxquant.errors.FxquantValueError: Format: 1 + exp_bits + man_bits = 41 bits; ...
     """
     if isinstance(spec, (Format, TopN, IntFormat)):
         return spec
@@ -328,7 +330,7 @@ def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Numb
     if isinstance(spec, tuple) and len(spec) == 2:
         return Format(*spec)  # type: ignore[arg-type]
     if not isinstance(spec, str):
-        raise TypeError(f"a format is a name ('e4m3', 'int8', 'top16'), 'eXmY', (exp_bits, "
+        raise FxquantTypeError(f"a format is a name ('e4m3', 'int8', 'top16'), 'eXmY', (exp_bits, "
                         f"man_bits), ('int', bits) or a Format; got {spec!r}")
     text = spec.strip().lower()
     text = _ALIASES.get(text, text)
@@ -341,14 +343,14 @@ def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Numb
     integer = _INT.fullmatch(head)
     if integer:
         if options not in ([], ["asym"], ["midrise"]):
-            raise ValueError(f"unknown integer format option in {spec!r}; the options of "
+            raise FxquantValueError(f"unknown integer format option in {spec!r}; the options of "
                              "'intN' are ':asym' (an affine grid with a zero point) and "
                              "':midrise' (2**N levels symmetric around 0, no zero)")
         return IntFormat(int(integer.group(2)), signed=not integer.group(1),
                          asymmetric=options == ["asym"], midrise=options == ["midrise"])
     custom = _CUSTOM.fullmatch(head)
     if custom is None:
-        raise ValueError(
+        raise FxquantValueError(
             f"unknown format {spec!r}; presets: {sorted(PRESETS)}, or 'eXmY' for X exponent and "
             "Y mantissa bits (e.g. 'e3m0'), 'intN' / 'uintN' / 'intN:asym' / 'intN:midrise' "
             "for integers, or 'topN' for top-N truncation."
@@ -365,7 +367,7 @@ def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Numb
         elif key == "overflow":
             kwargs["overflow"] = value
         else:
-            raise ValueError(f"unknown format option {key!r} in {spec!r}; options: bias, special, "
+            raise FxquantValueError(f"unknown format option {key!r} in {spec!r}; options: bias, special, "
                              "subnormals, overflow")
     fmt = Format(int(custom.group(1)), int(custom.group(2)), **kwargs)  # type: ignore[arg-type]
     preset = next((name for name, p in PRESETS.items() if p == fmt), "")

@@ -12,13 +12,15 @@ Example:
     >>> Grad.parse("identity")
     Traceback (most recent call last):
     ...
-    ValueError: grad='identity' is not one of ['ste', 'zero']
+    fxquant.errors.FxquantValueError: grad='identity' is not one of ['ste', 'zero']
 """
 
 from __future__ import annotations
 
 from enum import Enum
 from typing import TypeVar
+
+from fxquant.errors import FxquantValueError
 
 __all__ = ["Grad", "Rounding", "Scale"]
 
@@ -39,7 +41,7 @@ class _Vocabulary(str, Enum):
             except ValueError:
                 pass
         allowed = [m.value for m in cls]
-        raise ValueError(f"{arg or cls.__name__.lower()}={value!r} is not one of {allowed}")
+        raise FxquantValueError(f"{arg or cls.__name__.lower()}={value!r} is not one of {allowed}")
 
     def __str__(self) -> str:
         return str(self.value)

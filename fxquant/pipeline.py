@@ -14,6 +14,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from fxquant import quant
+from fxquant.errors import FxquantValueError
 from fxquant.linter import LintError, lint_graph
 
 __all__ = ["transform"]
@@ -41,7 +42,7 @@ def transform(model: nn.Module, mapping: Any = None, *, lint: str = "warn",
         ['fxquant lint FXQ007 (warning) at convs_0_quant', 'fxquant lint FXQ007 (warning) at convs_1_quant']
     """
     if lint not in _LINT_MODES:
-        raise ValueError(f"fxquant.transform: lint={lint!r} is not one of {list(_LINT_MODES)}")
+        raise FxquantValueError(f"fxquant.transform: lint={lint!r} is not one of {list(_LINT_MODES)}")
     gm = quant.transform(model, mapping, **kwargs)
     if lint != "off":
         report = lint_graph(gm, note=False)

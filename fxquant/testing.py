@@ -15,6 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from fxquant.errors import FxquantValueError
+
 __all__ = ["assert_backward_safe", "devices_touched"]
 
 
@@ -61,7 +63,7 @@ def assert_backward_safe(
     allowed = set(allow)
     unknown = allowed - set(RULES)
     if unknown:
-        raise ValueError(f"allow: unknown rule ids {sorted(unknown)}; known: {sorted(RULES)}")
+        raise FxquantValueError(f"allow: unknown rule ids {sorted(unknown)}; known: {sorted(RULES)}")
     report = check(model, *example_inputs, loss_fn=loss_fn)
     failing = [f for f in report.findings if f.rule not in allowed and (
         f.severity == "error" or (strict and f.severity == "warning"))]

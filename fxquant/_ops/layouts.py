@@ -7,6 +7,8 @@ from typing import Final
 
 import torch
 
+from fxquant.errors import FxquantTypeError
+
 __all__ = ["FloatLayout", "bit_width", "layout_of"]
 
 
@@ -54,14 +56,14 @@ def layout_of(dtype: torch.dtype, what: str = "x") -> FloatLayout:
         >>> layout_of(torch.int64)
         Traceback (most recent call last):
         ...
-        TypeError: x has dtype torch.int64, but fxquant reads a floating-point bit pattern; \
+        fxquant.errors.FxquantTypeError: x has dtype torch.int64, but fxquant reads a floating-point bit pattern; \
 supported dtypes: torch.float32, torch.float64, torch.float16, torch.bfloat16. Please convert \
 it with `.float()` first.
     """
     layout = _LAYOUTS.get(dtype)
     if layout is None:
         supported = ", ".join(str(d) for d in _LAYOUTS)
-        raise TypeError(
+        raise FxquantTypeError(
             f"{what} has dtype {dtype}, but fxquant reads a floating-point bit pattern; "
             f"supported dtypes: {supported}. Please convert it with `.float()` first."
         )

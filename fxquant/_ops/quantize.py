@@ -58,6 +58,7 @@ from torch import Tensor
 from fxquant._ops.layouts import FloatLayout, layout_of
 from fxquant._ops.rows import row_mask
 from fxquant._ops.truncate import check_bits, truncate_values
+from fxquant.errors import FxquantValueError, same_kind
 from fxquant.formats import PRESETS, Format, IntFormat, Number, TopN, parse
 from fxquant.modes import Grad, Rounding, Scale
 
@@ -704,7 +705,7 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
     Grad.parse(grad)
     mode = Scale.parse(scale)
     if mode.per_row and x.dim() < 2:
-        raise ValueError(
+        raise FxquantValueError(
             f"{where}: scale={scale!r} gives each row (dim 0) its own scale, so it needs a "
             f"tensor with rows and columns; got shape {tuple(x.shape)}. Please use "
             "scale='tensor' for a 1-D tensor."
@@ -717,22 +718,22 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
         try:
             number = parse(spec)
         except (TypeError, ValueError) as e:
-            raise type(e)(f"{where}: {arg}: {e}") from e
+            raise same_kind(e, f"{where}: {arg}: {e}") from e
         if isinstance(number, TopN):
             check_bits(number.bits, layout.width, arg, where)
         numbers.append(number)
     main = numbers[0]
     if rounding == Rounding.TOWARD_ZERO and any(
             isinstance(n, IntFormat) and n.midrise for n in numbers):
-        raise ValueError(f"{where}: a mid-rise grid ('intN:midrise') has no zero to round "
+        raise FxquantValueError(f"{where}: a mid-rise grid ('intN:midrise') has no zero to round "
                          "toward; please use rounding='nearest' or 'stochastic'")
     if isinstance(main, TopN) and mode is not Scale.NONE:
-        raise ValueError(f"{where}: scale={scale!r} applies to formats, not to top-N "
+        raise FxquantValueError(f"{where}: scale={scale!r} applies to formats, not to top-N "
                          f"truncation ({main.spec()})")
     if bounds is not None:
         expected = (x.shape[0], 2) if mode.per_row else (2,)
         if mode is Scale.NONE or mode.per_block or tuple(bounds.shape) != expected:
-            raise ValueError(f"{where}: bounds must have shape {expected} for scale={scale!r} "
+            raise FxquantValueError(f"{where}: bounds must have shape {expected} for scale={scale!r} "
                              f"(got {tuple(bounds.shape)}); block scales come from the data")
     return main, parse(rows_format) if rows_format else None
 

@@ -10,19 +10,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fxquant.errors import FxquantTypeError, FxquantValueError
+
 __all__ = ["row_mask"]
 
 
 def row_mask(rows: Tensor, x: Tensor, where: str) -> Tensor:
     """``rows`` (a bool mask of shape ``(x.shape[0],)``) shaped to broadcast against ``x``."""
     if x.dim() == 0:
-        raise ValueError(f"{where}: a row selection needs a tensor with rows (dim >= 1), got a "
+        raise FxquantValueError(f"{where}: a row selection needs a tensor with rows (dim >= 1), got a "
                          "0-dim tensor")
     n = x.shape[0]
     if rows.dtype != torch.bool:
-        raise TypeError(f"{where}: the row selection must be a bool mask, got {rows.dtype}")
+        raise FxquantTypeError(f"{where}: the row selection must be a bool mask, got {rows.dtype}")
     if rows.dim() != 1 or rows.shape[0] != n:
-        raise ValueError(
+        raise FxquantValueError(
             f"{where}: the row mask has shape {tuple(rows.shape)}, but the tensor has {n} rows; "
             f"please pass a bool mask of shape ({n},)."
         )

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from fxquant._ops.layouts import FloatLayout, layout_of
 from fxquant._ops.rows import row_mask
+from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.modes import Grad, Rounding
 
 __all__ = [
@@ -70,9 +71,9 @@ def _where(name: str) -> str:
 def check_bits(value: object, width: int, arg: str, where: str) -> int:
     """``value`` as a number of kept bits of a ``width``-bit pattern, or a clear error."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where}: {arg} must be an int (the number of kept bits), got {value!r}")
+        raise FxquantTypeError(f"{where}: {arg} must be an int (the number of kept bits), got {value!r}")
     if not 1 <= value <= width:
-        raise ValueError(
+        raise FxquantValueError(
             f"{where}: {arg}={value} is out of range: it counts the kept bits of the "
             f"{width}-bit pattern, so 1 <= {arg} <= {width}."
         )

@@ -17,6 +17,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from fxquant.errors import FxquantTypeError
+
 __all__ = ["FixedArguments"]
 
 
@@ -35,7 +37,7 @@ class FixedArguments(nn.Module):
         >>> guard(8)
         Traceback (most recent call last):
         ...
-        TypeError: GCN was traced with batch_size=None fixed (tracing cannot follow the code \
+        fxquant.errors.FxquantTypeError: GCN was traced with batch_size=None fixed (tracing cannot follow the code \
 that uses it), so the traced model cannot take batch_size=8. Please call it with \
 batch_size=None, or trace with concrete_args={'batch_size': 8}.
     """
@@ -55,7 +57,7 @@ batch_size=None, or trace with concrete_args={'batch_size': 8}.
                 continue
             if expected is None or value is None or type(value) is not type(expected) \
                     or value != expected:
-                raise TypeError(self._message(name, expected, value))
+                raise FxquantTypeError(self._message(name, expected, value))
 
     def _message(self, name: str, expected: Any, value: Any) -> str:
         shown = (f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor)

@@ -14,6 +14,8 @@ from torch import nn
 from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
+from fxquant.errors import FxquantTypeError, FxquantValueError
+
 __all__ = ["LayerSpec", "layer_name", "layer_names", "layers_of", "matches", "select_layers"]
 
 #: What ``layers=`` accepts: a name or fnmatch pattern, a module class, a node predicate,
@@ -46,7 +48,7 @@ def matches(gm: GraphModule, node: Node, spec: LayerSpec) -> bool:
         return node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), spec)
     if callable(spec) and not isinstance(spec, type):
         return bool(spec(node))
-    raise TypeError(
+    raise FxquantTypeError(
         f"layer selectors must be a name or pattern, a module class or a predicate on "
         f"torch.fx.Node, got {spec!r}"
     )
@@ -55,7 +57,7 @@ def matches(gm: GraphModule, node: Node, spec: LayerSpec) -> bool:
 def _match_one(gm: GraphModule, nodes: list[Node], spec: LayerSpec, arg: str) -> list[Node]:
     if not (isinstance(spec, str) or (isinstance(spec, type) and issubclass(spec, nn.Module))
             or (callable(spec) and not isinstance(spec, type))):
-        raise TypeError(
+        raise FxquantTypeError(
             f"{arg} entries must be a name or pattern, a module class or a predicate on "
             f"torch.fx.Node, got {spec!r}"
         )
@@ -68,14 +70,14 @@ def _match_one(gm: GraphModule, nodes: list[Node], spec: LayerSpec, arg: str) ->
         return found
     if isinstance(spec, str):
         known = sorted(dict.fromkeys(layer_name(n) for n in nodes))
-        raise ValueError(
+        raise FxquantValueError(
             f"unknown layer {spec!r} in {arg}; layers in this model: {known}. Please use a "
             "submodule name ('conv1'), a node name ('relu'), or a pattern ('conv*')."
         )
     classes = sorted(
         {type(gm.get_submodule(str(n.target))).__name__ for n in nodes if n.op == "call_module"}
     )
-    raise ValueError(
+    raise FxquantValueError(
         f"no layer of class {spec.__name__} in {arg}; module classes called in this "
         f"model: {classes}"
     )

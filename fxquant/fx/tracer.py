@@ -24,6 +24,7 @@ from torch.fx import Graph, GraphModule, Tracer
 from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.nn import MessagePassing
 
+from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.graph_utils import attr_of, free_name
 from fxquant.fx.guards import FixedArguments
 from fxquant.fx.locations import traceback_location
@@ -38,21 +39,21 @@ LeafSpec = str | type[nn.Module]
 _ASSERT_IS_NONE = getattr(torch.fx._symbolic_trace, "_assert_is_none", None)
 
 
-class TraceError(RuntimeError):
+class TraceError(FxquantError, RuntimeError):
     """A model could not be traced symbolically; the message names the user's source line."""
 
 
 def check_leaf_modules(leaf_modules: object) -> tuple[LeafSpec, ...]:
     """``leaf_modules`` as a tuple of classes and names, or a TypeError naming the entry."""
     if isinstance(leaf_modules, (str, type)) or not isinstance(leaf_modules, Iterable):
-        raise TypeError(
+        raise FxquantTypeError(
             "leaf_modules must be a list of module classes or qualified names, e.g. "
             f"leaf_modules=[torch.nn.LSTM] or ['encoder.block0'], got {leaf_modules!r}"
         )
     specs = tuple(leaf_modules)
     for spec in specs:
         if not (isinstance(spec, str) or (isinstance(spec, type) and issubclass(spec, nn.Module))):
-            raise TypeError(
+            raise FxquantTypeError(
                 f"leaf_modules entries must be module classes or qualified names, got {spec!r}"
             )
     return specs
@@ -182,9 +183,9 @@ def trace(
                        num_sampled_nodes_per_hop=None, num_sampled_edges_per_hop=None)
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"fxquant.trace expects a torch.nn.Module, got {type(model).__name__}")
+        raise FxquantTypeError(f"fxquant.trace expects a torch.nn.Module, got {type(model).__name__}")
     if concrete_args is not None and not isinstance(concrete_args, dict):
-        raise TypeError(
+        raise FxquantTypeError(
             "concrete_args must be a dict {argument name: value} of forward arguments to fix "
             f"while tracing, e.g. concrete_args={{'edge_weight': None}}; got {concrete_args!r}"
         )
@@ -192,7 +193,7 @@ def trace(
         known = _signature_names(model)
         unknown = [k for k in concrete_args if known is not None and k not in known]
         if unknown:
-            raise ValueError(f"concrete_args names {unknown}, which {type(model).__name__}.forward "
+            raise FxquantValueError(f"concrete_args names {unknown}, which {type(model).__name__}.forward "
                              f"does not take; its arguments: {known}")
     leaves = check_leaf_modules(leaf_modules)
     with PROCESS_LOCK:

@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 from torch.fx import GraphModule
 
+from fxquant.errors import FxquantTypeError
 from fxquant.fx.tracer import LeafSpec, trace
 from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.dynamic import lint_dynamic
@@ -56,7 +57,7 @@ def lint(
         ['FXQ001', 'FXQ010']
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"fxquant.lint expects a torch.nn.Module, got {type(model).__name__}")
+        raise FxquantTypeError(f"fxquant.lint expects a torch.nn.Module, got {type(model).__name__}")
     if example_inputs:
         return lint_dynamic(model, example_inputs)
     report = LintReport(mode="symbolic")

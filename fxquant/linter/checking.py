@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves
 
+from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.dynamic import anomaly_finding
@@ -58,7 +59,7 @@ def _sum_outputs(out: Any) -> Tensor:
     floats = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.is_floating_point()
               and t.requires_grad]
     if not floats:
-        raise TypeError("the model returned no floating-point tensor that requires grad; please "
+        raise FxquantTypeError("the model returned no floating-point tensor that requires grad; please "
                         "pass loss_fn=")
     return torch.stack([t.sum() for t in floats]).sum()
 
@@ -124,11 +125,11 @@ def check(
         [('FXQ001', 'error', 'sigmoid')]
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"fxquant.check expects a torch.nn.Module, got {type(model).__name__}")
+        raise FxquantTypeError(f"fxquant.check expects a torch.nn.Module, got {type(model).__name__}")
     if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(f"loss_fn must be a callable mapping the output to a scalar, got {loss_fn!r}")
+        raise FxquantTypeError(f"loss_fn must be a callable mapping the output to a scalar, got {loss_fn!r}")
     if shape_only(example_inputs):
-        raise ValueError("fxquant.check runs backward on values, but some example inputs are "
+        raise FxquantValueError("fxquant.check runs backward on values, but some example inputs are "
                          "shapes only (ShapeSpec or meta tensors): pass real tensors, or use "
                          "fxquant.lint(model, *shapes) to lint from shapes alone")
     loss = loss_fn if loss_fn is not None else _sum_outputs

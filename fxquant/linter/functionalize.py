@@ -50,6 +50,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 
+from fxquant.errors import FxquantError, FxquantRuntimeError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, stack_trace_location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.fx.tracer import LeafSpec, TraceError, trace
@@ -66,7 +67,7 @@ REWRITES_KEY: Final = "fxquant_rewrites"
 HOW_KEY: Final = "fxquant_functionalized"
 
 
-class FunctionalizeError(RuntimeError):
+class FunctionalizeError(FxquantError, RuntimeError):
     """functionalize_inplace cannot return an equivalent model; the message says where and why."""
 
 
@@ -696,7 +697,7 @@ class CapturedMode(nn.Module):
     def forward(self) -> None:
         if self.training != self.captured_training:
             mode = "train" if self.captured_training else "eval"
-            raise RuntimeError(
+            raise FxquantRuntimeError(
                 f"fxquant: this forward was captured in {mode} mode and holds that mode's "
                 f"ops; call functionalize_inplace on the model in the mode you run it in")
 
@@ -1036,13 +1037,13 @@ def functionalize_inplace(
         [('`x += y` (in place)', '`x = x + y` (a new tensor)')]
     """
     if not isinstance(model, nn.Module):
-        raise TypeError("fxquant.functionalize_inplace expects a torch.nn.Module, got "
+        raise FxquantTypeError("fxquant.functionalize_inplace expects a torch.nn.Module, got "
                         f"{type(model).__name__}")
     if not example_inputs:
-        raise TypeError("functionalize_inplace verifies its rewrite on example inputs: please "
+        raise FxquantTypeError("functionalize_inplace verifies its rewrite on example inputs: please "
                         "pass them, functionalize_inplace(model, *inputs)")
     if shape_only(example_inputs):
-        raise ValueError("functionalize_inplace verifies its rewrite on values, but some example "
+        raise FxquantValueError("functionalize_inplace verifies its rewrite on values, but some example "
                          "inputs are shapes only (ShapeSpec or meta tensors): pass real tensors")
     with PROCESS_LOCK, restored_state(model), torch.enable_grad():
         rng = torch.get_rng_state()

@@ -13,6 +13,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from fxquant.errors import FxquantError, FxquantValueError
 from fxquant.fx.locations import Location
 from fxquant.linter.rules import RULES, Severity, severity_of
 
@@ -37,7 +38,7 @@ class Finding:
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
-            raise ValueError(f"unknown rule {self.rule!r}; rules: {sorted(RULES)}")
+            raise FxquantValueError(f"unknown rule {self.rule!r}; rules: {sorted(RULES)}")
 
     @property
     def severity(self) -> Severity:
@@ -70,7 +71,7 @@ class Finding:
                 "message": self.message, "hint": self.hint, "related": self.saved_by}
 
 
-class LintError(RuntimeError):
+class LintError(FxquantError, RuntimeError):
     """Raised by ``transform(..., lint="raise")`` when the linter finds errors."""
 
     def __init__(self, report: LintReport) -> None:

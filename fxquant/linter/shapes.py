@@ -36,6 +36,7 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.utils._pytree import tree_leaves, tree_map
 
+from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.linter.report import Finding
 
 __all__ = ["NEEDS_VALUES", "ShapeSpec", "fake_copy", "from_shapes", "new_mode", "quiet",
@@ -64,11 +65,11 @@ class ShapeSpec:
     def __post_init__(self) -> None:
         shape = tuple(self.shape)
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise ValueError(f"ShapeSpec: shape must be non-negative ints, got {self.shape!r}")
+            raise FxquantValueError(f"ShapeSpec: shape must be non-negative ints, got {self.shape!r}")
         if not isinstance(self.dtype, torch.dtype):
-            raise TypeError(f"ShapeSpec: dtype must be a torch.dtype, got {self.dtype!r}")
+            raise FxquantTypeError(f"ShapeSpec: dtype must be a torch.dtype, got {self.dtype!r}")
         if self.requires_grad and not (self.dtype.is_floating_point or self.dtype.is_complex):
-            raise ValueError(f"ShapeSpec: only floating inputs can require grad, got {self.dtype}")
+            raise FxquantValueError(f"ShapeSpec: only floating inputs can require grad, got {self.dtype}")
         object.__setattr__(self, "shape", shape)
 
 

@@ -17,6 +17,7 @@ from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
 from fxquant._ops.layouts import bit_width
+from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.formats import Format, TopN
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
 from fxquant.fx.tracer import LeafSpec, check_leaf_modules, trace
@@ -62,7 +63,7 @@ def _add_selector(mapping: QuantMapping, spec: Any, config: QuantConfig, arg: st
     elif callable(spec) and not isinstance(spec, type):
         mapping.set_pattern(spec, config, source=arg)
     else:
-        raise TypeError(
+        raise FxquantTypeError(
             f"{arg} entries must be a name or pattern, a module class or a predicate on "
             f"torch.fx.Node, got {spec!r}"
         )
@@ -74,21 +75,21 @@ def _sugar(
 ) -> QuantMapping:
     """The mapping the keyword arguments describe; every value validated here."""
     if bits is not None and format is not None:
-        raise ValueError(
+        raise FxquantValueError(
             "fxquant.transform: give bits= (top-N truncation) or format= (a number format), not "
             "both; a dict in either mixes them per layer, e.g. bits={'conv1': 16, 'conv2': 'e4m3'}"
         )
     chosen = bits if bits is not None else format
     if chosen is None:
-        raise ValueError("fxquant.transform: please give bits= (e.g. 16), format= (e.g. 'e4m3') "
+        raise FxquantValueError("fxquant.transform: please give bits= (e.g. 16), format= (e.g. 'e4m3') "
                          "or a QuantMapping")
     if isinstance(chosen, Mapping) and layers is not None:
-        raise ValueError(
+        raise FxquantValueError(
             "fxquant.transform: bits/format is a dict, which already names the layers; please "
             "drop layers= or pass a single value."
         )
     if grad_bits is not None and grad_format is not None:
-        raise ValueError("fxquant.transform: give grad_bits= or grad_format=, not both")
+        raise FxquantValueError("fxquant.transform: give grad_bits= or grad_format=, not both")
     grad_number = None
     if grad_bits is not None or grad_format is not None:
         arg = "grad_bits" if grad_bits is not None else "grad_format"
@@ -106,15 +107,15 @@ def _sugar(
     mapping = QuantMapping()
     if isinstance(chosen, Mapping):
         if not chosen:
-            raise ValueError("fxquant.transform: the bits/format dict names no layer")
+            raise FxquantValueError("fxquant.transform: the bits/format dict names no layer")
         numbers = {key: as_number(value, f"bits[{key!r}]", max_bits) for key, value in chosen.items()}
         if scale is not None and not any(isinstance(n, Format) for n in numbers.values()):
-            raise ValueError(
+            raise FxquantValueError(
                 f"scale={scale!r} applies to formats (format='e4m3', ...), not to top-N "
                 "truncation of the pattern; please drop scale= or use format=."
             )
         if momentum is not None and not any(isinstance(n, Format) for n in numbers.values()):
-            raise ValueError(f"momentum={momentum!r} keeps a running amax for a scaled format; "
+            raise FxquantValueError(f"momentum={momentum!r} keeps a running amax for a scaled format; "
                              "the dict names none. Please drop momentum=.")
         for key, number in numbers.items():
             _add_selector(mapping, key, config(number, f"bits[{key!r}]", True), "bits")
@@ -123,7 +124,7 @@ def _sugar(
         if format is not None and not isinstance(format, Mapping):
             number = as_number(format, "format", max_bits)
             if isinstance(number, TopN):
-                raise ValueError(f"format={format!r} is top-N truncation; please pass bits="
+                raise FxquantValueError(f"format={format!r} is top-N truncation; please pass bits="
                                  f"{number.bits} instead")
         cfg = config(chosen, arg, False)
         if layers is None:
@@ -135,7 +136,7 @@ def _sugar(
                 _add_selector(mapping, spec, cfg, "layers")
     if node_bits is not None:
         if not isinstance(node_bits, Mapping):
-            raise TypeError(f"node_bits must be a dict {{layer: (node_ids, bits)}}, got "
+            raise FxquantTypeError(f"node_bits must be a dict {{layer: (node_ids, bits)}}, got "
                             f"{type(node_bits).__name__}")
         for key, value in node_bits.items():
             override = NodeOverride.parse(value, str(key))
@@ -161,7 +162,7 @@ def plan(gm: GraphModule, mapping: QuantMapping) -> list[Resolved]:
     candidates = layers_of(gm, exclude=lambda n: _is_point(gm, n))
     points = mapping.resolve(gm, candidates)
     if not points:
-        raise ValueError(
+        raise FxquantValueError(
             "fxquant.transform: the mapping selects no layer (the global entry, and the "
             "default of bits=/format=, covers PyG MessagePassing layers, and this model calls "
             "none); please name the layers, e.g. "
@@ -178,30 +179,30 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
     module = gm.get_submodule(str(p.node.target)) if p.node.op == "call_module" else None
     where = f"fxquant.transform: the {site} site of layer {layer!r}"
     if p.site.inner and module is None:
-        raise ValueError(f"{where}: rounding inside a layer needs a module; {layer!r} is a "
+        raise FxquantValueError(f"{where}: rounding inside a layer needs a module; {layer!r} is a "
                          f"{p.node.op.replace('call_', '')} call. Please round its 'input' or "
                          "'output' instead.")
     if p.site is Site.WEIGHT:
         assert module is not None
         if not weights_of(module):
-            raise ValueError(f"{where}: {type(module).__name__} has no weight to round (a "
+            raise FxquantValueError(f"{where}: {type(module).__name__} has no weight to round (a "
                              "floating parameter with at least two dims)")
         if p.override is not None:
-            raise ValueError(f"{where}: weights belong to no node, so node_bits cannot apply")
+            raise FxquantValueError(f"{where}: weights belong to no node, so node_bits cannot apply")
         if p.config.row_bits is not None:
-            raise ValueError(f"{where}: weights belong to no node, so row_bits cannot apply")
+            raise FxquantValueError(f"{where}: weights belong to no node, so row_bits cannot apply")
     if p.site in (Site.MESSAGE, Site.AGGREGATE) and not isinstance(module, MessagePassing):
-        raise ValueError(f"{where}: only PyG MessagePassing layers have messages and an "
+        raise FxquantValueError(f"{where}: only PyG MessagePassing layers have messages and an "
                          f"aggregation; {layer!r} is {type(module).__name__ if module else 'a function'}")
     if p.site is Site.INPUT:
         first = p.node.args[0] if p.node.args else None
         parts = first if isinstance(first, (tuple, list)) else [first]
         if not any(isinstance(part, Node) for part in parts):
-            raise ValueError(f"{where}: the layer's first argument is not a tensor of the graph")
+            raise FxquantValueError(f"{where}: the layer's first argument is not a tensor of the graph")
     if p.config.protect is not None and (
             p.site is Site.WEIGHT or (p.site in (Site.INPUT, Site.OUTPUT)
                                       and edge_index_of(gm, p.node) is None)):
-        raise ValueError(f"{where}: protect= draws per node from in-degrees, so it needs the "
+        raise FxquantValueError(f"{where}: protect= draws per node from in-degrees, so it needs the "
                          "input, output, message or aggregate site of a MessagePassing layer "
                          "called with an edge_index")
 
@@ -291,9 +292,9 @@ def transform(
         QuantPoint(output of 'conv1': e4m3, nearest, scale tensor, ste)
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"fxquant.transform expects a torch.nn.Module, got {type(model).__name__}")
+        raise FxquantTypeError(f"fxquant.transform expects a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(inplace, bool):
-        raise TypeError(f"inplace must be True or False, got {inplace!r}")
+        raise FxquantTypeError(f"inplace must be True or False, got {inplace!r}")
     check_leaf_modules(leaf_modules)
     max_bits = _max_bits(model)
     if isinstance(mapping, QuantMapping):
@@ -302,7 +303,7 @@ def transform(
                                 "grad_bits": grad_bits, "grad_format": grad_format,
                                 "node_bits": node_bits}.items() if v is not None]
         if sugar or grad != "ste":
-            raise ValueError(f"fxquant.transform: a QuantMapping says everything; please put "
+            raise FxquantValueError(f"fxquant.transform: a QuantMapping says everything; please put "
                              f"{sugar or ['grad']} into its QuantConfigs instead")
         chosen = mapping
     elif isinstance(mapping, QuantConfig):
@@ -320,7 +321,7 @@ def transform(
     else:
         if mapping is not None:
             if bits is not None:
-                raise ValueError("fxquant.transform: bits given twice (positionally and as bits=)")
+                raise FxquantValueError("fxquant.transform: bits given twice (positionally and as bits=)")
             bits = mapping
         chosen = _sugar(bits, format, scale, momentum, layers, rounding, grad, grad_bits,
                         grad_format, node_bits, max_bits)

@@ -32,6 +32,7 @@ import torch
 from tabulate import tabulate
 from torch import Tensor, nn
 
+from fxquant.errors import FxquantRuntimeError, FxquantValueError
 from fxquant.modes import Scale
 from fxquant.quant.config import RowBits
 from fxquant.quant.points import QuantPoint
@@ -188,7 +189,7 @@ def _points(gm: nn.Module) -> list[tuple[str, QuantPoint]]:
     points = [(n, m) for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
     ran = [(n, m) for n, m in points if isinstance(m.__dict__.get("last_rows"), tuple)]
     if points and not ran:
-        raise RuntimeError("fxquant: no quantization point has run yet; run a forward first "
+        raise FxquantRuntimeError("fxquant: no quantization point has run yet; run a forward first "
                            "(fxquant.bit_report(gm, *inputs) does)")
     return ran
 
@@ -217,7 +218,7 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
         (8.0, 640)
     """
     if not any(isinstance(m, QuantPoint) for m in gm.modules()):
-        raise ValueError("fxquant.bit_report: this model has no quantization points")
+        raise FxquantValueError("fxquant.bit_report: this model has no quantization points")
     if example_inputs or kwargs:
         modes = [(m, m.training) for m in gm.modules()]
         try:
@@ -252,7 +253,7 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
         True
     """
     if isinstance(target_bits, bool) or not isinstance(target_bits, int | float) or target_bits <= 0:
-        raise ValueError(f"target_bits must be a positive number, got {target_bits!r}")
+        raise FxquantValueError(f"target_bits must be a positive number, got {target_bits!r}")
     total_values = 0
     fixed_bits = 0.0
     learned: list[Tensor] = []
@@ -269,7 +270,7 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
         else:
             fixed_bits += site.value_bits + site.storage_bits
     if not learned:
-        raise ValueError("fxquant.bit_penalty: no point has learned per-node bit-widths "
+        raise FxquantValueError("fxquant.bit_penalty: no point has learned per-node bit-widths "
                          "(RowBits.learned_init); nothing to pull toward the budget")
     avg = (torch.stack(learned).sum() + fixed_bits) / max(total_values, 1)
     return (avg - target_bits) ** 2

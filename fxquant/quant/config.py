@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
+from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind
 from fxquant.formats import Format, IntFormat, Number, TopN, parse
 from fxquant.fx.selectors import layer_name, layer_names, matches
 from fxquant.modes import Grad, Rounding, Scale
@@ -68,11 +69,11 @@ def as_number(value: object, arg: str = "number", max_bits: int = 64) -> Number:
         >>> as_number(40, "bits", max_bits=32)
         Traceback (most recent call last):
         ...
-        ValueError: bits=40 is out of range: it counts the kept bits of the model's 32-bit float \
+        fxquant.errors.FxquantValueError: bits=40 is out of range: it counts the kept bits of the model's 32-bit float \
 pattern, so 1 <= bits <= 32.
     """
     if isinstance(value, bool) or value is None or isinstance(value, float):
-        raise TypeError(
+        raise FxquantTypeError(
             f"{arg} must be an int (kept bits) or a format ('e4m3', (3, 2), a Format), "
             f"got {value!r}"
         )
@@ -82,12 +83,12 @@ pattern, so 1 <= bits <= 32.
         try:
             parsed = parse(value)
         except (ValueError, TypeError) as e:
-            raise type(e)(f"{arg}: {e}") from e
+            raise same_kind(e, f"{arg}: {e}") from e
         if not isinstance(parsed, TopN):
             return parsed
         bits = parsed.bits
     if not 1 <= bits <= max_bits:
-        raise ValueError(
+        raise FxquantValueError(
             f"{arg}={bits} is out of range: it counts the kept bits of the model's "
             f"{max_bits}-bit float pattern, so 1 <= {arg} <= {max_bits}."
         )
@@ -129,7 +130,7 @@ class Site(str, Enum):
         try:
             return cls(value)
         except ValueError:
-            raise ValueError(f"site={value!r} is not one of {[s.value for s in cls]}") from None
+            raise FxquantValueError(f"site={value!r} is not one of {[s.value for s in cls]}") from None
 
     def __str__(self) -> str:
         return str(self.value)
@@ -141,7 +142,7 @@ _RANGES = ("minmax", "percentile", "lsq")
 def _parse_range(value: object) -> str:
     """``"minmax"``, ``"lsq"`` or ``"percentile:Q"`` with ``50 < Q <= 100``, normalized."""
     if not isinstance(value, str):
-        raise TypeError(f"range must be 'minmax', 'percentile:Q' or 'lsq', got {value!r}")
+        raise FxquantTypeError(f"range must be 'minmax', 'percentile:Q' or 'lsq', got {value!r}")
     kind, _, q = value.partition(":")
     if kind == "percentile":
         try:
@@ -149,11 +150,11 @@ def _parse_range(value: object) -> str:
         except ValueError:
             number = math.nan
         if not 50 < number <= 100:
-            raise ValueError(f"range={value!r}: please give the percentile as 'percentile:Q' "
+            raise FxquantValueError(f"range={value!r}: please give the percentile as 'percentile:Q' "
                              "with 50 < Q <= 100, e.g. 'percentile:99.9'")
         return f"percentile:{number:g}"
     if kind not in _RANGES or q:
-        raise ValueError(f"range={value!r} is not one of ['minmax', 'percentile:Q', 'lsq']")
+        raise FxquantValueError(f"range={value!r} is not one of ['minmax', 'percentile:Q', 'lsq']")
     return kind
 
 
@@ -211,18 +212,18 @@ class RowBits:
         bits = self.bits
         if not isinstance(bits, Tensor) or bits.dim() != 1 or bits.is_complex() \
                 or bits.dtype == torch.bool:
-            raise TypeError(f"RowBits: bits must be a 1-D tensor with one bit-width per node, "
+            raise FxquantTypeError(f"RowBits: bits must be a 1-D tensor with one bit-width per node, "
                             f"got {bits!r}")
         if not (isinstance(self.min_bits, int) and isinstance(self.max_bits, int)
                 and 1 <= self.min_bits <= self.max_bits <= 16):
-            raise ValueError(f"RowBits: need 1 <= min_bits <= max_bits <= 16, got "
+            raise FxquantValueError(f"RowBits: need 1 <= min_bits <= max_bits <= 16, got "
                              f"{self.min_bits}..{self.max_bits}")
         bits = bits.detach().to(torch.float32).cpu().clone()
         if bits.numel() and (bool(bits.min() < self.min_bits) or bool(bits.max() > self.max_bits)):
-            raise ValueError(f"RowBits: bit-widths must lie in {self.min_bits}..{self.max_bits}, "
+            raise FxquantValueError(f"RowBits: bit-widths must lie in {self.min_bits}..{self.max_bits}, "
                              f"got {float(bits.min()):g}..{float(bits.max()):g}")
         if not self.learned and bool((bits != bits.round()).any()):
-            raise ValueError("RowBits: fixed bit-widths must be whole numbers")
+            raise FxquantValueError("RowBits: fixed bit-widths must be whole numbers")
         object.__setattr__(self, "bits", bits)
 
     @classmethod
@@ -240,7 +241,7 @@ class RowBits:
         bits. No table needs storing: the bits follow from the graph."""
         if len(bits) != len(quantiles) + 1 or list(quantiles) != sorted(quantiles) \
                 or not all(0 < q < 1 for q in quantiles):
-            raise ValueError("RowBits.by_degree: give increasing quantiles in (0, 1) and one "
+            raise FxquantValueError("RowBits.by_degree: give increasing quantiles in (0, 1) and one "
                              f"more bit-width than quantiles; got {quantiles!r}, {bits!r}")
         degree = torch.zeros(num_nodes).index_add_(
             0, edge_index[1].cpu(), torch.ones(edge_index.shape[1]))
@@ -310,7 +311,7 @@ grad_number=None, protect=None, row_bits=None)
         >>> QuantConfig(16, momentum=0.9)
         Traceback (most recent call last):
         ...
-        ValueError: momentum=0.9 keeps a running range for a scaled format, so it needs a \
+        fxquant.errors.FxquantValueError: momentum=0.9 keeps a running range for a scaled format, so it needs a \
 format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
     """
 
@@ -340,56 +341,56 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         parsed = as_number(number, "number")
         if row_bits is not None:
             if not isinstance(row_bits, RowBits):
-                raise TypeError(f"row_bits must be a fxquant.RowBits, got {type(row_bits).__name__}")
+                raise FxquantTypeError(f"row_bits must be a fxquant.RowBits, got {type(row_bits).__name__}")
             if not isinstance(parsed, IntFormat) or parsed.asymmetric:
-                raise ValueError("row_bits= gives integer rows their own bit-widths: please use a "
+                raise FxquantValueError("row_bits= gives integer rows their own bit-widths: please use a "
                                  f"symmetric integer format such as 'int8' (got {describe(parsed)})")
             if parsed.signed and not parsed.midrise and row_bits.min_bits < 2:
-                raise ValueError("row_bits: a signed grid needs at least 2 bits (codes -1, 0, 1); "
+                raise FxquantValueError("row_bits: a signed grid needs at least 2 bits (codes -1, 0, 1); "
                                  "use min_bits=2, an unsigned format ('uint4') or a mid-rise "
                                  "one ('int4:midrise': at 1 bit, the sign) for 1 bit")
             if row_bits.learned and range != "lsq":
-                raise ValueError("row_bits learned: the gradient reaches a row's bits through its "
+                raise FxquantValueError("row_bits learned: the gradient reaches a row's bits through its "
                                  "clipping range, which needs range='lsq' (a learned step)")
             if rounding is not None and Rounding.parse(rounding) is not Rounding.NEAREST:
-                raise ValueError("row_bits rounds to nearest; please drop rounding=")
+                raise FxquantValueError("row_bits rounds to nearest; please drop rounding=")
         if protect is not None:
             ok = isinstance(protect, (tuple, list)) and len(protect) == 2 and all(
                 isinstance(p, (int, float)) and not isinstance(p, bool) for p in protect)
             if not ok or not 0 <= protect[0] <= protect[1] <= 1:
-                raise ValueError(f"protect must be (p_min, p_max) with 0 <= p_min <= p_max <= 1, "
+                raise FxquantValueError(f"protect must be (p_min, p_max) with 0 <= p_min <= p_max <= 1, "
                                  f"got {protect!r}")
             protect = (float(protect[0]), float(protect[1]))
         default = Rounding.TOWARD_ZERO if isinstance(parsed, TopN) else Rounding.NEAREST
         if isinstance(parsed, IntFormat) and parsed.midrise and rounding is not None \
                 and Rounding.parse(rounding) is Rounding.TOWARD_ZERO:
-            raise ValueError(f"rounding='toward_zero': a mid-rise grid ({parsed.spec()}) has no "
+            raise FxquantValueError(f"rounding='toward_zero': a mid-rise grid ({parsed.spec()}) has no "
                              "zero to round toward; please use 'nearest' or 'stochastic'")
         mode = Scale.parse(scale)
         source = _parse_range(range)
         if mode is not Scale.NONE and isinstance(parsed, TopN):
-            raise ValueError(
+            raise FxquantValueError(
                 f"scale={mode.value!r} applies to formats (e.g. 'e4m3', 'int8'), not to top-N "
                 f"truncation ({describe(parsed)}); please drop scale= or round to a format."
             )
         if source != "minmax" and not (mode.per_tensor or mode.per_row):
-            raise ValueError(f"range={source!r} sets a per-tensor or per-row scale; please pass "
+            raise FxquantValueError(f"range={source!r} sets a per-tensor or per-row scale; please pass "
                              f"scale='tensor' or 'row' (got scale={mode.value!r})")
         if source == "lsq" and not isinstance(parsed, IntFormat):
-            raise ValueError(f"range='lsq' learns the step of an integer grid; please use an "
+            raise FxquantValueError(f"range='lsq' learns the step of an integer grid; please use an "
                              f"integer format such as 'int4' (got {describe(parsed)})")
         if source == "lsq" and mode.per_row:
-            raise ValueError("range='lsq' learns one step per tensor; please use scale='tensor' "
+            raise FxquantValueError("range='lsq' learns one step per tensor; please use scale='tensor' "
                              "(a step per row would be a parameter per node)")
         if source.startswith("percentile") and mode.per_row:
-            raise ValueError("range='percentile:Q' is taken per tensor; please use "
+            raise FxquantValueError("range='percentile:Q' is taken per tensor; please use "
                              "scale='tensor'")
         if momentum is not None:
             m = momentum
             if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
-                raise ValueError(f"momentum must be a number in [0, 1), got {m!r}")
+                raise FxquantValueError(f"momentum must be a number in [0, 1), got {m!r}")
             if not mode.per_tensor or source == "lsq":
-                raise ValueError(
+                raise FxquantValueError(
                     f"momentum={m} keeps a running range for a scaled format, so it needs a "
                     "format with scale='tensor' (or 'tensor-pow2'); got "
                     f"{describe(parsed)} with scale={mode.value!r}"
@@ -490,17 +491,17 @@ class NodeOverride:
         if isinstance(nodes, Sequence) and not isinstance(nodes, str):
             nodes = torch.as_tensor(list(nodes), dtype=torch.long)
         if not isinstance(nodes, Tensor):
-            raise TypeError(f"node ids must be an index tensor or a bool mask, got "
+            raise FxquantTypeError(f"node ids must be an index tensor or a bool mask, got "
                             f"{type(nodes).__name__}")
         if nodes.is_sparse or nodes.is_nested or nodes.layout != torch.strided:
-            raise TypeError(f"node ids must be a dense (strided) tensor, got layout {nodes.layout}")
+            raise FxquantTypeError(f"node ids must be a dense (strided) tensor, got layout {nodes.layout}")
         if nodes.dim() != 1:
-            raise ValueError(f"node ids must be 1-D (indices, or a mask over the nodes), got "
+            raise FxquantValueError(f"node ids must be 1-D (indices, or a mask over the nodes), got "
                              f"shape {tuple(nodes.shape)}")
         if nodes.dtype != torch.bool and (nodes.is_floating_point() or nodes.is_complex()):
-            raise TypeError(f"node ids must be integer indices or a bool mask, got {nodes.dtype}")
+            raise FxquantTypeError(f"node ids must be integer indices or a bool mask, got {nodes.dtype}")
         if nodes.device.type == "meta":
-            raise ValueError("node ids on the meta device have no values to check; please pass "
+            raise FxquantValueError("node ids on the meta device have no values to check; please pass "
                              "them on the CPU (they follow the model to its device)")
         max_index = None
         if nodes.dtype != torch.bool:
@@ -508,7 +509,7 @@ class NodeOverride:
             if nodes.numel():
                 lo, hi = int(nodes.min()), int(nodes.max())
                 if lo < 0:
-                    raise ValueError(f"node ids must be >= 0, got {lo}; please pass indices in "
+                    raise FxquantValueError(f"node ids must be >= 0, got {lo}; please pass indices in "
                                      "[0, num_nodes).")
                 max_index = hi
         object.__setattr__(self, "nodes", nodes.detach().clone())
@@ -521,14 +522,14 @@ class NodeOverride:
         if isinstance(value, NodeOverride):
             return value
         if not (isinstance(value, tuple) and len(value) == 2):
-            raise TypeError(
+            raise FxquantTypeError(
                 f"node_bits[{layer!r}] must be a pair (nodes, bits), e.g. (index_tensor, 2) or "
                 f"(index_tensor, 'e2m1'), got {value!r}"
             )
         try:
             return cls(*value)
         except (TypeError, ValueError) as e:
-            raise type(e)(f"node_bits[{layer!r}]: {e}") from e
+            raise same_kind(e, f"node_bits[{layer!r}]: {e}") from e
 
     def describe(self) -> str:
         return describe_nodes(self.nodes, self.number)
@@ -597,7 +598,7 @@ class QuantMapping:
     def _add(self, level: int, selector: Any, config: QuantConfig | None, site: object,
              source: str) -> QuantMapping:
         if config is not None and not isinstance(config, QuantConfig):
-            raise TypeError(f"config must be a QuantConfig or None, got {config!r}; e.g. "
+            raise FxquantTypeError(f"config must be a QuantConfig or None, got {config!r}; e.g. "
                             "QuantConfig(16) or QuantConfig('e4m3', scale='tensor')")
         self._entries.append(_Entry(level, selector, Site.parse(site), config, source))
         return self
@@ -615,7 +616,7 @@ class QuantMapping:
                  site: str = "output", source: str = "the mapping") -> QuantMapping:
         """Every submodule that is an instance of ``cls``."""
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-            raise TypeError(f"set_type expects a torch.nn.Module subclass, got {cls!r}")
+            raise FxquantTypeError(f"set_type expects a torch.nn.Module subclass, got {cls!r}")
         return self._add(_TYPE, cls, config, site, source)
 
     def set_pattern(self, pattern: str | Callable[[Node], bool], config: QuantConfig | None, *,
@@ -623,7 +624,7 @@ class QuantMapping:
         """Layers whose name matches an fnmatch ``pattern`` (``"conv*"``), or a predicate on
         the ``torch.fx.Node``."""
         if not (isinstance(pattern, str) or (callable(pattern) and not isinstance(pattern, type))):
-            raise TypeError(f"set_pattern expects an fnmatch pattern or a predicate on "
+            raise FxquantTypeError(f"set_pattern expects an fnmatch pattern or a predicate on "
                             f"torch.fx.Node, got {pattern!r}")
         return self._add(_PATTERN, pattern, config, site, source)
 
@@ -632,7 +633,7 @@ class QuantMapping:
         """One layer, by submodule name (``"conv1"``, ``"convs.0"``) or node name
         (``"sigmoid"``)."""
         if not isinstance(name, str):
-            raise TypeError(f"set_name expects a layer name, got {name!r}")
+            raise FxquantTypeError(f"set_name expects a layer name, got {name!r}")
         return self._add(_NAME, name, config, site, source)
 
     def set_nodes(self, layer: str, nodes: Tensor | Sequence[int], number: Any, *,
@@ -687,7 +688,7 @@ class QuantMapping:
                 if chosen.get((n, site), (None, None))[1] is None:
                     quantized = sorted({layer_name(k[0]) for k, v in chosen.items()
                                         if v[1] is not None})
-                    raise ValueError(
+                    raise FxquantValueError(
                         f"node_bits[{layer!r}] names {layer_name(n)!r}, which gets no "
                         f"quantization; quantized layers: {quantized}. Please give it a config "
                         "(bits=/layers=, or the mapping) first."
@@ -707,7 +708,7 @@ class QuantMapping:
             if e.level == _TYPE:
                 selector: Any = f"{e.selector.__module__}.{e.selector.__qualname__}"
             elif e.level == _PATTERN and not isinstance(e.selector, str):
-                raise ValueError("a QuantMapping with a predicate (set_pattern(callable)) cannot "
+                raise FxquantValueError("a QuantMapping with a predicate (set_pattern(callable)) cannot "
                                  "be written as JSON; please use a name or fnmatch pattern")
             else:
                 selector = e.selector
@@ -731,7 +732,7 @@ class QuantMapping:
             selector = e["selector"]
             if e["kind"] == "type":
                 if selector not in known:
-                    raise ValueError(f"module type {selector!r} is not among the classes given "
+                    raise FxquantValueError(f"module type {selector!r} is not among the classes given "
                                      "in types= (nor a PyG or torch.nn class)")
                 selector = known[selector]
             mapping._add(levels[e["kind"]], selector, config, e["site"], "the mapping")
@@ -759,13 +760,13 @@ def _no_match(gm: GraphModule, entry: _Entry, nodes: list[Node], arg: str) -> Ex
     if entry.level == _TYPE:
         classes = sorted({type(gm.get_submodule(str(n.target))).__name__
                           for n in nodes if n.op == "call_module"})
-        return ValueError(f"no layer of class {entry.selector.__name__} in {arg}; module classes "
+        return FxquantValueError(f"no layer of class {entry.selector.__name__} in {arg}; module classes "
                           f"called in this model: {classes}")
     if entry.level == _PATTERN and not isinstance(entry.selector, str):
-        return ValueError(f"the predicate {getattr(entry.selector, '__name__', entry.selector)} "
+        return FxquantValueError(f"the predicate {getattr(entry.selector, '__name__', entry.selector)} "
                           f"in {arg} selects no layer")
     known = sorted(dict.fromkeys(layer_name(n) for n in nodes))
-    return ValueError(
+    return FxquantValueError(
         f"unknown layer {entry.selector!r} in {arg}; layers in this model: {known}. Please use a "
         "submodule name ('conv1'), a node name ('relu'), or a pattern ('conv*')."
     )

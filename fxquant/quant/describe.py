@@ -9,6 +9,7 @@ from tabulate import tabulate
 from torch import nn
 from torch.fx import GraphModule
 
+from fxquant.errors import FxquantTypeError
 from fxquant.fx.selectors import layer_name
 from fxquant.quant.config import Site, describe
 from fxquant.quant.points import QuantPoint
@@ -23,7 +24,7 @@ def quantization_points(model: nn.Module) -> list[tuple[str, QuantPoint]]:
     """``(module name, point)`` for every point in ``model``, in the order the graph calls
     them (also on a model reloaded with ``torch.load``, which keeps the modules)."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a model returned by fxquant.transform, got {type(model).__name__}")
+        raise FxquantTypeError(f"expected a model returned by fxquant.transform, got {type(model).__name__}")
     points = {name: m for name, m in model.named_modules() if isinstance(m, QuantPoint)}
     layers: list[str] = []
     if isinstance(model, GraphModule):
@@ -56,7 +57,7 @@ def summary(gm: nn.Module, *example_inputs: Any, tablefmt: str = "simple") -> st
         convs_1_quant  convs.1  output  top-12        12  toward_zero  -        ste     -
     """
     if not isinstance(gm, GraphModule):
-        raise TypeError(
+        raise FxquantTypeError(
             f"fxquant.summary expects the GraphModule fxquant.transform returns, got "
             f"{type(gm).__name__}; please pass gm = fxquant.transform(model, ...)"
         )

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from fxquant._ops.version import NUMERICS
+from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind
 from fxquant.formats import Format, TopN, parse
 from fxquant.modes import Grad, Rounding, Scale
 
@@ -19,9 +20,9 @@ __all__ = ["quantize", "truncate"]
 
 def _check_tensor(x: object, fn: str) -> Tensor:
     if not isinstance(x, Tensor):
-        raise TypeError(f"fxquant.{fn}: x must be a torch.Tensor, got {type(x).__name__}")
+        raise FxquantTypeError(f"fxquant.{fn}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.layout != torch.strided or x.is_nested:
-        raise TypeError(f"fxquant.{fn}: x must be a dense (strided) tensor, got "
+        raise FxquantTypeError(f"fxquant.{fn}: x must be a dense (strided) tensor, got "
                         f"{'a nested tensor' if x.is_nested else f'layout {x.layout}'}; please "
                         "pass x.to_dense() (or the sparse tensor's .values())")
     return x
@@ -31,10 +32,10 @@ def _check_generator(generator: object, x: Tensor, fn: str) -> None:
     if generator is None:
         return
     if not isinstance(generator, torch.Generator):
-        raise TypeError(f"fxquant.{fn}: generator must be a torch.Generator or None, got "
+        raise FxquantTypeError(f"fxquant.{fn}: generator must be a torch.Generator or None, got "
                         f"{type(generator).__name__}")
     if x.device.type != "meta" and generator.device.type != x.device.type:
-        raise ValueError(
+        raise FxquantValueError(
             f"fxquant.{fn}: generator is on {generator.device} but x is on {x.device}; "
             "please create it with torch.Generator(device=x.device)."
         )
@@ -80,7 +81,7 @@ def truncate(
     """
     x = _check_tensor(x, "truncate")
     if isinstance(bits, bool) or not isinstance(bits, int):
-        raise TypeError(f"fxquant.truncate: bits must be an int (the number of kept bits), "
+        raise FxquantTypeError(f"fxquant.truncate: bits must be an int (the number of kept bits), "
                         f"got {bits!r}")
     rounding = Rounding.parse(rounding).value
     grad = Grad.parse(grad).value
@@ -130,10 +131,10 @@ def quantize(
     try:
         number = parse(format)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"fxquant.quantize: format must be a preset name, 'eXmY', (exp_bits, "
+        raise same_kind(e, f"fxquant.quantize: format must be a preset name, 'eXmY', (exp_bits, "
                       f"man_bits) or a Format: {e}") from e
     if isinstance(number, TopN):
-        raise ValueError(f"fxquant.quantize: {number.spec()} is top-N truncation; please call "
+        raise FxquantValueError(f"fxquant.quantize: {number.spec()} is top-N truncation; please call "
                          f"fxquant.truncate(x, {number.bits}) instead")
     rounding = Rounding.parse(rounding).value
     grad = Grad.parse(grad).value

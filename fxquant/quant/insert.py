@@ -23,6 +23,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassResult
 from torch_geometric.nn import MessagePassing
 
+from fxquant.errors import FxquantValueError
 from fxquant.fx.graph_utils import free_name
 from fxquant.fx.selectors import layer_name
 from fxquant.quant.config import Resolved, Site
@@ -134,7 +135,7 @@ def _add_node_ids(gm: GraphModule, points: list[QuantPoint]) -> None:
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if any(str(n.target).startswith("*") for n in placeholders):
         if points:
-            raise ValueError("fxquant: per-node settings need a node_ids argument, but this "
+            raise FxquantValueError("fxquant: per-node settings need a node_ids argument, but this "
                              "forward takes *args/**kwargs; please give it named arguments")
         return
     names = {str(n.target) for n in placeholders}

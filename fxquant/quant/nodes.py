@@ -21,6 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.utils import degree
 
+from fxquant.errors import FxquantTypeError, FxquantValueError
+
 __all__ = ["NodeIds", "lookup", "set_node_ids", "top_degree_nodes"]
 
 
@@ -46,7 +48,7 @@ def set_node_ids(context: NodeIds, ids: Tensor | None) -> Any:
                             or ids.is_complex()):
         got = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, Tensor) \
             else type(ids).__name__
-        raise TypeError(f"node_ids must be a 1-D integer tensor of global node ids (PyG's "
+        raise FxquantTypeError(f"node_ids must be a 1-D integer tensor of global node ids (PyG's "
                         f"batch.n_id), got a {got}")
     context.ids = ids
     return None
@@ -84,23 +86,23 @@ def top_degree_nodes(
     """
     if not (isinstance(edge_index, Tensor) and edge_index.dim() == 2 and edge_index.shape[0] == 2):
         shape = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)
-        raise ValueError(f"edge_index must be a [2, num_edges] tensor, got {shape}")
+        raise FxquantValueError(f"edge_index must be a [2, num_edges] tensor, got {shape}")
     if edge_index.layout != torch.strided:
-        raise TypeError(f"edge_index must be a dense [2, num_edges] tensor, got layout "
+        raise FxquantTypeError(f"edge_index must be a dense [2, num_edges] tensor, got layout "
                         f"{edge_index.layout}; for a sparse adjacency pass its indices")
     if edge_index.is_floating_point() or edge_index.dtype == torch.bool:
-        raise TypeError(f"edge_index must hold integer node ids, got {edge_index.dtype}")
+        raise FxquantTypeError(f"edge_index must hold integer node ids, got {edge_index.dtype}")
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+        raise FxquantValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
     if edge_index.numel() and int(edge_index.min()) < 0:
-        raise ValueError(f"edge_index holds a negative node id ({int(edge_index.min())}); node ids "
+        raise FxquantValueError(f"edge_index holds a negative node id ({int(edge_index.min())}); node ids "
                          "are >= 0")
     if num_nodes is None:
         num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
     elif isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
-        raise ValueError(f"num_nodes must be an int >= 0, got {num_nodes!r}")
+        raise FxquantValueError(f"num_nodes must be an int >= 0, got {num_nodes!r}")
     elif edge_index.numel() and int(edge_index.max()) >= num_nodes:
-        raise ValueError(f"edge_index holds node id {int(edge_index.max())}, but num_nodes="
+        raise FxquantValueError(f"edge_index holds node id {int(edge_index.max())}, but num_nodes="
                          f"{num_nodes}")
     if num_nodes == 0:
         return torch.empty(0, dtype=torch.long, device=edge_index.device)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from fxquant._ops.quantize import bounds_of
+from fxquant.errors import FxquantValueError
 
 __all__ = ["SAMPLE", "RangeObserver", "percentile_bounds"]
 
@@ -80,15 +81,15 @@ class RangeObserver(nn.Module):
         super().__init__()
         if momentum is not None and (isinstance(momentum, bool) or not isinstance(
                 momentum, (int, float)) or not 0 <= momentum < 1):
-            raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
+            raise FxquantValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
         if momentum is not None and per_row:
-            raise ValueError("a running range is kept per tensor; rows are different nodes in "
+            raise FxquantValueError("a running range is kept per tensor; rows are different nodes in "
                              "every batch, so per-row ranges are always the current ones")
         if percentile is not None and (isinstance(percentile, bool) or not isinstance(
                 percentile, (int, float)) or not 50 < percentile <= 100):
-            raise ValueError(f"percentile must be a number in (50, 100], got {percentile!r}")
+            raise FxquantValueError(f"percentile must be a number in (50, 100], got {percentile!r}")
         if percentile is not None and per_row:
-            raise ValueError("percentile ranges are taken per tensor; please use scale='tensor'")
+            raise FxquantValueError("percentile ranges are taken per tensor; please use scale='tensor'")
         self.per_row = per_row
         self.momentum = None if momentum is None else float(momentum)
         self.percentile = None if percentile is None else float(percentile)

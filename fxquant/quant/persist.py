@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
+from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.tracer import LeafSpec
 from fxquant.quant.api import TRACE_KEY, transform
 from fxquant.quant.config import QuantConfig, QuantMapping
@@ -57,7 +58,7 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
         True
     """
     if not isinstance(gm, GraphModule):
-        raise TypeError(f"fxquant.save expects the GraphModule fxquant.transform returns, got "
+        raise FxquantTypeError(f"fxquant.save expects the GraphModule fxquant.transform returns, got "
                         f"{type(gm).__name__}")
     points = [{"name": name, "layer": p.layer, "site": p.site.value,
                "config": p.config.to_dict(),
@@ -66,13 +67,13 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
                "bits_source": p.__dict__.get("bits_source")}
               for name, p in quantization_points(gm)]
     if not points:
-        raise ValueError("fxquant.save: this model has no quantization points; save its "
+        raise FxquantValueError("fxquant.save: this model has no quantization points; save its "
                          "state_dict() with torch.save instead")
     trace = getattr(gm, TRACE_KEY, {"concrete_args": None, "leaf_names": [], "leaf_classes": []})
     try:
         trace_json = json.dumps(trace)
     except TypeError as e:
-        raise ValueError(f"fxquant.save: the concrete_args this model was traced with are not "
+        raise FxquantValueError(f"fxquant.save: the concrete_args this model was traced with are not "
                          f"plain values ({e}); they cannot be saved without pickling") from e
     shared = any(p["step_source"] is not None or p["bits_source"] is not None for p in points)
     torch.save({"format": FORMAT_SHARED if shared else FORMAT, "points": json.dumps(points),
@@ -95,10 +96,10 @@ def load(path: str | os.PathLike[str], model: nn.Module,
     try:
         blob = torch.load(path, weights_only=True)
     except Exception as e:
-        raise ValueError(f"fxquant.load: {path} is not a file fxquant.save wrote, or it carries "
+        raise FxquantValueError(f"fxquant.load: {path} is not a file fxquant.save wrote, or it carries "
                          f"code, which is refused ({type(e).__name__}: {str(e)[:200]})") from e
     if not isinstance(blob, dict) or blob.get("format") not in (FORMAT, FORMAT_SHARED):
-        raise ValueError(f"fxquant.load: {path} is not a file fxquant.save wrote "
+        raise FxquantValueError(f"fxquant.load: {path} is not a file fxquant.save wrote "
                          f"(expected format {FORMAT!r} or {FORMAT_SHARED!r})")
     points = json.loads(blob["points"])
     trace = json.loads(blob["trace"])
@@ -113,7 +114,7 @@ def load(path: str | os.PathLike[str], model: nn.Module,
     gm = transform(model, mapping, concrete_args=trace["concrete_args"], leaf_modules=leaves)
     names = [name for name, _ in quantization_points(gm)]
     if names != [p["name"] for p in points]:
-        raise ValueError(f"fxquant.load: the model given traces to other quantization points "
+        raise FxquantValueError(f"fxquant.load: the model given traces to other quantization points "
                          f"({names}) than the saved one ({[p['name'] for p in points]}); is it "
                          "the same model class?")
     for p in points:  # steps and bit-widths shared (absent from older files)
@@ -133,7 +134,7 @@ def _leaf_specs(model: nn.Module, trace: dict[str, Any],
     classes = {f"{type(m).__module__}.{type(m).__qualname__}": type(m) for m in model.modules()}
     missing = [c for c in trace["leaf_classes"] if c not in classes]
     if missing:
-        raise ValueError(f"fxquant.load: the model was traced with leaf_modules classes "
+        raise FxquantValueError(f"fxquant.load: the model was traced with leaf_modules classes "
                          f"{missing}, which the model given does not use; please pass "
                          "leaf_modules=[...] to fxquant.load")
     return [*trace["leaf_names"], *(classes[c] for c in trace["leaf_classes"])]

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from fxquant._ops.calls import OpCall, op_call
 from fxquant._ops.version import NUMERICS
+from fxquant.errors import FxquantIndexError, FxquantValueError
 from fxquant.formats import IntFormat, TopN
 from fxquant.modes import Grad, Rounding
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
@@ -228,7 +229,7 @@ class QuantPoint(nn.Module):
         context = self.__dict__["_node_ids"]
         ids = context.ids if context is not None and self.uses_node_ids else None
         if ids is not None and ids.shape[0] != num_nodes:
-            raise ValueError(
+            raise FxquantValueError(
                 f"fxquant: node_ids has {ids.shape[0]} entries, but the {self.name} has "
                 f"{num_nodes} nodes; pass one global id per node of the batch (batch.n_id)")
         rows = None if self.override_table is None else self._rows(x, num_nodes, row_nodes, ids)
@@ -442,12 +443,12 @@ class QuantPoint(nn.Module):
         else:
             if self.override_nodes is not None and self.override_nodes.dtype == torch.bool \
                     and table.shape[0] != num_nodes:
-                raise ValueError(
+                raise FxquantValueError(
                     f"fxquant: quantization point {self.name}: the override's row mask has "
                     f"shape ({table.shape[0]},), but the graph there has {num_nodes} nodes; "
                     "pass a mask over all nodes, or the batch's global ids as node_ids=.")
             if self.override_max_index is not None and self.override_max_index >= num_nodes:
-                raise IndexError(
+                raise FxquantIndexError(
                     f"fxquant: the node override of quantization point {self.name} names node "
                     f"{self.override_max_index}, but the graph there has {num_nodes} nodes; "
                     f"please pass node ids in [0, {num_nodes}), or the batch's global ids "
@@ -553,22 +554,22 @@ def _two_points(model: nn.Module, point: str, source: str, api: str, link: str,
             module = model.get_submodule(name)
         except AttributeError:
             names = [n for n, m in model.named_modules() if isinstance(m, QuantPoint)]
-            raise ValueError(f"fxquant.{api}: {role}={name!r} is not a submodule of the "
+            raise FxquantValueError(f"fxquant.{api}: {role}={name!r} is not a submodule of the "
                              f"model; its quantization points: {names}") from None
         if not isinstance(module, QuantPoint) or not has(module):
-            raise ValueError(f"fxquant.{api}: {role}={name!r} is not a quantization point "
+            raise FxquantValueError(f"fxquant.{api}: {role}={name!r} is not a quantization point "
                              f"with {what}")
         points[role] = module
     if point == source:
-        raise ValueError(f"fxquant.{api}: point and source are both {point!r}")
+        raise FxquantValueError(f"fxquant.{api}: point and source are both {point!r}")
     if points["source"].__dict__.get(link) is not None:
-        raise ValueError(f"fxquant.{api}: source={source!r} already shares "
+        raise FxquantValueError(f"fxquant.{api}: source={source!r} already shares "
                          f"{points['source'].__dict__[link]!r}'s; please pass that point as "
                          "the source")
     users = [n for n, m in model.named_modules()
              if isinstance(m, QuantPoint) and m.__dict__.get(link) == point]
     if users:
-        raise ValueError(f"fxquant.{api}: point={point!r} is the source of {users}; please "
+        raise FxquantValueError(f"fxquant.{api}: point={point!r} is the source of {users}; please "
                          f"share those from {source!r} first")
     return points
 
@@ -612,7 +613,7 @@ def share_bits(model: nn.Module, point: str, source: str) -> None:
     assert a is not None and b is not None
     if (a.learned, a.num_nodes, a.min_bits, a.max_bits) != \
             (b.learned, b.num_nodes, b.min_bits, b.max_bits):
-        raise ValueError(f"fxquant.share_bits: point={point!r} has {a!r} and source={source!r} "
+        raise FxquantValueError(f"fxquant.share_bits: point={point!r} has {a!r} and source={source!r} "
                          f"has {b!r}; a shared table needs the same nodes, the same range and "
                          "both learned or both fixed")
     target, origin = points["point"], points["source"]

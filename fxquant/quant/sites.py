@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 
+from fxquant.errors import FxquantRuntimeError, FxquantValueError
 from fxquant.quant.points import QuantPoint, in_degree
 
 __all__ = [
@@ -107,7 +108,7 @@ class NoFusedPath:
         self.sites = sites
 
     def __call__(self, *args: Any, **kwargs: Any) -> Tensor:
-        raise RuntimeError(
+        raise FxquantRuntimeError(
             f"fxquant: layer {self.layer!r} ({type(self.owner).__name__}) took PyG's fused "
             f"message_and_aggregate path (a SparseTensor or sorted EdgeIndex adjacency), "
             f"which computes no per-edge messages, so its {' and '.join(self.sites)} "
@@ -121,16 +122,16 @@ def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] |
     """Set the site objects on ``module`` (the transformed copy), checking it can take them."""
     if weights:
         if "forward" in vars(module):
-            raise ValueError(f"layer {layer_name!r} already has its own forward attribute; "
+            raise FxquantValueError(f"layer {layer_name!r} already has its own forward attribute; "
                              "fxquant cannot round its weights")
         module.forward = QuantizedForward(module, weights)
     if message is None and aggregate is None:
         return
     if not isinstance(module, MessagePassing):
-        raise ValueError(f"the message and aggregate sites need a PyG MessagePassing layer; "
+        raise FxquantValueError(f"the message and aggregate sites need a PyG MessagePassing layer; "
                          f"{layer_name!r} is {type(module).__name__}")
     if getattr(module, "explain", False) or getattr(module, "decomposed_layers", 1) > 1:
-        raise ValueError(f"layer {layer_name!r} runs PyG's explain or decomposed_layers mode, "
+        raise FxquantValueError(f"layer {layer_name!r} runs PyG's explain or decomposed_layers mode, "
                          "whose propagate fxquant does not round inside; please switch it off")
     module.aggregate = QuantizedAggregate(module, message, aggregate)
     sites = [s for s, p in (("message", message), ("aggregate", aggregate)) if p is not None]

@@ -1,0 +1,69 @@
+"""The exceptions fxquant raises on purpose, under one base class.
+
+Every error fxquant raises for a reason it can name derives from :class:`FxquantError`;
+those about an argument also derive from the built-in :class:`ValueError` or
+:class:`TypeError`, and those about what a model did from :class:`RuntimeError`, so
+``except ValueError`` clauses written before this base existed keep working.
+
+Example:
+    >>> import fxquant
+    >>> try:
+    ...     fxquant.QuantConfig("int4", scale="tensor", momentum=2.0)
+    ... except fxquant.FxquantError as e:
+    ...     print(type(e).__name__, isinstance(e, ValueError))
+    FxquantValueError True
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FxquantError",
+    "FxquantIndexError",
+    "FxquantKeyError",
+    "FxquantRuntimeError",
+    "FxquantTypeError",
+    "FxquantValueError",
+]
+
+
+class FxquantError(Exception):
+    """Base class of every error fxquant raises on purpose."""
+
+
+class FxquantValueError(FxquantError, ValueError):
+    """An argument has the right type but a value fxquant cannot use; the message names
+    the argument and how to fix it."""
+
+
+class FxquantTypeError(FxquantError, TypeError):
+    """An argument has a type fxquant cannot use; the message names the argument."""
+
+
+class FxquantRuntimeError(FxquantError, RuntimeError):
+    """Something a model or a file did (not an argument) stops fxquant; the message says
+    what and where."""
+
+
+class FxquantIndexError(FxquantError, IndexError):
+    """A node id lies outside the graph or table it indexes."""
+
+
+class FxquantKeyError(FxquantError, KeyError):
+    """A saved file lacks an entry fxquant needs; the message names it."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; say it plainly
+        return str(self.args[0]) if self.args else ""
+
+
+def same_kind(error: BaseException, message: str) -> FxquantError:
+    """An fxquant error of the same built-in kind as ``error`` (a ValueError stays a
+    ValueError) carrying ``message``: for re-raising with context, ``from error``."""
+    if isinstance(error, TypeError):
+        return FxquantTypeError(message)
+    if isinstance(error, IndexError):
+        return FxquantIndexError(message)
+    if isinstance(error, KeyError):
+        return FxquantKeyError(message)
+    if isinstance(error, ValueError):
+        return FxquantValueError(message)
+    return FxquantRuntimeError(message)
