@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> str:
         for site in ("input", "message", "aggregate", "output"):
             mapping.set_global(fxquant.QuantConfig(
                 signed if site in ("message", "aggregate") else "int8", scale="tensor",
-                range="lsq", row_bits=fxquant.RowBits.learned_init(data.num_nodes, 4.0)),
+                range="lsq", node_bits=fxquant.NodeBits.learned_init(data.num_nodes, 4.0)),
                 site=site)
         return mapping
 
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> str:
         f"{seeds} seeds x {epochs} epochs per model; 'int8 all sites': input, weight, "
         "message, aggregate and output of both convs, int8 with a per-tensor running range "
         "(momentum 0.9); 'learned bits': input, message, aggregate and output with a learned "
-        "bit-width per node (RowBits, LSQ step; 'mid-rise': messages and aggregations on an "
+        "bit-width per node (NodeBits, LSQ step; 'mid-rise': messages and aggregations on an "
         "int8:midrise grid)."
         f"\n\n{table}\n\n{ratio_table}\n\n"
         f"Compiled transformed GCN (eval forward): inductor kernels that contain the truncation: "

@@ -92,7 +92,7 @@ class Options:
     #: the signed integer grid: "midrise" (2**b levels, no zero; 1 bit is the sign) or
     #: "symmetric" (2**b - 1 levels around 0, 2 bits at least)
     signed_grid: str = "symmetric"
-    #: the widest learned bit-width (``RowBits.max_bits``): fewer allowed widths, a
+    #: the widest learned bit-width (``NodeBits.max_bits``): fewer allowed widths, a
     #: shorter stored code per node (1 bit for 1..2)
     max_bits: int = 8
     #: learned: one bit-width table per layer ("layer") or for all sites ("all")
@@ -137,23 +137,23 @@ def site_config(method: str, target: float, data: Any, unsigned: bool, message: 
     if method == "degree" and (opts.degree_rule == "hub-messages" or bits is not None):
         base = max(lowest, math.floor(target)) if bits is None else bits
         hub = max(lowest, base - 1) if message and bits is None else base
-        rb = fxquant.RowBits.by_degree(data.edge_index, n, [opts.hub_quantile], [base, hub],
+        rb = fxquant.NodeBits.by_degree(data.edge_index, n, [opts.hub_quantile], [base, hub],
                                        min_bits=lowest)
-        return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
+        return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", node_bits=rb)
     if method == "degree":
         low, fraction = math.floor(target), target - math.floor(target)
         levels, quantile = (low, low + 1), 1 - fraction
         if fraction == 0:
             levels, quantile = (low - 1, low + 1), 0.5
         levels = (max(lowest, levels[0]), max(lowest, levels[1]))
-        rb = fxquant.RowBits.by_degree(data.edge_index, n, [quantile], list(levels),
+        rb = fxquant.NodeBits.by_degree(data.edge_index, n, [quantile], list(levels),
                                        min_bits=lowest)
-        return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
+        return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", node_bits=rb)
     if opts.shared_bits != "none":  # a shared table has one range: the signed grid's lowest
         lowest = 1 if opts.signed_grid == "midrise" else 2
-    rb = fxquant.RowBits.learned_init(n, init=min(float(opts.max_bits), target + 1.0),
+    rb = fxquant.NodeBits.learned_init(n, init=min(float(opts.max_bits), target + 1.0),
                                       min_bits=lowest, max_bits=opts.max_bits)
-    return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", row_bits=rb)
+    return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", node_bits=rb)
 
 
 def mapping_for(method: str, target: float, data: Any, opts: Options = DEFAULTS
@@ -194,7 +194,7 @@ def _anneal(tables: list[tuple[fxquant.QuantPoint, torch.Tensor]], extra: int) -
     (at most the table's ``max_bits``)."""
     with torch.no_grad():
         for point, final in tables:
-            rb = point.config.row_bits
+            rb = point.config.node_bits
             assert rb is not None and point.row_bits_table is not None
             point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
 

@@ -50,7 +50,7 @@ def main() -> None:
         model,
         bits={"conv1": 10, "sigmoid": 10, "conv2": 10},
         rounding="nearest",
-        node_bits={"sigmoid": (hubs, 9)},
+        node_formats={"sigmoid": (hubs, 9)},
     )
     print(gm.code)
     print(fxquant.summary(gm))

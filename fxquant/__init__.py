@@ -19,7 +19,7 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 """
 
 from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
-from fxquant.errors import FxquantError
+from fxquant.errors import FxquantError, warn_renamed
 from fxquant.formats import Format, TopN
 from fxquant.fx import GNNTracer, TraceError, trace
 from fxquant.linter import (
@@ -36,10 +36,10 @@ from fxquant.modes import Grad, Rounding, Scale
 from fxquant.pipeline import transform
 from fxquant.quant import (
     BitReport,
+    NodeBits,
     QuantConfig,
     QuantMapping,
     QuantPoint,
-    RowBits,
     bit_penalty,
     bit_report,
     load,
@@ -60,17 +60,17 @@ __all__ = [
     "BitReport",
     "Finding",
     "Format",
-    "FxquantError",
     "FunctionalizeError",
+    "FxquantError",
     "GNNTracer",
     "Grad",
     "LintError",
     "LintReport",
+    "NodeBits",
     "QuantConfig",
     "QuantMapping",
     "QuantPoint",
     "Rounding",
-    "RowBits",
     "Scale",
     "ShapeSpec",
     "TopN",
@@ -93,3 +93,10 @@ __all__ = [
     "transform",
     "truncate",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "RowBits":  # the name NodeBits had before
+        warn_renamed("fxquant.RowBits", "fxquant.NodeBits")
+        return NodeBits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

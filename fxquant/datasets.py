@@ -26,7 +26,7 @@ from typing import Any
 from torch_geometric.datasets import Planetoid
 from torch_geometric.io.planetoid import read_file
 
-from fxquant.errors import FxquantValueError
+from fxquant.errors import FxquantFileNotFoundError, FxquantImportError, FxquantValueError
 
 __all__ = ["PLANETOID_NAMES", "cache_dir", "load_planetoid"]
 
@@ -114,8 +114,8 @@ def load_planetoid(
     Raises:
         FileNotFoundError: some raw files are missing (the message lists them), or none is
             where it looked and the download failed (the message lists the places).
-        fxquant.errors.FxquantValueError: a raw file cannot be read (the message names it), or the cache folder
-            lies inside the data root.
+        fxquant.FxquantError (a ValueError): a raw file cannot be read (the message names
+            it), or the cache folder lies inside the data root.
 
     Example:
         >>> dataset = load_planetoid("Cora")  # with FXQUANT_DATA=../shared/datasets
@@ -127,7 +127,7 @@ def load_planetoid(
     if canonical is None:
         raise FxquantValueError(f"unknown Planetoid dataset {name!r}; choose one of {list(PLANETOID_NAMES)}")
     if importlib.util.find_spec("scipy") is None:
-        raise ImportError(
+        raise FxquantImportError(
             "reading Planetoid's raw files needs scipy (they are pickled scipy.sparse "
             "matrices); please `pip install scipy` or `pip install fxquant[examples]`."
         )
@@ -146,7 +146,7 @@ def load_planetoid(
             )
         raw, partial, missing = _find_raw(source, canonical)
         if partial is not None and raw is None:
-            raise FileNotFoundError(
+            raise FxquantFileNotFoundError(
                 f"Planetoid {canonical}: {partial} holds some raw files but lacks {missing}; "
                 f"please copy the complete set (ind.{canonical.lower()}.x, .tx, .allx, .y, .ty, "
                 ".ally, .graph, .test.index) there."
@@ -176,14 +176,14 @@ def load_planetoid(
     looked.append(str(work / canonical / "raw"))
     if not download and not all((work / canonical / "raw" / f).is_file()
                                 for f in _raw_names(canonical)):
-        raise FileNotFoundError(
+        raise FxquantFileNotFoundError(
             f"Planetoid {canonical}: its raw files (ind.{canonical.lower()}.x, ...) are not in "
             f"{' or '.join(looked)}, and download=False."
         )
     try:
         return Planetoid(str(work), canonical, split="public", transform=transform)
     except Exception as e:  # network errors come in many types (URLError, OSError, aiohttp)
-        raise FileNotFoundError(
+        raise FxquantFileNotFoundError(
             f"could not load Planetoid {canonical}: its raw files (ind.{canonical.lower()}.x, "
             f"...) are not in {' or '.join(looked)}, and downloading them failed "
             f"({type(e).__name__}: {e}). Please set FXQUANT_DATA or pass root= to a folder "

@@ -16,13 +16,20 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 __all__ = [
+    "BackwardSafetyError",
     "FxquantError",
+    "FxquantFileNotFoundError",
+    "FxquantImportError",
     "FxquantIndexError",
     "FxquantKeyError",
     "FxquantRuntimeError",
     "FxquantTypeError",
     "FxquantValueError",
+    "same_kind",
+    "warn_renamed",
 ]
 
 
@@ -48,6 +55,18 @@ class FxquantIndexError(FxquantError, IndexError):
     """A node id lies outside the graph or table it indexes."""
 
 
+class FxquantFileNotFoundError(FxquantError, FileNotFoundError):
+    """Data fxquant was asked to read is not where it looked; the message lists the places."""
+
+
+class FxquantImportError(FxquantError, ImportError):
+    """An optional package a call needs is missing; the message names the install command."""
+
+
+class BackwardSafetyError(FxquantError, AssertionError):
+    """:func:`fxquant.testing.assert_backward_safe` found a finding it does not allow."""
+
+
 class FxquantKeyError(FxquantError, KeyError):
     """A saved file lacks an entry fxquant needs; the message names it."""
 
@@ -67,3 +86,10 @@ def same_kind(error: BaseException, message: str) -> FxquantError:
     if isinstance(error, ValueError):
         return FxquantValueError(message)
     return FxquantRuntimeError(message)
+
+
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """A :class:`FutureWarning` that ``old`` is a deprecated name of ``new`` (kept for one
+    release)."""
+    warnings.warn(f"{old} is deprecated and will be removed in the next release; please use "
+                  f"{new}", FutureWarning, stacklevel=stacklevel)

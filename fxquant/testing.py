@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from fxquant.errors import FxquantValueError
+from fxquant.errors import BackwardSafetyError, FxquantValueError
 
 __all__ = ["assert_backward_safe", "devices_touched"]
 
@@ -72,7 +72,7 @@ def assert_backward_safe(
         for f in failing:
             lines.append(f"  {f.rule} {f.severity} at {f.where or f.node}: {f.message}")
             lines.append(f"    fix: {f.hint}")
-        raise AssertionError("\n".join(lines))
+        raise BackwardSafetyError("\n".join(lines))
 
 
 class _Devices(TorchDispatchMode):

@@ -56,8 +56,8 @@ def layout_of(dtype: torch.dtype, what: str = "x") -> FloatLayout:
         >>> layout_of(torch.int64)
         Traceback (most recent call last):
         ...
-        fxquant.errors.FxquantTypeError: x has dtype torch.int64, but fxquant reads a floating-point bit pattern; \
-supported dtypes: torch.float32, torch.float64, torch.float16, torch.bfloat16. Please convert \
+        fxquant.errors.FxquantTypeError: x has dtype torch.int64, but fxquant reads a floating-point bit \
+pattern; supported dtypes: torch.float32, torch.float64, torch.float16, torch.bfloat16. Please convert \
 it with `.float()` first.
     """
     layout = _LAYOUTS.get(dtype)

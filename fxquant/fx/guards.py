@@ -37,8 +37,8 @@ class FixedArguments(nn.Module):
         >>> guard(8)
         Traceback (most recent call last):
         ...
-        fxquant.errors.FxquantTypeError: GCN was traced with batch_size=None fixed (tracing cannot follow the code \
-that uses it), so the traced model cannot take batch_size=8. Please call it with \
+        fxquant.errors.FxquantTypeError: GCN was traced with batch_size=None fixed (tracing cannot follow \
+the code that uses it), so the traced model cannot take batch_size=8. Please call it with \
 batch_size=None, or trace with concrete_args={'batch_size': 8}.
     """
 

@@ -1,9 +1,10 @@
 """The quantization wing: configs and mapping, observers, the insertion pass, the public
 calls that round tensors and models, and the summary of what a model rounds where."""
 
+from fxquant.errors import warn_renamed
 from fxquant.quant.api import transform
 from fxquant.quant.bits import BitReport, bit_penalty, bit_report
-from fxquant.quant.config import NodeOverride, QuantConfig, QuantMapping, RowBits, Site
+from fxquant.quant.config import NodeBits, NodeOverride, QuantConfig, QuantMapping, Site
 from fxquant.quant.describe import quantization_points, summary
 from fxquant.quant.functional import quantize, truncate
 from fxquant.quant.nodes import top_degree_nodes
@@ -13,12 +14,12 @@ from fxquant.quant.points import QuantPoint, refit_steps, share_bits, share_step
 
 __all__ = [
     "BitReport",
+    "NodeBits",
     "NodeOverride",
     "QuantConfig",
     "QuantMapping",
     "QuantPoint",
     "RangeObserver",
-    "RowBits",
     "Site",
     "bit_penalty",
     "bit_report",
@@ -34,3 +35,10 @@ __all__ = [
     "transform",
     "truncate",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "RowBits":  # the name NodeBits had before
+        warn_renamed("fxquant.RowBits", "fxquant.NodeBits")
+        return NodeBits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

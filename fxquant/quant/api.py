@@ -2,7 +2,7 @@
 
 The general form is ``transform(model, mapping)`` with a
 :class:`~fxquant.quant.config.QuantMapping`; ``bits=``, ``format=``, ``layers=``,
-``node_bits=`` and friends are sugar that builds one.
+``node_formats=`` and friends are sugar that builds one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
 from fxquant._ops.layouts import bit_width
-from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
 from fxquant.formats import Format, TopN
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
 from fxquant.fx.tracer import LeafSpec, check_leaf_modules, trace
@@ -69,9 +69,68 @@ def _add_selector(mapping: QuantMapping, spec: Any, config: QuantConfig, arg: st
         )
 
 
+#: what ``node_formats`` maps a layer to: ``(node ids or a bool mask, kept bits or a format)``
+NodeFormats = tuple[Tensor | Iterable[int], int | str | Format]
+
+#: how each keyword that says how to round is written inside a QuantConfig
+_CONFIG_FIELD = {"bits": "format", "format": "format", "scale": "scale", "momentum": "momentum",
+                 "rounding": "rounding", "grad": "grad", "grad_bits": "grad_format",
+                 "grad_format": "grad_format"}
+
+
+def _refuse_number_keywords(mapping: QuantMapping | QuantConfig, given: dict[str, Any]) -> None:
+    """A QuantConfig or QuantMapping already says how to round: a keyword that says it too
+    would be dropped or contradict it, so it is an error naming both."""
+    for name, value in given.items():
+        if value is None:
+            continue
+        what = type(mapping).__name__
+        where = ("into it" if isinstance(mapping, QuantConfig)
+                 else "into the QuantConfigs of its entries")
+        raise FxquantValueError(
+            f"fxquant.transform: {name}={value!r} and a {what} were both given, and the {what} "
+            f"already says how values are rounded; please put {_CONFIG_FIELD[name]}= {where} "
+            f"(e.g. QuantConfig(..., {_CONFIG_FIELD[name]}=...)) or drop the {what}.")
+
+
+def _layer_specs(layers: Any) -> list[Any]:
+    return [layers] if isinstance(layers, (str, type)) or not isinstance(
+        layers, Iterable) else list(layers)
+
+
+def _add_overrides(mapping: QuantMapping, node_formats: Any, max_bits: int) -> None:
+    """``node_formats={layer: (nodes, format)}`` as ``mapping.set_nodes`` entries."""
+    if node_formats is None:
+        return
+    if not isinstance(node_formats, Mapping):
+        raise FxquantTypeError(f"node_formats must be a dict {{layer: (node_ids, format)}}, got "
+                               f"{type(node_formats).__name__}")
+    for key, value in node_formats.items():
+        override = NodeOverride.parse(value, str(key))
+        if isinstance(override.format, TopN) and override.format.bits > max_bits:
+            as_number(override.format.bits, f"node_formats[{key!r}] bits", max_bits)
+        mapping.set_nodes(str(key), override.nodes, override.format)
+
+
+def _only_layers(gm: GraphModule, points: list[Resolved], layers: Any) -> list[Resolved]:
+    """The points of ``points`` on the layers ``layers`` selects (with a QuantMapping,
+    ``layers=`` restricts it); an error names a selector that matches none of them."""
+    probe = QuantMapping()
+    marker = QuantConfig(32)
+    for spec in _layer_specs(layers):
+        _add_selector(probe, spec, marker, "layers")
+    chosen = {p.node for p in probe.resolve(gm, layers_of(gm, exclude=lambda n: _is_point(gm, n)))}
+    kept = [p for p in points if p.node in chosen]
+    if not kept:
+        raise FxquantValueError(
+            f"fxquant.transform: layers={layers!r} keeps none of the mapping's quantization points "
+            f"(on layers {sorted({layer_name(p.node) for p in points})})")
+    return kept
+
+
 def _sugar(
     bits: Any, format: Any, scale: Any, momentum: Any, layers: Any, rounding: Any, grad: Any,
-    grad_bits: Any, grad_format: Any, node_bits: Any, max_bits: int,
+    grad_bits: Any, grad_format: Any, node_formats: Any, max_bits: int,
 ) -> QuantMapping:
     """The mapping the keyword arguments describe; every value validated here."""
     if bits is not None and format is not None:
@@ -134,15 +193,7 @@ def _sugar(
                 layers, Iterable) else list(layers)
             for spec in specs:
                 _add_selector(mapping, spec, cfg, "layers")
-    if node_bits is not None:
-        if not isinstance(node_bits, Mapping):
-            raise FxquantTypeError(f"node_bits must be a dict {{layer: (node_ids, bits)}}, got "
-                            f"{type(node_bits).__name__}")
-        for key, value in node_bits.items():
-            override = NodeOverride.parse(value, str(key))
-            if isinstance(override.number, TopN) and override.number.bits > max_bits:
-                as_number(override.number.bits, f"node_bits[{key!r}] bits", max_bits)
-            mapping.set_nodes(str(key), override.nodes, override.number)
+    _add_overrides(mapping, node_formats, max_bits)
     return mapping
 
 
@@ -188,9 +239,10 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
             raise FxquantValueError(f"{where}: {type(module).__name__} has no weight to round (a "
                              "floating parameter with at least two dims)")
         if p.override is not None:
-            raise FxquantValueError(f"{where}: weights belong to no node, so node_bits cannot apply")
-        if p.config.row_bits is not None:
-            raise FxquantValueError(f"{where}: weights belong to no node, so row_bits cannot apply")
+            raise FxquantValueError(f"{where}: weights belong to no node, so node_formats cannot apply")
+        if p.config.node_bits is not None:
+            raise FxquantValueError(f"{where}: weights belong to no node, so a bit-width per "
+                                    "node (node_bits) cannot apply")
     if p.site in (Site.MESSAGE, Site.AGGREGATE) and not isinstance(module, MessagePassing):
         raise FxquantValueError(f"{where}: only PyG MessagePassing layers have messages and an "
                          f"aggregation; {layer!r} is {type(module).__name__ if module else 'a function'}")
@@ -217,13 +269,14 @@ def transform(
     momentum: float | None = None,
     layers: LayerSpec | Iterable[LayerSpec] | None = None,
     rounding: str | None = None,
-    grad: str = "ste",
+    grad: str | None = None,
     grad_bits: int | None = None,
     grad_format: str | Format | tuple[int, int] | None = None,
-    node_bits: Mapping[str, tuple[Tensor | Iterable[int], int | str | Format]] | None = None,
+    node_formats: Mapping[str, NodeFormats] | None = None,
     inplace: bool = False,
     concrete_args: dict[str, Any] | None = None,
     leaf_modules: Iterable[LeafSpec] = (),
+    node_bits: Mapping[str, NodeFormats] | None = None,
 ) -> GraphModule:
     """Trace ``model`` and round values at the quantization points a mapping chooses.
 
@@ -232,12 +285,16 @@ def transform(
             a GraphModule). It is not changed: by default the pass works on a deep copy.
         mapping (QuantMapping or QuantConfig, optional): the general form. A
             :class:`~fxquant.quant.config.QuantConfig` applies to every ``MessagePassing``
-            layer (or to ``layers=``). An ``int`` or a dict here means ``bits=``.
+            layer (or to ``layers=``); a :class:`~fxquant.quant.config.QuantMapping` says
+            which layer and site gets which config (``layers=`` then keeps only the points
+            on those layers). Either one says how values are rounded, so ``bits``,
+            ``format``, ``scale``, ``momentum``, ``rounding``, ``grad``, ``grad_bits`` and
+            ``grad_format`` are refused with it. An ``int`` or a dict here means ``bits=``.
         bits (int or dict): keep the top ``bits`` of each value's pattern
             (:func:`fxquant.truncate`) after every layer ``layers`` selects; or a dict
             ``{layer: bits_or_format}`` that handles exactly the listed layers (names or
             patterns), mixing kept bits (``16``) and formats (``"e4m3"``).
-        format (str, Format or tuple): round to a number format instead
+        format (str, Format or tuple): round to a format instead
             (:func:`fxquant.quantize`): ``"e4m3"``, ``"e5m2"``, ``"e3m2"``, ``(3, 0)``, ...
         scale (str, optional): for formats: :obj:`None` (plain cast, default), ``"tensor"``,
             ``"row"`` (one scale per node), or their ``"-pow2"`` variants.
@@ -249,16 +306,19 @@ def transform(
             of these. (default: every ``MessagePassing`` layer)
         rounding (str, optional): ``"toward_zero"``, ``"nearest"`` or ``"stochastic"``;
             :obj:`None` is each number's default (toward_zero for bits, nearest for formats).
-        grad (str, optional): ``"ste"`` (straight-through, default) or ``"zero"``.
+        grad (str, optional): ``"ste"`` (straight-through) or ``"zero"``.
+            (default: :obj:`None`: ``"ste"``)
         grad_bits, grad_format (optional): also round the gradient flowing back through each
             point, to top-N bits or to a format. (default: off)
-        node_bits (dict, optional): per-node overrides ``{layer: (node_ids, bits_or_format)}``:
+        node_formats (dict, optional): per-node overrides ``{layer: (node_ids, format)}``:
             rows of that layer's output that belong to these nodes (global node ids, or a
-            bool mask over the nodes, e.g. from :func:`fxquant.top_degree_nodes`) get
-            another number.
+            bool mask over the nodes, e.g. from :func:`fxquant.top_degree_nodes`) are rounded
+            to another format (kept bits or a format). A bit-width for every node is
+            :class:`~fxquant.quant.config.NodeBits` in a QuantConfig instead.
         inplace (bool, optional): share parameters with ``model`` instead of copying.
             (default: :obj:`False`)
         concrete_args, leaf_modules (optional): passed to :func:`fxquant.trace`.
+        node_bits (dict, optional): deprecated name of ``node_formats``.
 
     Returns:
         torch.fx.GraphModule: the model with a :class:`~fxquant.quant.points.QuantPoint`
@@ -296,39 +356,43 @@ def transform(
     if not isinstance(inplace, bool):
         raise FxquantTypeError(f"inplace must be True or False, got {inplace!r}")
     check_leaf_modules(leaf_modules)
+    if node_bits is not None:
+        if node_formats is not None:
+            raise FxquantTypeError("fxquant.transform: node_bits= is the old name of node_formats=; "
+                                   "please give only node_formats=")
+        warn_renamed("fxquant.transform(node_bits=)", "fxquant.transform(node_formats=)")
+        node_formats = node_bits
     max_bits = _max_bits(model)
+    if isinstance(mapping, (QuantMapping, QuantConfig)):
+        _refuse_number_keywords(mapping, {
+            "bits": bits, "format": format, "scale": scale, "momentum": momentum,
+            "rounding": rounding, "grad": grad, "grad_bits": grad_bits,
+            "grad_format": grad_format})
     if isinstance(mapping, QuantMapping):
-        sugar = [k for k, v in {"bits": bits, "format": format, "scale": scale,
-                                "momentum": momentum, "layers": layers, "rounding": rounding,
-                                "grad_bits": grad_bits, "grad_format": grad_format,
-                                "node_bits": node_bits}.items() if v is not None]
-        if sugar or grad != "ste":
-            raise FxquantValueError(f"fxquant.transform: a QuantMapping says everything; please put "
-                             f"{sugar or ['grad']} into its QuantConfigs instead")
-        chosen = mapping
+        chosen = copy.deepcopy(mapping) if node_formats else mapping
+        _add_overrides(chosen, node_formats, max_bits)
     elif isinstance(mapping, QuantConfig):
         chosen = QuantMapping()
         if layers is None:
             chosen.set_global(mapping)
         else:
-            specs = [layers] if isinstance(layers, (str, type)) or not isinstance(
-                layers, Iterable) else list(layers)
-            for spec in specs:
+            for spec in _layer_specs(layers):
                 _add_selector(chosen, spec, mapping, "layers")
-        for key, value in (node_bits or {}).items():
-            override = NodeOverride.parse(value, str(key))
-            chosen.set_nodes(str(key), override.nodes, override.number)
+        _add_overrides(chosen, node_formats, max_bits)
     else:
         if mapping is not None:
             if bits is not None:
                 raise FxquantValueError("fxquant.transform: bits given twice (positionally and as bits=)")
             bits = mapping
-        chosen = _sugar(bits, format, scale, momentum, layers, rounding, grad, grad_bits,
-                        grad_format, node_bits, max_bits)
+        chosen = _sugar(bits, format, scale, momentum, layers, rounding,
+                        "ste" if grad is None else grad, grad_bits, grad_format, node_formats,
+                        max_bits)
 
     # Trace and validate first: nothing is copied or changed on error.
     gm = model if isinstance(model, GraphModule) else trace(model, concrete_args, leaf_modules)
     points = plan(gm, chosen)
+    if isinstance(mapping, QuantMapping) and layers is not None:
+        points = _only_layers(gm, points, layers)
     if not inplace:
         gm = copy.deepcopy(gm)
     nodes = {n.name: n for n in gm.graph.nodes}

@@ -4,12 +4,12 @@ learned per-node bit-widths, the differentiable :func:`bit_penalty`.
 How bits are counted (so a budget cannot be met by accounting):
 
 - every value a quantization point rounds counts with its bits: the format's bits, or its
-  row's bits (:class:`~fxquant.quant.config.RowBits`, a node override's number);
+  row's bits (:class:`~fxquant.quant.config.NodeBits`, a node override's number);
 - storage of what decoding needs is added: a float32 scale per tensor (32 bits, also for a
   learned LSQ step), per row (``scale="row"``: 32 bits per row) or per block of 32
   (``"block32"``: an 8-bit E8M0 scale); a per-node bit-width costs, per node that has
   rows there, the bits of a fixed-length code for the allowed widths (3 for the default 2
-  to 8 bits: seven widths), unless it follows from the graph (``RowBits.by_degree``); a
+  to 8 bits: seven widths), unless it follows from the graph (``NodeBits.by_degree``); a
   table shared by several points (:func:`fxquant.share_bits`) is counted once;
 - ``avg_bits`` averages over every quantized value **except the model's raw input
   features** (an ``input`` point on a forward argument): normalized bag-of-words rows are
@@ -34,13 +34,13 @@ from torch import Tensor, nn
 
 from fxquant.errors import FxquantRuntimeError, FxquantValueError
 from fxquant.modes import Scale
-from fxquant.quant.config import RowBits
+from fxquant.quant.config import NodeBits
 from fxquant.quant.points import QuantPoint
 
 __all__ = ["BitReport", "SiteBits", "bit_penalty", "bit_report"]
 
 
-def bitwidth_bits(row_bits: RowBits) -> int:
+def bitwidth_bits(row_bits: NodeBits) -> int:
     """Bits that store one per-node bit-width: a fixed-length code for the
     ``max_bits - min_bits + 1`` widths allowed (3 for 2..8 and for 1..8)."""
     return max(1, math.ceil(math.log2(row_bits.max_bits - row_bits.min_bits + 1)))
@@ -133,7 +133,7 @@ def _table_nodes(points: list[tuple[str, QuantPoint]]) -> dict[str, int]:
     of them had rows for."""
     owners: dict[int, tuple[str, int]] = {}
     for name, point in points:
-        rb = point.config.row_bits
+        rb = point.config.node_bits
         if rb is None or not rb.stored:
             continue
         table = point.row_bits if point.row_bits is not None else point.row_bits_table
@@ -157,15 +157,15 @@ def _count(name: str, point: QuantPoint, table_nodes: int = 0, differentiable: b
     values = rows * width
     histogram: dict[int, int] = {}
     learned_sum = None
-    if config.row_bits is not None:
+    if config.node_bits is not None:
         bits, _ = point.__dict__["last_row_bits"]
         value_bits = float(bits.detach().sum()) * width
         if differentiable and point.row_bits is not None:
             learned_sum = bits.sum() * width
         histogram = dict(Counter(int(b) for b in bits.detach().round().tolist()))
-        storage = bitwidth_bits(config.row_bits) * table_nodes
+        storage = bitwidth_bits(config.node_bits) * table_nodes
     else:
-        base = config.number.bits
+        base = config.format.bits
         value_bits = float(base * values)
         if override_rows is not None and point.override_number is not None:
             extra = int(override_rows.sum())
@@ -235,15 +235,15 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
 
 def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
     """``(avg_bits - target_bits) ** 2`` of the last forward, differentiable in the learned
-    per-node bit-widths (:class:`~fxquant.quant.config.RowBits`): add it, weighted, to the
+    per-node bit-widths (:class:`~fxquant.quant.config.NodeBits`): add it, weighted, to the
     loss to pull the average toward a budget. ``avg_bits`` is counted as
     :func:`bit_report` counts it (raw input excluded, storage included).
 
     Example:
         >>> import fxquant
-        >>> from fxquant.quant.config import RowBits
+        >>> from fxquant.quant.config import NodeBits
         >>> config = fxquant.QuantConfig("int8", scale="tensor", range="lsq",
-        ...                              row_bits=RowBits.learned_init(6, 6.0))
+        ...                              node_bits=NodeBits.learned_init(6, 6.0))
         >>> gm = fxquant.transform(torch.nn.Sequential(torch.nn.Linear(4, 4)),
         ...                        fxquant.QuantMapping().set_name("0", config))
         >>> out = gm(torch.randn(6, 4))
@@ -271,6 +271,6 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
             fixed_bits += site.value_bits + site.storage_bits
     if not learned:
         raise FxquantValueError("fxquant.bit_penalty: no point has learned per-node bit-widths "
-                         "(RowBits.learned_init); nothing to pull toward the budget")
+                         "(NodeBits.learned_init); nothing to pull toward the budget")
     avg = (torch.stack(learned).sum() + fixed_bits) / max(total_values, 1)
     return (avg - target_bits) ** 2

@@ -4,12 +4,13 @@ by a :class:`QuantMapping` with a documented precedence.
 Vocabulary (following PyG): a **node** is a vertex of the user's graph (node ids,
 :func:`~fxquant.quant.nodes.top_degree_nodes`, in-degree); a **row** is a row of a tensor
 (``scale="row"``); a **layer** is a call in the traced model (a submodule, a function or a
-method); a **site** is where on a layer a value is rounded (today: its output); what the
+method); a **site** is where on a layer a value is rounded (:class:`Site`); what the
 pass inserts are **quantization points**.
 
-A *number* is what values are rounded to: :class:`~fxquant.formats.TopN` (keep the top
+A **format** is what values are rounded to: :class:`~fxquant.formats.TopN` (keep the top
 bits of the pattern; an ``int`` means this), a :class:`~fxquant.formats.Format` or an
-:class:`~fxquant.formats.IntFormat`.
+:class:`~fxquant.formats.IntFormat`. A **bit-width per node** is a :class:`NodeBits`;
+a few nodes rounded to another format are a :class:`NodeOverride`.
 
 Example:
     >>> from torch_geometric.nn import GCNConv
@@ -40,23 +41,38 @@ from torch import Tensor, nn
 from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
-from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind
+from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind, warn_renamed
 from fxquant.formats import Format, IntFormat, Number, TopN, parse
 from fxquant.fx.selectors import layer_name, layer_names, matches
 from fxquant.modes import Grad, Rounding, Scale
 
 __all__ = [
+    "NodeBits",
     "NodeOverride",
     "Number",
     "QuantConfig",
     "QuantMapping",
     "Resolved",
-    "RowBits",
     "Site",
     "as_number",
     "describe",
     "describe_nodes",
 ]
+
+#: names a QuantConfig field had before (pickles and JSON of older files use them)
+_OLD_FIELDS = {"number": "format", "grad_number": "grad_format", "row_bits": "node_bits"}
+
+
+def _renamed(owner: str, name: str, value: Any, old: str, old_value: Any) -> Any:
+    """``value``, or ``old_value`` given under a deprecated keyword (with a warning)."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise FxquantTypeError(f"{owner}: {old}= is the old name of {name}=; please give only "
+                               f"{name}=")
+    warn_renamed(f"{owner}({old}=)", f"{owner}({name}=)", stacklevel=4)
+    return old_value
+
 
 def as_number(value: object, arg: str = "number", max_bits: int = 64) -> Number:
     """A :class:`TopN` (an ``int`` of kept bits, ``"topN"``), a :class:`Format` (a preset
@@ -69,8 +85,8 @@ def as_number(value: object, arg: str = "number", max_bits: int = 64) -> Number:
         >>> as_number(40, "bits", max_bits=32)
         Traceback (most recent call last):
         ...
-        fxquant.errors.FxquantValueError: bits=40 is out of range: it counts the kept bits of the model's 32-bit float \
-pattern, so 1 <= bits <= 32.
+        fxquant.errors.FxquantValueError: bits=40 is out of range: it counts the kept bits of the model's \
+32-bit float pattern, so 1 <= bits <= 32.
     """
     if isinstance(value, bool) or value is None or isinstance(value, float):
         raise FxquantTypeError(
@@ -160,7 +176,7 @@ def _parse_range(value: object) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class RowBits:
+class NodeBits:
     """A bit-width per node for an integer site, fixed or learned.
 
     Row ``r`` of the rounded tensor belongs to a node (its own row at node-level sites; a
@@ -194,11 +210,11 @@ class RowBits:
             allowed for unsigned and mid-rise formats)
 
     Example:
-        >>> rb = RowBits(torch.tensor([2, 4, 8]))
+        >>> rb = NodeBits(torch.tensor([2, 4, 8]))
         >>> rb
-        RowBits(3 nodes, fixed, 2..8 bits, mean 4.67)
-        >>> RowBits.learned_init(5, 3.0)
-        RowBits(5 nodes, learned, 2..8 bits, mean 3.00)
+        NodeBits(3 nodes, fixed, 2..8 bits, mean 4.67)
+        >>> NodeBits.learned_init(5, 3.0)
+        NodeBits(5 nodes, learned, 2..8 bits, mean 3.00)
     """
 
     bits: Tensor
@@ -212,36 +228,36 @@ class RowBits:
         bits = self.bits
         if not isinstance(bits, Tensor) or bits.dim() != 1 or bits.is_complex() \
                 or bits.dtype == torch.bool:
-            raise FxquantTypeError(f"RowBits: bits must be a 1-D tensor with one bit-width per node, "
+            raise FxquantTypeError(f"NodeBits: bits must be a 1-D tensor with one bit-width per node, "
                             f"got {bits!r}")
         if not (isinstance(self.min_bits, int) and isinstance(self.max_bits, int)
                 and 1 <= self.min_bits <= self.max_bits <= 16):
-            raise FxquantValueError(f"RowBits: need 1 <= min_bits <= max_bits <= 16, got "
+            raise FxquantValueError(f"NodeBits: need 1 <= min_bits <= max_bits <= 16, got "
                              f"{self.min_bits}..{self.max_bits}")
         bits = bits.detach().to(torch.float32).cpu().clone()
         if bits.numel() and (bool(bits.min() < self.min_bits) or bool(bits.max() > self.max_bits)):
-            raise FxquantValueError(f"RowBits: bit-widths must lie in {self.min_bits}..{self.max_bits}, "
+            raise FxquantValueError(f"NodeBits: bit-widths must lie in {self.min_bits}..{self.max_bits}, "
                              f"got {float(bits.min()):g}..{float(bits.max()):g}")
         if not self.learned and bool((bits != bits.round()).any()):
-            raise FxquantValueError("RowBits: fixed bit-widths must be whole numbers")
+            raise FxquantValueError("NodeBits: fixed bit-widths must be whole numbers")
         object.__setattr__(self, "bits", bits)
 
     @classmethod
     def learned_init(cls, num_nodes: int, init: float = 4.0, min_bits: int = 2,
-                     max_bits: int = 8) -> RowBits:
+                     max_bits: int = 8) -> NodeBits:
         """Learned bit-widths for ``num_nodes`` nodes, all starting at ``init``."""
         return cls(torch.full((num_nodes,), float(init)), True, min_bits, max_bits)
 
     @classmethod
     def by_degree(cls, edge_index: Tensor, num_nodes: int, quantiles: Sequence[float],
-                  bits: Sequence[int], min_bits: int = 2, max_bits: int = 8) -> RowBits:
+                  bits: Sequence[int], min_bits: int = 2, max_bits: int = 8) -> NodeBits:
         """Fixed bit-widths from in-degree buckets: nodes whose in-degree lies above the
         ``quantiles[i]`` quantile (of all nodes' in-degrees) get ``bits[i + 1]``, the rest
         ``bits[0]``; e.g. ``quantiles=[0.9], bits=[2, 4]``: the top 10% by in-degree get 4
         bits. No table needs storing: the bits follow from the graph."""
         if len(bits) != len(quantiles) + 1 or list(quantiles) != sorted(quantiles) \
                 or not all(0 < q < 1 for q in quantiles):
-            raise FxquantValueError("RowBits.by_degree: give increasing quantiles in (0, 1) and one "
+            raise FxquantValueError("NodeBits.by_degree: give increasing quantiles in (0, 1) and one "
                              f"more bit-width than quantiles; got {quantiles!r}, {bits!r}")
         degree = torch.zeros(num_nodes).index_add_(
             0, edge_index[1].cpu(), torch.ones(edge_index.shape[1]))
@@ -256,7 +272,7 @@ class RowBits:
 
     def __repr__(self) -> str:
         mean = float(self.bits.mean()) if self.bits.numel() else 0.0
-        return (f"RowBits({self.num_nodes} nodes, {'learned' if self.learned else 'fixed'}, "
+        return (f"NodeBits({self.num_nodes} nodes, {'learned' if self.learned else 'fixed'}, "
                 f"{self.min_bits}..{self.max_bits} bits, mean {mean:.2f})")
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,7 +281,7 @@ class RowBits:
                 "min_bits": self.min_bits, "max_bits": self.max_bits, "stored": self.stored}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RowBits:
+    def from_dict(cls, data: dict[str, Any]) -> NodeBits:
         return cls(torch.full((int(data["num_nodes"]),), float(data["min_bits"])),
                    bool(data["learned"]), int(data["min_bits"]), int(data["max_bits"]),
                    bool(data.get("stored", True)))
@@ -275,7 +291,7 @@ class QuantConfig:
     """How one quantization point rounds: number, rounding, scale and range, gradient rule.
 
     Args:
-        number (int, str, tuple, Format, IntFormat or TopN): an ``int`` keeps the top bits of
+        format (int, str, tuple, Format, IntFormat or TopN): an ``int`` keeps the top bits of
             each value's pattern (:func:`fxquant.truncate`); a float format (``"e4m3"``,
             ``(3, 2)``, a :class:`~fxquant.formats.Format`) or an integer format (``"int8"``,
             ``"uint4"``, ``"int8:asym"``) rounds to its values (:func:`fxquant.quantize`).
@@ -291,69 +307,79 @@ class QuantConfig:
             (:class:`~fxquant.quant.observers.RangeObserver`) and use it in eval.
             (default: :obj:`None`)
         grad (str, optional): ``"ste"`` (straight-through) or ``"zero"``. (default: ``"ste"``)
-        grad_number (optional): also round the gradient flowing back, to kept bits or a
+        grad_format (optional): also round the gradient flowing back, to kept bits or a
             format. (default: :obj:`None`)
         protect (tuple, optional): ``(p_min, p_max)``: Degree-Quant's protective mask
             (Tailor et al., ICLR 2021). In training, each node stays at full precision with
             probability ``p_min + (p_max - p_min) * F(in-degree)``, ``F`` the fraction of
             nodes with at most its in-degree (messages follow their target node); in eval
             everything is rounded. (default: :obj:`None`)
-        row_bits (RowBits, optional): a bit-width per node, fixed or learned, for a
-            symmetric integer format (see :class:`RowBits`). (default: :obj:`None`)
+        node_bits (NodeBits, optional): a bit-width per node, fixed or learned, for a
+            symmetric integer format (see :class:`NodeBits`). (default: :obj:`None`)
 
     Example:
         >>> QuantConfig(16)
-        QuantConfig(number=TopN(bits=16), rounding=<Rounding.TOWARD_ZERO: 'toward_zero'>, \
+        QuantConfig(format=TopN(bits=16), rounding=<Rounding.TOWARD_ZERO: 'toward_zero'>, \
 scale=<Scale.NONE: 'none'>, range='minmax', momentum=None, grad=<Grad.STE: 'ste'>, \
-grad_number=None, protect=None, row_bits=None)
+grad_format=None, protect=None, node_bits=None)
         >>> QuantConfig("int4", scale="tensor", range="lsq").describe()
         'int4, nearest, scale tensor (lsq), ste'
         >>> QuantConfig(16, momentum=0.9)
         Traceback (most recent call last):
         ...
-        fxquant.errors.FxquantValueError: momentum=0.9 keeps a running range for a scaled format, so it needs a \
-format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
+        fxquant.errors.FxquantValueError: momentum=0.9 keeps a running range for a scaled format, so it \
+needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
     """
 
-    number: Number
+    format: Number
     rounding: Rounding
     scale: Scale
     range: str
     momentum: float | None
     grad: Grad
-    grad_number: Number | None
+    grad_format: Number | None
     protect: tuple[float, float] | None
-    row_bits: RowBits | None
+    node_bits: NodeBits | None
 
     def __init__(
         self,
-        number: Number | int | str | tuple[int, int],
+        format: Number | int | str | tuple[int, int] | None = None,
         rounding: Rounding | str | None = None,
         *,
         scale: Scale | str | None = None,
         range: str = "minmax",
         momentum: float | None = None,
         grad: Grad | str = "ste",
-        grad_number: Number | int | str | tuple[int, int] | None = None,
+        grad_format: Number | int | str | tuple[int, int] | None = None,
         protect: tuple[float, float] | None = None,
-        row_bits: RowBits | None = None,
+        node_bits: NodeBits | None = None,
+        number: Number | int | str | tuple[int, int] | None = None,
+        grad_number: Number | int | str | tuple[int, int] | None = None,
+        row_bits: NodeBits | None = None,
     ) -> None:
-        parsed = as_number(number, "number")
-        if row_bits is not None:
-            if not isinstance(row_bits, RowBits):
-                raise FxquantTypeError(f"row_bits must be a fxquant.RowBits, got {type(row_bits).__name__}")
+        format = _renamed("QuantConfig", "format", format, "number", number)
+        grad_format = _renamed("QuantConfig", "grad_format", grad_format, "grad_number", grad_number)
+        node_bits = _renamed("QuantConfig", "node_bits", node_bits, "row_bits", row_bits)
+        if format is None:
+            raise FxquantTypeError("QuantConfig needs a format: kept bits (16), a float format "
+                                   "('e4m3', (3, 2)) or an integer format ('int8')")
+        parsed = as_number(format, "format")
+        if node_bits is not None:
+            if not isinstance(node_bits, NodeBits):
+                raise FxquantTypeError(f"node_bits must be a fxquant.NodeBits, got "
+                                       f"{type(node_bits).__name__}")
             if not isinstance(parsed, IntFormat) or parsed.asymmetric:
-                raise FxquantValueError("row_bits= gives integer rows their own bit-widths: please use a "
+                raise FxquantValueError("node_bits= gives integer rows their own bit-widths: please use a "
                                  f"symmetric integer format such as 'int8' (got {describe(parsed)})")
-            if parsed.signed and not parsed.midrise and row_bits.min_bits < 2:
-                raise FxquantValueError("row_bits: a signed grid needs at least 2 bits (codes -1, 0, 1); "
+            if parsed.signed and not parsed.midrise and node_bits.min_bits < 2:
+                raise FxquantValueError("node_bits: a signed grid needs at least 2 bits (codes -1, 0, 1); "
                                  "use min_bits=2, an unsigned format ('uint4') or a mid-rise "
                                  "one ('int4:midrise': at 1 bit, the sign) for 1 bit")
-            if row_bits.learned and range != "lsq":
-                raise FxquantValueError("row_bits learned: the gradient reaches a row's bits through its "
+            if node_bits.learned and range != "lsq":
+                raise FxquantValueError("node_bits learned: the gradient reaches a row's bits through its "
                                  "clipping range, which needs range='lsq' (a learned step)")
             if rounding is not None and Rounding.parse(rounding) is not Rounding.NEAREST:
-                raise FxquantValueError("row_bits rounds to nearest; please drop rounding=")
+                raise FxquantValueError("node_bits rounds to nearest; please drop rounding=")
         if protect is not None:
             ok = isinstance(protect, (tuple, list)) and len(protect) == 2 and all(
                 isinstance(p, (int, float)) and not isinstance(p, bool) for p in protect)
@@ -399,16 +425,41 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
                 )
             momentum = float(m)
         set_ = object.__setattr__
-        set_(self, "number", parsed)
+        set_(self, "format", parsed)
         set_(self, "rounding", default if rounding is None else Rounding.parse(rounding))
         set_(self, "scale", mode)
         set_(self, "range", source)
         set_(self, "momentum", momentum)
         set_(self, "grad", Grad.parse(grad))
-        set_(self, "grad_number",
-             None if grad_number is None else as_number(grad_number, "grad_number"))
+        set_(self, "grad_format",
+             None if grad_format is None else as_number(grad_format, "grad_format"))
         set_(self, "protect", protect)
-        set_(self, "row_bits", row_bits)
+        set_(self, "node_bits", node_bits)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # configs pickled before the format / grad_format / node_bits names
+        for old, new in _OLD_FIELDS.items():
+            if old in state:
+                state[new] = state.pop(old)
+        self.__dict__.update(state)
+
+    @property
+    def number(self) -> Number:
+        """Deprecated name of :attr:`format`."""
+        warn_renamed("QuantConfig.number", "QuantConfig.format")
+        return self.format
+
+    @property
+    def grad_number(self) -> Number | None:
+        """Deprecated name of :attr:`grad_format`."""
+        warn_renamed("QuantConfig.grad_number", "QuantConfig.grad_format")
+        return self.grad_format
+
+    @property
+    def row_bits(self) -> NodeBits | None:
+        """Deprecated name of :attr:`node_bits`."""
+        warn_renamed("QuantConfig.row_bits", "QuantConfig.node_bits")
+        return self.node_bits
 
     @property
     def percentile(self) -> float | None:
@@ -418,21 +469,21 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
     @property
     def op(self) -> str:
         """The registered op that implements it: ``"truncate"`` where kept bits say it all."""
-        pure = isinstance(self.number, TopN) and not isinstance(self.grad_number, Format)
+        pure = isinstance(self.format, TopN) and not isinstance(self.grad_format, Format)
         return "truncate" if pure else "quantize"
 
     def describe(self) -> str:
         """One line: ``"e4m3, nearest, scale tensor (running, momentum 0.9), ste"``."""
-        parts = [self.number.spec(), self.rounding.value]
+        parts = [self.format.spec(), self.rounding.value]
         if self.scale is not Scale.NONE:
             parts.append(f"scale {self.scale_description()}")
         parts.append(self.grad.value)
-        if self.grad_number is not None:
-            parts.append(f"grad {self.grad_number.spec()}")
+        if self.grad_format is not None:
+            parts.append(f"grad {self.grad_format.spec()}")
         if self.protect is not None:
             parts.append(f"protect {self.protect[0]:g}..{self.protect[1]:g}")
-        if self.row_bits is not None:
-            rb = self.row_bits
+        if self.node_bits is not None:
+            rb = self.node_bits
             parts.append(f"bits per node ({'learned' if rb.learned else 'fixed'}, "
                          f"{rb.min_bits}..{rb.max_bits})")
         return ", ".join(parts)
@@ -449,15 +500,15 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values; :meth:`from_dict` reads them back."""
         return {
-            "number": self.number.spec(),
+            "format": self.format.spec(),
             "rounding": self.rounding.value,
             "scale": self.scale.value,
             "range": self.range,
             "momentum": self.momentum,
             "grad": self.grad.value,
-            "grad_number": None if self.grad_number is None else self.grad_number.spec(),
+            "grad_format": None if self.grad_format is None else self.grad_format.spec(),
             "protect": None if self.protect is None else list(self.protect),
-            "row_bits": None if self.row_bits is None else self.row_bits.to_dict(),
+            "node_bits": None if self.node_bits is None else self.node_bits.to_dict(),
         }
 
     @classmethod
@@ -466,9 +517,12 @@ format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
         data = dict(data)
         if data.get("protect") is not None:
             data["protect"] = tuple(data["protect"])
-        if data.get("row_bits") is not None:
-            data["row_bits"] = RowBits.from_dict(data["row_bits"])
-        return cls(data.pop("number"), data.pop("rounding", None), **data)
+        for old, new in _OLD_FIELDS.items():  # files written before the renames
+            if old in data:
+                data[new] = data.pop(old)
+        if data.get("node_bits") is not None:
+            data["node_bits"] = NodeBits.from_dict(data["node_bits"])
+        return cls(data.pop("format"), data.pop("rounding", None), **data)
 
 
 @dataclass(frozen=True, eq=False)
@@ -479,11 +533,11 @@ class NodeOverride:
         nodes (Tensor or sequence of int): node ids (an integer index tensor, any integer
             dtype) or a bool mask over the nodes. Rows of a node-level tensor are nodes, so
             at the ``output`` site row ``i`` is node ``i``.
-        number (int, str, Format, TopN): what those rows are rounded to instead.
+        format (int, str, Format, TopN): what those rows are rounded to instead.
     """
 
     nodes: Tensor
-    number: Number
+    format: Number
     max_index: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -514,25 +568,25 @@ class NodeOverride:
                 max_index = hi
         object.__setattr__(self, "nodes", nodes.detach().clone())
         object.__setattr__(self, "max_index", max_index)
-        object.__setattr__(self, "number", as_number(self.number, "node override number"))
+        object.__setattr__(self, "format", as_number(self.format, "node override format"))
 
     @classmethod
     def parse(cls, value: object, layer: str) -> NodeOverride:
-        """From the ``(nodes, bits_or_format)`` pair a user writes in ``node_bits``."""
+        """From the ``(nodes, format)`` pair a user writes in ``node_formats``."""
         if isinstance(value, NodeOverride):
             return value
         if not (isinstance(value, tuple) and len(value) == 2):
             raise FxquantTypeError(
-                f"node_bits[{layer!r}] must be a pair (nodes, bits), e.g. (index_tensor, 2) or "
+                f"node_formats[{layer!r}] must be a pair (nodes, bits), e.g. (index_tensor, 2) or "
                 f"(index_tensor, 'e2m1'), got {value!r}"
             )
         try:
             return cls(*value)
         except (TypeError, ValueError) as e:
-            raise same_kind(e, f"node_bits[{layer!r}]: {e}") from e
+            raise same_kind(e, f"node_formats[{layer!r}]: {e}") from e
 
     def describe(self) -> str:
-        return describe_nodes(self.nodes, self.number)
+        return describe_nodes(self.nodes, self.format)
 
 
 def describe_nodes(nodes: Tensor, number: Number) -> str:
@@ -636,11 +690,11 @@ class QuantMapping:
             raise FxquantTypeError(f"set_name expects a layer name, got {name!r}")
         return self._add(_NAME, name, config, site, source)
 
-    def set_nodes(self, layer: str, nodes: Tensor | Sequence[int], number: Any, *,
+    def set_nodes(self, layer: str, nodes: Tensor | Sequence[int], format: Any, *,
                   site: str = "output") -> QuantMapping:
-        """Rows of ``layer``'s ``site`` that belong to ``nodes`` are rounded to ``number``
+        """Rows of ``layer``'s ``site`` that belong to ``nodes`` are rounded to ``format``
         (kept bits or a format) instead; the layer must get a config of its own."""
-        override = NodeOverride.parse((nodes, number), layer)
+        override = NodeOverride.parse((nodes, format), layer)
         self._overrides.append((layer, Site.parse(site), override))
         return self
 
@@ -683,13 +737,13 @@ class QuantMapping:
         for layer, site, override in self._overrides:
             matched = [n for n in nodes if matches(gm, n, layer)]
             if not matched:
-                raise _no_match(gm, _Entry(_NAME, layer, site, None), nodes, "node_bits")
+                raise _no_match(gm, _Entry(_NAME, layer, site, None), nodes, "node_formats")
             for n in matched:
                 if chosen.get((n, site), (None, None))[1] is None:
                     quantized = sorted({layer_name(k[0]) for k, v in chosen.items()
                                         if v[1] is not None})
                     raise FxquantValueError(
-                        f"node_bits[{layer!r}] names {layer_name(n)!r}, which gets no "
+                        f"node_formats[{layer!r}] names {layer_name(n)!r}, which gets no "
                         f"quantization; quantized layers: {quantized}. Please give it a config "
                         "(bits=/layers=, or the mapping) first."
                     )
@@ -714,7 +768,7 @@ class QuantMapping:
                 selector = e.selector
             entries.append({"kind": _KIND[e.level], "selector": selector, "site": e.site.value,
                             "config": None if e.config is None else e.config.to_dict()})
-        overrides = [{"layer": layer, "site": site.value, "number": o.number.spec(),
+        overrides = [{"layer": layer, "site": site.value, "format": o.format.spec(),
                       "nodes": o.nodes.tolist(), "mask": o.nodes.dtype == torch.bool}
                      for layer, site, o in self._overrides]
         return {"entries": entries, "node_overrides": overrides}
@@ -738,7 +792,7 @@ class QuantMapping:
             mapping._add(levels[e["kind"]], selector, config, e["site"], "the mapping")
         for o in data.get("node_overrides", []):
             nodes = torch.tensor(o["nodes"], dtype=torch.bool if o["mask"] else torch.long)
-            mapping.set_nodes(o["layer"], nodes, o["number"], site=o["site"])
+            mapping.set_nodes(o["layer"], nodes, o.get("format", o.get("number")), site=o["site"])
         return mapping
 
     def to_json(self) -> str:
@@ -770,3 +824,10 @@ def _no_match(gm: GraphModule, entry: _Entry, nodes: list[Node], arg: str) -> Ex
         f"unknown layer {entry.selector!r} in {arg}; layers in this model: {known}. Please use a "
         "submodule name ('conv1'), a node name ('relu'), or a pattern ('conv*')."
     )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RowBits":  # the name NodeBits had before; files pickled then still load
+        warn_renamed("fxquant.RowBits", "fxquant.NodeBits")
+        return NodeBits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

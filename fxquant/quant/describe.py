@@ -67,10 +67,10 @@ def summary(gm: nn.Module, *example_inputs: Any, tablefmt: str = "simple") -> st
     for name, point in points:
         c = point.config
         scale = c.scale_description()
-        grad = c.grad.value + (f", grad {describe(c.grad_number)}" if c.grad_number else "")
-        bits = c.number.bits
+        grad = c.grad.value + (f", grad {describe(c.grad_format)}" if c.grad_format else "")
+        bits = c.format.bits
         site = point.site.value + (f" {point.tensor}" if point.tensor else "")
-        row = [name, point.layer, site, describe(c.number), bits, c.rounding.value, scale, grad,
+        row = [name, point.layer, site, describe(c.format), bits, c.rounding.value, scale, grad,
                point.override_description()]
         if example_inputs:
             row.insert(3, shapes.get(name, "-"))

@@ -141,14 +141,14 @@ class QuantPoint(nn.Module):
         self.__dict__["bits_source"] = None  # the point whose bit-width table this one uses
         if config.range == "lsq":
             self.log_step = nn.Parameter(torch.zeros(()))
-        self.override_number: Number | None = override.number if override is not None else None
+        self.override_number: Number | None = override.format if override is not None else None
         self.override_max_index = override.max_index if override is not None else None
         self.register_buffer("override_nodes",
                              override.nodes.clone() if override is not None else None)
         # The override as a bool table over global node ids (derived: not saved).
         self.register_buffer("override_table", _table(override), persistent=False)
         self.__dict__["_node_ids"] = None  # the GraphModule's NodeIds, shared by all points
-        rb = config.row_bits
+        rb = config.node_bits
         self.row_bits: nn.Parameter | None = None
         self.register_buffer("row_bits_table", None)
         self.register_buffer("seen_range", None)
@@ -180,7 +180,7 @@ class QuantPoint(nn.Module):
     @property
     def uses_node_ids(self) -> bool:
         """Whether per-node settings are keyed by global node id (``node_ids=``)."""
-        return self.override_table is not None or self.config.row_bits is not None
+        return self.override_table is not None or self.config.node_bits is not None
 
     @property
     def name(self) -> str:
@@ -194,16 +194,16 @@ class QuantPoint(nn.Module):
         c, extra = self.config, self.override_number
         args: dict[str, Any] = {"rounding": c.rounding.value}
         if c.op == "truncate" and (extra is None or isinstance(extra, TopN)):
-            assert isinstance(c.number, TopN)
-            args.update(bits=c.number.bits, grad=c.grad.value, name=self.name)
+            assert isinstance(c.format, TopN)
+            args.update(bits=c.format.bits, grad=c.grad.value, name=self.name)
             if extra is not None:
                 args["rows_bits"] = extra.bits
-            if c.grad_number is not None:
-                args["grad_bits"] = c.grad_number.bits
+            if c.grad_format is not None:
+                args["grad_bits"] = c.grad_format.bits
             return "truncate", args
         scale = "none" if c.range == "lsq" else c.scale.value
-        args.update(format=c.number.spec(), scale=scale, grad=c.grad.value,
-                    rows_format=_spec(extra), grad_format=_spec(c.grad_number), name=self.name)
+        args.update(format=c.format.spec(), scale=scale, grad=c.grad.value,
+                    rows_format=_spec(extra), grad_format=_spec(c.grad_format), name=self.name)
         return "quantize", args
 
     def op_call(self) -> OpCall:
@@ -236,7 +236,7 @@ class QuantPoint(nn.Module):
         # what the last forward rounded, for fxquant.bit_report / bit_penalty (not state)
         self.__dict__["last_rows"] = (x.shape[0] if x.dim() else 1,
                                       math.prod(x.shape[1:]) if x.dim() else 1, num_nodes, rows)
-        if self.config.row_bits is not None:
+        if self.config.node_bits is not None:
             y = self._round_row_bits(x, num_nodes, row_nodes, ids)
         else:
             y = self._round(x, rows)
@@ -280,14 +280,14 @@ class QuantPoint(nn.Module):
 
     def _lsq(self, x: Tensor, rows: Tensor | None) -> Tensor:
         """``s * round(clamp(x / s, qmin, qmax))`` with LSQ's gradients."""
-        number = self.config.number
+        number = self.config.format
         assert isinstance(number, IntFormat) and self.log_step is not None
         if self._fits_step:
             self._init_step(x, number.qmin, number.qmax, number.offset)
         gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.max_finite)
         c = self.config
         if rows is None and c.rounding is Rounding.NEAREST and c.grad is Grad.STE \
-                and c.grad_number is None:  # the common case: one fused function
+                and c.grad_format is None:  # the common case: one fused function
             return lsq_round(x, self.log_step.exp(), number.qmin, number.qmax, gain,
                              number.offset)
         s = self._scaled_step(gain)
@@ -298,7 +298,7 @@ class QuantPoint(nn.Module):
     def _node_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
                    ids: Tensor | None) -> Tensor:
         """Each row's bit-width (a float tensor, straight-through rounded when learned)."""
-        rb = self.config.row_bits
+        rb = self.config.node_bits
         assert rb is not None
         nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
         rows_range = x.detach().abs().flatten(1).amax(1) if x.dim() > 1 \
@@ -340,7 +340,7 @@ class QuantPoint(nn.Module):
         unseen nodes); the table's mean where nothing was seen or recorded."""
         seen = self.seen_range
         if seen is None:
-            rb = self.config.row_bits
+            rb = self.config.node_bits
             assert rb is not None
             return torch.full_like(node_range, float(table.detach().mean()) if table.numel()
                                    else float(rb.max_bits))
@@ -357,8 +357,8 @@ class QuantPoint(nn.Module):
 
     def _round_row_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
                         ids: Tensor | None) -> Tensor:
-        """Each row on its own integer grid (see :class:`~fxquant.quant.config.RowBits`)."""
-        number = self.config.number
+        """Each row on its own integer grid (see :class:`~fxquant.quant.config.NodeBits`)."""
+        number = self.config.format
         assert isinstance(number, IntFormat)
         bits = self._node_bits(x, num_nodes, row_nodes, ids).to(x.dtype)
         qmin, qmax = _code_range(bits, number)
@@ -367,7 +367,7 @@ class QuantPoint(nn.Module):
         self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
         if self.log_step is not None:  # one learned step; bits set each row's range
             if self._fits_step:  # the start, at the mean bits
-                rb = self.config.row_bits
+                rb = self.config.node_bits
                 assert rb is not None  # (the same on every rank: parameters are broadcast)
                 mean_bits = float((self.row_bits if self.row_bits is not None
                                    else self.row_bits_table).detach().mean())  # type: ignore[union-attr]
@@ -576,7 +576,7 @@ def _two_points(model: nn.Module, point: str, source: str, api: str, link: str,
 
 def share_bits(model: nn.Module, point: str, source: str) -> None:
     """Make the quantization point named ``point`` read its per-node bit-widths from
-    ``source``'s table (both with :class:`~fxquant.quant.config.RowBits` of the same nodes
+    ``source``'s table (both with :class:`~fxquant.quant.config.NodeBits` of the same nodes
     and range): the same :class:`~torch.nn.Parameter` when learned (the same buffer when
     fixed), so each node has **one** bit-width for both sites, trained by the gradients of
     both, and stored once: :func:`fxquant.bit_report` counts the table's storage at
@@ -590,7 +590,7 @@ def share_bits(model: nn.Module, point: str, source: str) -> None:
 
     Example:
         >>> import fxquant
-        >>> from fxquant.quant.config import RowBits
+        >>> from fxquant.quant.config import NodeBits
         >>> class Net(torch.nn.Module):
         ...     def __init__(self):
         ...         super().__init__()
@@ -599,7 +599,7 @@ def share_bits(model: nn.Module, point: str, source: str) -> None:
         ...         return self.b(self.a(x))
         >>> def config():
         ...     return fxquant.QuantConfig("int8", scale="tensor", range="lsq",
-        ...                                row_bits=RowBits.learned_init(6, 4.0))
+        ...                                node_bits=NodeBits.learned_init(6, 4.0))
         >>> gm = fxquant.transform(Net(), fxquant.QuantMapping()
         ...                        .set_name("a", config()).set_name("b", config()))
         >>> fxquant.share_bits(gm, "b_quant", "a_quant")
@@ -607,9 +607,9 @@ def share_bits(model: nn.Module, point: str, source: str) -> None:
         True
     """
     points = _two_points(model, point, source, "share_bits", "bits_source",
-                         lambda m: m.config.row_bits is not None,
-                         "per-node bit-widths (QuantConfig(row_bits=RowBits(...)))")
-    a, b = (points[r].config.row_bits for r in ("point", "source"))
+                         lambda m: m.config.node_bits is not None,
+                         "per-node bit-widths (QuantConfig(node_bits=NodeBits(...)))")
+    a, b = (points[r].config.node_bits for r in ("point", "source"))
     assert a is not None and b is not None
     if (a.learned, a.num_nodes, a.min_bits, a.max_bits) != \
             (b.learned, b.num_nodes, b.min_bits, b.max_bits):

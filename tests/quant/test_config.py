@@ -23,16 +23,16 @@ def configs(gm):
 def test_config_normalizes_and_validates_once():
     """Strings become the vocabulary's members; defaults depend on the number."""
     c = QuantConfig(16)
-    assert (c.number, c.rounding, c.scale, c.grad) == (TopN(16), Rounding.TOWARD_ZERO, Scale.NONE,
+    assert (c.format, c.rounding, c.scale, c.grad) == (TopN(16), Rounding.TOWARD_ZERO, Scale.NONE,
                                                       Grad.STE)
-    f = QuantConfig("e4m3", scale="tensor", momentum=0.9, grad_number="e5m2")
-    assert f.number is parse("e4m3") and f.rounding is Rounding.NEAREST and f.momentum == 0.9
+    f = QuantConfig("e4m3", scale="tensor", momentum=0.9, grad_format="e5m2")
+    assert f.format is parse("e4m3") and f.rounding is Rounding.NEAREST and f.momentum == 0.9
     assert QuantConfig.from_dict(json.loads(json.dumps(f.to_dict()))) == f
     with pytest.raises(ValueError, match="rounding='up'"):
         QuantConfig(8, "up")
     with pytest.raises(ValueError, match="scale='tensor' applies to formats"):
         QuantConfig(8, scale="tensor")
-    with pytest.raises(TypeError, match="number must be an int"):
+    with pytest.raises(TypeError, match="QuantConfig needs a format"):
         QuantConfig(None)  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         c.rounding = Rounding.NEAREST  # type: ignore[misc]
@@ -46,7 +46,7 @@ def test_precedence_global_type_pattern_name():
                .set_type(GCNConv, QuantConfig(12))
                .set_global(QuantConfig(16)))
     got = configs(fxquant.transform(GCN(), mapping))
-    assert {k: v.number.bits for k, v in got.items()} == {"conv1": 11, "conv2": 9}
+    assert {k: v.format.bits for k, v in got.items()} == {"conv1": 11, "conv2": 9}
 
 
 def test_global_covers_message_passing_and_none_excludes():
@@ -54,7 +54,7 @@ def test_global_covers_message_passing_and_none_excludes():
     mapping = QuantMapping().set_global(QuantConfig(10)).set_name("conv1", None)
     assert list(configs(fxquant.transform(GCN(), mapping))) == ["conv2"]
     mixed = QuantMapping().set_global(QuantConfig(10)).set_type(nn.Linear, QuantConfig("e4m3"))
-    assert {k: v.number.spec() for k, v in configs(fxquant.transform(MLPGCN(), mixed)).items()} \
+    assert {k: v.format.spec() for k, v in configs(fxquant.transform(MLPGCN(), mixed)).items()} \
         == {"lin": "e4m3", "conv": "top10"}
 
 
@@ -62,7 +62,7 @@ def test_sugar_builds_the_same_mapping():
     """bits=/layers=/node_bits= give what the equivalent mapping gives."""
     nodes = torch.tensor([0, 2])
     sugar = fxquant.transform(GCN(), bits=12, rounding="nearest", layers=["conv1", "sig*"],
-                              node_bits={"conv1": (nodes, 4)})
+                              node_formats={"conv1": (nodes, 4)})
     mapping = (QuantMapping().set_name("conv1", QuantConfig(12, "nearest"))
                .set_pattern("sig*", QuantConfig(12, "nearest")).set_nodes("conv1", nodes, 4))
     general = fxquant.transform(GCN(), mapping)
@@ -101,5 +101,5 @@ def test_mapping_errors_name_the_entry(build, exc, match):
 
 def test_a_mapping_says_everything():
     """Keyword sugar next to a mapping is an error that says where it goes instead."""
-    with pytest.raises(ValueError, match=r"put .*rounding.* into its QuantConfigs"):
+    with pytest.raises(ValueError, match=r"rounding=.nearest. and a QuantMapping were both given"):
         fxquant.transform(GCN(), QuantMapping().set_global(QuantConfig(8)), rounding="nearest")

@@ -36,7 +36,7 @@ def test_dict_mixes_bits_and_formats():
     """{layer: 16} truncates, {layer: 'e3m2'} quantizes; rounding=None is each op's default."""
     gm = fxquant.transform(GCN(), bits={"conv1": 16, "conv2": "e3m2"})
     assert ops(gm) == [("truncate", "conv1"), ("quantize", "conv2")]
-    found = {p.layer: (p.config.number, p.config.rounding) for _, p in
+    found = {p.layer: (p.config.format, p.config.rounding) for _, p in
              fxquant.quantization_points(gm)}
     assert found["conv1"] == (TopN(16), "toward_zero")
     assert found["conv2"][0].spec() == "e3m2" and found["conv2"][1] == "nearest"
@@ -46,7 +46,7 @@ def test_dict_mixes_bits_and_formats():
 def test_row_override_with_a_format(main, kind, graph):
     """node_bits accepts a format; the listed rows use it, the others the layer's number."""
     rows = torch.tensor([1, 4])
-    gm = fxquant.transform(GCN(), layers="conv1", node_bits={"conv1": (rows, "e2m1")}, **main)
+    gm = fxquant.transform(GCN(), layers="conv1", node_formats={"conv1": (rows, "e2m1")}, **main)
     (name, point), = fxquant.quantization_points(gm)
     call = point.op_call()
     assert call.op == "quantize" and call.arguments["format"] == kind
@@ -131,7 +131,7 @@ def test_meta_device_with_formats():
     """Row scales, running amax and row overrides all run on meta."""
     model = GCN(add_self_loops=False, normalize=False)
     gm = fxquant.transform(model, format="e3m2", scale="tensor", momentum=0.9,
-                           node_bits={"conv1": ([0], "e2m1")}).to("meta")
+                           node_formats={"conv1": ([0], "e2m1")}).to("meta")
     out = gm(torch.randn(6, 4, device="meta"), torch.randint(0, 6, (2, 10), device="meta"))
     assert out.device.type == "meta" and out.shape == (6, 2)
 

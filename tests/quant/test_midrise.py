@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import fxquant
-from fxquant import QuantConfig, QuantMapping, RowBits
+from fxquant import NodeBits, QuantConfig, QuantMapping
 from fxquant.formats import IntFormat, parse
 from fxquant.quant.lsq import lsq_round
 from fxquant.quant.points import QuantPoint
@@ -104,9 +104,9 @@ def test_learned_step_and_one_bit_rows_land_on_their_grids():
     y = point(x).detach() / point.step.detach()
     assert set(y.unique().round(decimals=4).tolist()) == {-1.5, -0.5, 0.5, 1.5}
 
-    bits = RowBits.learned_init(6, 3.0, min_bits=1)
+    bits = NodeBits.learned_init(6, 3.0, min_bits=1)
     bits.bits[:3] = 1.0
-    config = QuantConfig("int8:midrise", scale="tensor", range="lsq", row_bits=bits)
+    config = QuantConfig("int8:midrise", scale="tensor", range="lsq", node_bits=bits)
     point = QuantPoint(config, "lin")
     y = point(x)
     s = point.step.detach()
@@ -116,7 +116,7 @@ def test_learned_step_and_one_bit_rows_land_on_their_grids():
     y.pow(2).sum().backward()
     assert point.row_bits.grad is not None and torch.isfinite(point.row_bits.grad).all()
     with pytest.raises(ValueError, match="mid-rise"):
-        QuantConfig("int8", scale="tensor", range="lsq", row_bits=RowBits.learned_init(
+        QuantConfig("int8", scale="tensor", range="lsq", node_bits=NodeBits.learned_init(
             6, 3.0, min_bits=1))
 
 

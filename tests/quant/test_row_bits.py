@@ -8,7 +8,7 @@ from torch import nn
 from torch_geometric.nn import GCNConv
 
 import fxquant
-from fxquant import QuantConfig, QuantMapping, RowBits
+from fxquant import NodeBits, QuantConfig, QuantMapping
 from fxquant.quant.points import QuantPoint
 from tests.support.models import TwoLayers, penalty_steps
 
@@ -16,7 +16,7 @@ from tests.support.models import TwoLayers, penalty_steps
 def test_rows_land_on_their_own_grids_with_a_range():
     """Row r: codes in [-(2^(b_r-1)-1), 2^(b_r-1)-1], step max|x| / qmax_r."""
     bits = torch.tensor([2, 3, 4, 8, 5])
-    point = QuantPoint(QuantConfig("int8", scale="tensor", row_bits=RowBits(bits)), "lin")
+    point = QuantPoint(QuantConfig("int8", scale="tensor", node_bits=NodeBits(bits)), "lin")
     x = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
     y = point(x)
     amax = x.abs().max()
@@ -33,7 +33,7 @@ def test_unsigned_rows_and_a_shared_learned_step():
     """uint rows with a learned step: codes in [0, 2^b - 1], the step shared, so bits set
     each row's range."""
     bits = torch.tensor([1, 2, 3])
-    config = QuantConfig("uint8", scale="tensor", range="lsq", row_bits=RowBits(bits, min_bits=1))
+    config = QuantConfig("uint8", scale="tensor", range="lsq", node_bits=NodeBits(bits, min_bits=1))
     point = QuantPoint(config, "lin")
     x = torch.rand(3, 50, generator=torch.Generator().manual_seed(1)) * 4
     y = point(x)
@@ -47,7 +47,7 @@ def test_unsigned_rows_and_a_shared_learned_step():
 
 def test_learned_bits_get_gradient_where_values_clip():
     config = QuantConfig("int8", scale="tensor", range="lsq",
-                         row_bits=RowBits.learned_init(4, 2.0))
+                         node_bits=NodeBits.learned_init(4, 2.0))
     point = QuantPoint(config, "lin")
     x = torch.cat([torch.randn(2, 8) * 0.01, torch.randn(2, 8) * 10])  # two rows clip hard
     point(x).pow(2).sum().backward()
@@ -60,7 +60,7 @@ def test_penalty_drives_the_average_to_the_target():
     learned rows goes from 6 to the target of 3."""
     torch.manual_seed(0)
     config = QuantConfig("int8", scale="tensor", range="lsq",
-                         row_bits=RowBits.learned_init(32, 6.0))
+                         node_bits=NodeBits.learned_init(32, 6.0))
     mapping = QuantMapping().set_name("0", config)
     gm = fxquant.transform(nn.Sequential(nn.Linear(8, 8)), mapping)
     optimizer = torch.optim.Adam([gm.get_submodule("_0_quant").row_bits], lr=0.05)
@@ -86,7 +86,7 @@ def test_accounting_matches_a_hand_count():
     bits = torch.tensor([2, 2, 4, 4, 8])
     mapping = QuantMapping()
     mapping.set_name("conv1", QuantConfig("int8", scale="tensor"), site="input")
-    mapping.set_name("conv1", QuantConfig("int8", scale="tensor", row_bits=RowBits(bits)),
+    mapping.set_name("conv1", QuantConfig("int8", scale="tensor", node_bits=NodeBits(bits)),
                      site="message")
     mapping.set_name("conv2", QuantConfig("e2m1", scale="row"))
     gm = fxquant.transform(TwoLayers(), mapping)
@@ -112,22 +112,22 @@ def test_a_stored_bit_width_costs_a_fixed_length_code():
     """ceil(log2(widths allowed)) bits per node: 3 for 2..8 and 1..8, 1 for one width."""
     from fxquant.quant.bits import bitwidth_bits
     bits = torch.tensor([2, 3])
-    assert bitwidth_bits(RowBits(bits)) == 3
-    assert bitwidth_bits(RowBits(bits, min_bits=1)) == 3
-    assert bitwidth_bits(RowBits(bits, min_bits=2, max_bits=3)) == 1
-    assert bitwidth_bits(RowBits(torch.tensor([3, 3]), min_bits=3, max_bits=3)) == 1
-    assert bitwidth_bits(RowBits(bits, min_bits=1, max_bits=16)) == 4
+    assert bitwidth_bits(NodeBits(bits)) == 3
+    assert bitwidth_bits(NodeBits(bits, min_bits=1)) == 3
+    assert bitwidth_bits(NodeBits(bits, min_bits=2, max_bits=3)) == 1
+    assert bitwidth_bits(NodeBits(torch.tensor([3, 3]), min_bits=3, max_bits=3)) == 1
+    assert bitwidth_bits(NodeBits(bits, min_bits=1, max_bits=16)) == 4
 
 
 def test_degree_rule_follows_in_degree_and_needs_no_storage():
     edge_index = torch.tensor([[1, 2, 3, 4, 0, 0], [0, 0, 0, 0, 1, 2]])
-    rb = RowBits.by_degree(edge_index, 5, [0.75], [2, 6])
+    rb = NodeBits.by_degree(edge_index, 5, [0.75], [2, 6])
     assert rb.bits.tolist() == [6.0, 2.0, 2.0, 2.0, 2.0] and not rb.stored
 
 
 def learned_gcn():
     torch.manual_seed(0)
-    config = QuantConfig("int8", scale="tensor", range="lsq", row_bits=RowBits.learned_init(30, 4.0))
+    config = QuantConfig("int8", scale="tensor", range="lsq", node_bits=NodeBits.learned_init(30, 4.0))
     mapping = QuantMapping().set_global(config, site="output").set_global(config, site="message")
     return fxquant.transform(TwoLayers(), mapping)
 
@@ -151,7 +151,7 @@ def test_unseen_nodes_take_the_bits_of_the_nearest_seen_range():
     """Trained on nodes 0..3 (ranges 1, 2, 4, 8 with bits 2, 3, 5, 7): in eval, a new node
     with range 3.9 takes node 2's bits (5)."""
     config = QuantConfig("int8", scale="tensor", range="lsq",
-                         row_bits=RowBits(torch.tensor([2.0, 3.0, 5.0, 7.0, 4.0, 4.0]),
+                         node_bits=NodeBits(torch.tensor([2.0, 3.0, 5.0, 7.0, 4.0, 4.0]),
                                           learned=True))
     point = QuantPoint(config, "lin")
     train = torch.tensor([[1.0, 0.5], [2.0, 0.0], [4.0, -1.0], [8.0, 1.0]])
@@ -186,16 +186,16 @@ def test_learned_bits_before_any_training_take_the_table_mean():
 
 def test_configuration_errors_name_the_fix():
     with pytest.raises(ValueError, match="integer format"):
-        QuantConfig("e4m3", scale="tensor", row_bits=RowBits(torch.tensor([2, 4])))
+        QuantConfig("e4m3", scale="tensor", node_bits=NodeBits(torch.tensor([2, 4])))
     with pytest.raises(ValueError, match="range='lsq'"):
-        QuantConfig("int8", scale="tensor", row_bits=RowBits.learned_init(3))
+        QuantConfig("int8", scale="tensor", node_bits=NodeBits.learned_init(3))
     with pytest.raises(ValueError, match="at least 2 bits"):
-        QuantConfig("int8", scale="tensor", row_bits=RowBits(torch.tensor([1, 2]), min_bits=1))
+        QuantConfig("int8", scale="tensor", node_bits=NodeBits(torch.tensor([1, 2]), min_bits=1))
     with pytest.raises(ValueError, match="lie in"):
-        RowBits(torch.tensor([2, 9]))
+        NodeBits(torch.tensor([2, 9]))
     with pytest.raises(ValueError, match="whole numbers"):
-        RowBits(torch.tensor([2.5, 3.0]))
-    config = QuantConfig("int8", scale="tensor", row_bits=RowBits(torch.tensor([2, 4])))
+        NodeBits(torch.tensor([2.5, 3.0]))
+    config = QuantConfig("int8", scale="tensor", node_bits=NodeBits(torch.tensor([2, 4])))
     with pytest.raises(ValueError, match="weights belong to no node"):
         fxquant.transform(TwoLayers(), QuantMapping().set_name("conv1", config, site="weight"))
     with pytest.raises(ValueError, match="no point has learned"):
@@ -205,7 +205,7 @@ def test_configuration_errors_name_the_fix():
 
 
 def test_empty_inputs_other_dtypes_and_shared_layers():
-    config = QuantConfig("int8", scale="tensor", row_bits=RowBits(torch.tensor([2, 4, 8])))
+    config = QuantConfig("int8", scale="tensor", node_bits=NodeBits(torch.tensor([2, 4, 8])))
     point = QuantPoint(config, "lin")
     assert point(torch.empty(0, 4)).shape == (0, 4)
     for dtype in (torch.float16, torch.bfloat16, torch.float64):
@@ -248,7 +248,7 @@ def test_learned_bits_outside_their_range_only_get_gradient_back_in(start, targe
     """An optimizer's momentum can carry a learned bit-width past min_bits / max_bits; a
     plain clamp would then leave it there for good (no gradient), whatever the penalty."""
     config = QuantConfig("int8", scale="tensor", range="lsq",
-                         row_bits=RowBits.learned_init(4, 4.0, min_bits=2, max_bits=8))
+                         node_bits=NodeBits.learned_init(4, 4.0, min_bits=2, max_bits=8))
     gm = fxquant.transform(nn.Sequential(nn.Linear(3, 64)), QuantMapping().set_name("0", config))
     bits = gm.get_submodule("_0_quant").row_bits
     with torch.no_grad():

@@ -6,16 +6,16 @@ import pytest
 import torch
 
 import fxquant
-from fxquant import QuantConfig, QuantMapping, RowBits
+from fxquant import NodeBits, QuantConfig, QuantMapping
 from tests.support.models import TwoLayers, penalty_steps
 
 
 def _mapping(n: int = 5, learned: bool = True, max_bits: int = 8) -> QuantMapping:
     mapping = QuantMapping()
     for site in ("message", "output"):
-        rb = RowBits.learned_init(n, 3.6, max_bits=max_bits) if learned else \
-            RowBits(torch.tensor([2, 2, 4, 4, 8][:n]), max_bits=max_bits)
-        mapping.set_name("conv1", QuantConfig("int8", scale="tensor", range="lsq", row_bits=rb),
+        rb = NodeBits.learned_init(n, 3.6, max_bits=max_bits) if learned else \
+            NodeBits(torch.tensor([2, 2, 4, 4, 8][:n]), max_bits=max_bits)
+        mapping.set_name("conv1", QuantConfig("int8", scale="tensor", range="lsq", node_bits=rb),
                          site=site)
     return mapping
 
@@ -85,11 +85,11 @@ def test_shared_bits_survive_save_load_and_compile(tmp_path):
 def test_share_bits_errors_name_the_point_and_change_nothing():
     gm = fxquant.transform(TwoLayers(), _mapping().set_name(
         "conv2", QuantConfig("int8", scale="tensor", range="lsq",
-                             row_bits=RowBits.learned_init(5, 3.0, max_bits=4))))
+                             node_bits=NodeBits.learned_init(5, 3.0, max_bits=4))))
     before = {n: p for n, p in gm.named_parameters()}
     with pytest.raises(ValueError, match=r"point='nope' is not a submodule.*conv1_quant"):
         fxquant.share_bits(gm, "nope", "conv1_quant")
-    with pytest.raises(ValueError, match=r"point='conv1_quant' has RowBits.*2\.\.8.*2\.\.4"):
+    with pytest.raises(ValueError, match=r"point='conv1_quant' has NodeBits.*2\.\.8.*2\.\.4"):
         fxquant.share_bits(gm, "conv1_quant", "conv2_quant")
     with pytest.raises(ValueError, match="point and source are both"):
         fxquant.share_bits(gm, "conv1_quant", "conv1_quant")

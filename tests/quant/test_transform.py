@@ -37,7 +37,7 @@ def point_nodes(gm):
 
 def point_layers(gm):
     """``[(layer, number)]`` of every point, in graph order."""
-    return [(p.layer, p.config.number) for _, p in fxquant.quantization_points(gm)]
+    return [(p.layer, p.config.format) for _, p in fxquant.quantization_points(gm)]
 
 
 def test_gcn_forward_matches_numpy_bit_mask_reference(graph):
@@ -137,20 +137,20 @@ def test_pyg_modulelist_names():
         ({"bits": 8, "momentum": 0.9}, ValueError, "momentum=0.9 keeps a running range"),
         ({"format": "e4m3", "scale": "tensor", "momentum": "0.9"}, ValueError,
          "momentum must be a number"),
-        ({"bits": 8, "node_bits": [([0], 2)]}, TypeError, r"node_bits must be a dict"),
-        ({"bits": 8, "node_bits": {"conv1": (torch.tensor([[0]]), 2)}}, ValueError, "1-D"),
-        ({"bits": 8, "node_bits": {"conv1": (torch.zeros(2, device="meta", dtype=torch.long), 2)}},
+        ({"bits": 8, "node_formats": [([0], 2)]}, TypeError, r"node_formats must be a dict"),
+        ({"bits": 8, "node_formats": {"conv1": (torch.tensor([[0]]), 2)}}, ValueError, "1-D"),
+        ({"bits": 8, "node_formats": {"conv1": (torch.zeros(2, device="meta", dtype=torch.long), 2)}},
          ValueError, "meta device"),
         ({"bits": {"conv1": 8}, "layers": "conv1"}, ValueError, "already names the layers"),
         ({"bits": 8, "rounding": "up"}, ValueError, "rounding='up'"),
         ({"bits": 8, "grad": "none"}, ValueError, "grad='none'"),
-        ({"bits": 8, "layers": "conv1", "node_bits": {"conv2": ([0], 2)}}, ValueError,
-         r"node_bits\['conv2'\] names 'conv2', which gets no quantization"),
-        ({"bits": 8, "node_bits": {"conv1": ([0], 40)}}, ValueError,
-         r"1 <= node_bits\['conv1'\] bits <= 32"),
-        ({"bits": 8, "node_bits": {"conv1": ([-1], 2)}}, ValueError, "must be >= 0"),
-        ({"bits": 8, "node_bits": {"conv1": [0, 1]}}, TypeError, r"must be a pair \(nodes, bits\)"),
-        ({"bits": 8, "node_bits": {"conv1": (torch.rand(3), 2)}}, TypeError,
+        ({"bits": 8, "layers": "conv1", "node_formats": {"conv2": ([0], 2)}}, ValueError,
+         r"node_formats\['conv2'\] names 'conv2', which gets no quantization"),
+        ({"bits": 8, "node_formats": {"conv1": ([0], 40)}}, ValueError,
+         r"1 <= node_formats\['conv1'\] bits <= 32"),
+        ({"bits": 8, "node_formats": {"conv1": ([-1], 2)}}, ValueError, "must be >= 0"),
+        ({"bits": 8, "node_formats": {"conv1": [0, 1]}}, TypeError, r"must be a pair \(nodes, bits\)"),
+        ({"bits": 8, "node_formats": {"conv1": (torch.rand(3), 2)}}, TypeError,
          "integer indices or a bool mask"),
     ],
 )
@@ -189,7 +189,7 @@ def test_node_bits_override_rows(kind, graph):
             if kind == "mask" else rows.to(getattr(torch, kind)))
     model = GCN()
     gm = fxquant.transform(model, bits={"conv1": 16, "sigmoid": 16, "conv2": 16},
-                           node_bits={"sigmoid": (spec, 2)})
+                           node_formats={"sigmoid": (spec, 2)})
     buffer = dict(gm.named_buffers())["sigmoid_quant.override_nodes"]
     expected = spec if kind == "mask" else rows
     assert torch.equal(buffer, expected) and buffer.dtype == expected.dtype
@@ -217,10 +217,10 @@ def test_node_bits_override_rows(kind, graph):
 def test_node_bits_rows_out_of_range_name_the_point(graph):
     """A node id past the tensor's rows fails before the op runs, naming the point and the
     valid range; a mask of the wrong length too."""
-    gm = fxquant.transform(GCN(), bits=16, node_bits={"conv1": ([0, 99], 4)})
+    gm = fxquant.transform(GCN(), bits=16, node_formats={"conv1": ([0, 99], 4)})
     with pytest.raises(IndexError, match=r"output of 'conv1' names node 99.*\[0, 6\)"):
         gm(graph.x, graph.edge_index)
-    bad_mask = fxquant.transform(GCN(), bits=16, node_bits={"conv1": (torch.ones(3, dtype=torch.bool), 4)})
+    bad_mask = fxquant.transform(GCN(), bits=16, node_formats={"conv1": (torch.ones(3, dtype=torch.bool), 4)})
     with pytest.raises(ValueError, match=r"output of 'conv1'.*row mask has shape \(3,\)"):
         bad_mask(graph.x, graph.edge_index)
 
@@ -299,7 +299,7 @@ def test_zero_grad_stops_learning_upstream():
 def test_save_load_in_a_fresh_process(tmp_path, graph):
     """torch.save -> torch.load(weights_only=False) elsewhere: same outputs, summary works."""
     gm = fxquant.transform(GCN(), bits={"conv1": 12, "conv2": 10}, rounding="nearest",
-                           node_bits={"conv2": ([1, 2], 4)})
+                           node_formats={"conv2": ([1, 2], 4)})
     path, inputs, expected = tmp_path / "gm.pt", tmp_path / "in.pt", tmp_path / "out.pt"
     torch.save(gm, path)
     torch.save((graph.x, graph.edge_index), inputs)
@@ -319,7 +319,7 @@ def test_save_load_in_a_fresh_process(tmp_path, graph):
 
 def test_state_dict_loads_into_fresh_transform_with_weights_only(tmp_path, graph):
     """Parameters and row buffers round-trip through a weights-only checkpoint."""
-    kwargs = {"bits": 12, "node_bits": {"conv1": (torch.tensor([0, 5]), 3)}}
+    kwargs = {"bits": 12, "node_formats": {"conv1": (torch.tensor([0, 5]), 3)}}
     gm = fxquant.transform(GCN(), **kwargs)
     torch.save(gm.state_dict(), tmp_path / "sd.pt")
     fresh = fxquant.transform(GCN(), **kwargs)
@@ -349,7 +349,7 @@ def test_meta_device_forward():
     """gm.to('meta') runs: no constant of the pass is pinned to the CPU (row buffer included)."""
     model = GCN(add_self_loops=False, normalize=False)
     gm = fxquant.transform(model, bits=10, rounding="stochastic",
-                           node_bits={"conv1": ([0, 1], 3)}).to("meta")
+                           node_formats={"conv1": ([0, 1], 3)}).to("meta")
     assert gm.conv1_quant.override_nodes.device.type == "meta"
     x = torch.randn(6, 4, device="meta")
     ei = torch.randint(0, 6, (2, 10), device="meta")
@@ -359,7 +359,7 @@ def test_meta_device_forward():
 
 def test_summary_table():
     """The summary lists point, layer, site, bits, rounding, grad and the override."""
-    gm = fxquant.transform(GCN(), bits=16, node_bits={"conv2": (torch.tensor([1, 2, 3]), 2)})
+    gm = fxquant.transform(GCN(), bits=16, node_formats={"conv2": (torch.tensor([1, 2, 3]), 2)})
     text = fxquant.summary(gm)
     assert text.splitlines()[0].split()[:3] == ["point", "layer", "site"]
     assert "conv1_quant" in text and "conv2_quant" in text
@@ -415,7 +415,7 @@ def test_node_overrides_compile_with_fullgraph(kind, graph):
     nodes = torch.tensor([1, 5])
     if kind == "mask":
         nodes = torch.zeros(graph.num_nodes, dtype=torch.bool).index_fill(0, nodes, True)
-    gm = fxquant.transform(GCN(), bits=12, rounding="nearest", node_bits={"conv1": (nodes, 9)})
+    gm = fxquant.transform(GCN(), bits=12, rounding="nearest", node_formats={"conv1": (nodes, 9)})
     compiled = torch.compile(gm, fullgraph=True)
     with torch.no_grad():  # log_softmax fused by inductor differs in the last ulp
         assert torch.allclose(compiled(graph.x, graph.edge_index), gm(graph.x, graph.edge_index),
