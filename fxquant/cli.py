@@ -4,16 +4,21 @@ Exit status, whatever the linted model does: 0 when the report has no error, 1 w
 has errors, 2 when the model could not be linted at all (bad arguments, a file that does
 not import, a target that cannot be built). ``KeyboardInterrupt`` is the one exception
 that is not turned into a status. The report goes to stdout (or ``--output FILE``);
-anything the model prints goes to stderr, so JSON and SARIF stay valid. ``sys.path`` is
-restored exactly after the run.
+anything the model writes to stdout goes to stderr, so JSON and SARIF stay valid: Python's
+``print`` and, while the model's file is imported, built and run, file descriptor 1 itself
+(``os.write(1, ...)``, a subprocess, a C extension's ``printf``). ``sys.path`` is restored
+exactly after the run. Without ``--input`` the check is partial (the symbolic graph
+only); the output says so first, and how to make it complete.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -55,7 +60,8 @@ lint runs the forward on fake tensors of those shapes: no data, no real compute 
 that needs values runs on random data instead, and the report says so). --check runs
 backward on random data: floats randn, integers in [0, N), N the first dimension of the
 first floating input (so an edge_index indexes real rows). Without --input, the model is
-linted symbolically (what the FX graph shows).
+linted symbolically (what the FX graph shows): a partial check, and the output says so
+first; pass --input for the real answer.
 
 exit status: 0 no errors, 1 errors found, 2 could not lint (usage, import or build error)
 """
@@ -214,10 +220,39 @@ def _render(report: LintReport, fmt: str) -> str:
     return str(report)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Everything written to stdout while the block runs goes to stderr: ``sys.stdout``
+    and file descriptor 1 itself (subprocesses, ``os.write(1, ...)``, C-level prints);
+    both are put back, and C's stdio buffers flushed, when it exits."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no file descriptor 1 to protect
+        saved = -1
+    try:
+        if saved >= 0:
+            os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        _flush_c_stdio()
+        if saved >= 0:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _flush_c_stdio() -> None:
+    """``fflush(NULL)``: output a C extension buffered lands where it was written from."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # no C library to ask
+        ctypes.CDLL(None).fflush(None)
+
+
 def _run(args: argparse.Namespace) -> LintReport:
-    """Load, build and lint; anything the model prints goes to stderr."""
+    """Load, build and lint; anything the model writes to stdout goes to stderr."""
     path = Path(args.target.rpartition(":")[0])
-    with _sys_path_with(str(path.resolve().parent)), contextlib.redirect_stdout(sys.stderr):
+    with _sys_path_with(str(path.resolve().parent)), _stdout_to_stderr():
         obj = _load(args.target)
         model, inputs = _build(obj, args.target.rpartition(":")[2])
         if args.input:
@@ -240,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fxquant: error: {e}", file=sys.stderr)
         return 2
     text = _render(report, args.format)
+    if report.partial and (args.format != "table" or args.output):
+        print(f"fxquant: {report.partial}", file=sys.stderr)
     if args.output:
         try:
             Path(args.output).write_text(text + "\n")

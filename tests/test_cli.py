@@ -223,3 +223,95 @@ def test_pre_commit_hooks_run_the_cli(hook, entry, tmp_path):
                                "--input", "x=4,3"], capture_output=True, text=True,
                               cwd=tmp_path, timeout=300)
         assert done.returncode == status, (hook, name, done.stdout, done.stderr)
+
+
+_NOISY = '''
+import os
+import subprocess
+
+import torch
+
+os.write(1, b"noise at import\\n")
+
+
+class Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        os.write(1, b"noise in __init__\\n")
+        subprocess.run(["echo", "noise from a subprocess in __init__"], check=True)
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        os.write(1, b"noise in forward\\n")
+        subprocess.run(["echo", "noise from a subprocess in forward"], check=True)
+        y = torch.sigmoid(self.lin(x))
+        y *= 2
+        return y
+'''
+
+
+@pytest.fixture
+def noisy(tmp_path):
+    path = tmp_path / "noisy.py"
+    path.write_text(textwrap.dedent(_NOISY))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["json", "sarif"])
+@pytest.mark.parametrize("extra", [["--input", "x=4,3"], ["--input", "x=4,3", "--check"], []])
+def test_output_on_file_descriptor_1_never_lands_in_the_report(noisy, fmt, extra, capfd):
+    """os.write(1, ...) and subprocesses at import, in __init__ and in forward: the report
+    on stdout still parses; the noise is on stderr."""
+    code = main(["lint", f"{noisy}:Noisy", "--format", fmt, *extra])
+    captured = capfd.readouterr()
+    document = json.loads(captured.out)
+    assert code == (1 if extra else 0)
+    assert "noise" not in captured.out
+    assert "noise in __init__" in captured.err and "noise from a subprocess" in captured.err
+    if fmt == "sarif":
+        validate_sarif(document, expected_results=len(document["runs"][0]["results"]))
+    os.write(1, b"fd 1 is back\n")
+    assert "fd 1 is back" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["json", "sarif"])
+def test_noise_on_file_descriptor_1_in_a_real_process(noisy, fmt, tmp_path):
+    """The same through `python -m fxquant`, where nothing captures file descriptors."""
+    done = _run_module(["lint", f"{noisy}:Noisy", "--input", "x=4,3", "--format", fmt], tmp_path)
+    assert done.returncode == 1, done.stderr
+    json.loads(done.stdout)
+    assert "noise in forward" in done.stderr and "noise from a subprocess" in done.stderr
+
+
+_CRASHES_IN_BACKWARD = (
+    "import torch\n"
+    "class Buggy(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.lin = torch.nn.Linear(3, 3)\n"
+    "    def forward(self, x):\n"
+    "        y = self.lin(x).sigmoid()\n"
+    "        y += 1\n"
+    "        return y\n")
+
+
+def test_without_inputs_the_output_says_first_that_the_check_was_partial(tmp_path, capsys):
+    """No --input: the exit contract stays (no error seen: 0), and the first line says the
+    check was partial and how to make it complete; --input then finds the bug (1)."""
+    path = tmp_path / "buggy.py"
+    path.write_text(_CRASHES_IN_BACKWARD)
+    assert main(["lint", f"{path}:Buggy"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("PARTIAL CHECK") and "--input" in first and "ShapeSpec" in first
+    assert main(["lint", f"{path}:Buggy", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert next(iter(document)) == "partial" and "--input" in document["partial"]
+    assert "PARTIAL CHECK" in captured.err
+    assert main(["lint", f"{path}:Buggy", "--format", "sarif"]) == 0
+    log = json.loads(capsys.readouterr().out)
+    (note,) = log["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert "PARTIAL CHECK" in note["message"]["text"]
+    validate_sarif(log, expected_results=len(log["runs"][0]["results"]))
+    assert main(["lint", f"{path}:Buggy", "--input", "x=4,3"]) == 1
+    assert not capsys.readouterr().out.startswith("PARTIAL")

@@ -13,7 +13,7 @@ from fxquant.fx.tracer import LeafSpec, trace
 from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.dynamic import lint_dynamic
 from fxquant.linter.report import Finding, LintReport
-from fxquant.linter.symbolic import lint_graph
+from fxquant.linter.symbolic import ORIGINAL_KEY, lint_graph
 
 __all__ = ["lint"]
 
@@ -75,6 +75,7 @@ def lint(
 
         with watching_anomaly(found):
             gm = trace(model, concrete_args, leaf_modules)
+        gm.meta[ORIGINAL_KEY] = model
     for finding in lint_graph(gm).findings:
         report.add(finding)
     return report

@@ -58,7 +58,14 @@ from fxquant.linter.checking import both_runs
 from fxquant.linter.recording import HiddenWrite, InplaceCall
 from fxquant.linter.report import LintReport
 from fxquant.linter.shapes import shape_only
-from fxquant.linter.state import clone_inputs, restored_state
+from fxquant.linter.state import (
+    clone_inputs,
+    components,
+    copy_model,
+    held_tensors,
+    restored_state,
+    snapshot,
+)
 from fxquant.linter.symbolic import ALIASING, inplace_name, node_op_name
 
 __all__ = ["FunctionalizeError", "Rewrite", "functionalize_inplace"]
@@ -764,7 +771,7 @@ def _plain_attributes(model: nn.Module) -> dict[str, Any]:
             if key.startswith("_") or key == "training":
                 continue
             if isinstance(value, Tensor) and not isinstance(value, nn.Parameter):
-                found[f"{name}.{key}" if name else key] = value.detach().clone()
+                found[f"{name}.{key}" if name else key] = snapshot(value)
             elif isinstance(value, bool | int | float | str):
                 found[f"{name}.{key}" if name else key] = value
     return found
@@ -774,10 +781,8 @@ def _changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     changed = {}
     for key, value in after.items():
         old = before.get(key)
-        same = (isinstance(old, Tensor) and isinstance(value, Tensor) and old.shape == value.shape
-                and old.dtype == value.dtype and bool(((old == value) | (old.isnan() & value.isnan())
-                                                       ).all() if old.is_floating_point()
-                                                      else torch.equal(old, value))) \
+        same = (isinstance(old, Tensor) and isinstance(value, Tensor)
+                and _close(old, value, 0.0, 0.0)) \
             or (not isinstance(value, Tensor) and old == value)
         if not same:
             changed[key] = value
@@ -793,7 +798,7 @@ def _plain_run(model: nn.Module, inputs: tuple, rng: Tensor
         before = _plain_attributes(model)
         with torch.no_grad():
             out = model(*clone_inputs(inputs))
-        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        buffers = {n: snapshot(b) for n, b in model.named_buffers()}
         state = _changed(before, _plain_attributes(model))
     return tree_map_only(Tensor, lambda t: t.detach().clone(), out), buffers, state
 
@@ -851,9 +856,24 @@ def _refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
             + "\n  ".join(reasons))
 
 
-def _close(a: Tensor, b: Tensor, rtol: float, atol: float) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(
-        a.detach().double(), b.detach().double(), rtol=rtol, atol=atol, equal_nan=True)
+def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
+    """Equal within tolerance: dense tensors by value, sparse ones by their index and
+    value tensors, objects holding tensors (a ``SparseTensor``) by the tensors they hold."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        if isinstance(a, Tensor) or (type(a) is not type(b) and not isinstance(b, list)):
+            return False
+        mine, theirs = held_tensors(a), b if isinstance(b, list) else held_tensors(b)
+        return len(mine) == len(theirs) and all(
+            _close(x, y, rtol, atol) for x, y in zip(mine, theirs, strict=True))
+    if a.layout != b.layout or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.layout != torch.strided:
+        if a.layout == torch.sparse_coo:
+            a, b = a.detach().coalesce(), b.detach().coalesce()
+        return all(_close(x, y, rtol, atol)
+                   for x, y in zip(components(a), components(b), strict=True))
+    return torch.allclose(a.detach().double(), b.detach().double(), rtol=rtol, atol=atol,
+                          equal_nan=True)
 
 
 def _verify(candidate: nn.Module, original: nn.Module, ref: _Reference, inputs: tuple,
@@ -948,7 +968,7 @@ def _directional_derivative(original: nn.Module, inputs: tuple, rng: Tensor,
                         for t in tree_leaves(out)]
         except (NotImplementedError, RuntimeError):
             pass
-    wide = copy.deepcopy(original).double()
+    wide = copy_model(original).double()
     wide_inputs = tree_map_only(Tensor, lambda t: t.double() if t.is_floating_point() else t,
                                 clone_inputs(inputs))
     eps = 1e-6
@@ -1047,14 +1067,14 @@ def functionalize_inplace(
                          "inputs are shapes only (ShapeSpec or meta tensors): pass real tensors")
     with PROCESS_LOCK, restored_state(model), torch.enable_grad():
         rng = torch.get_rng_state()
-        original = copy.deepcopy(model)
+        original = copy_model(model)
         ref = _reference(original, example_inputs, rng)
         _refuse_unfixable(ref.report, ref.hidden)
         failures: list[str] = []
         candidates: list[tuple[str, Callable[[], GraphModule]]] = [
-            ("the symbolic rewrite", lambda: _symbolic(copy.deepcopy(model), ref.calls,
+            ("the symbolic rewrite", lambda: _symbolic(copy_model(model), ref.calls,
                                                        concrete_args, leaf_modules)),
-            ("the captured forward", lambda: _capture(copy.deepcopy(model), example_inputs,
+            ("the captured forward", lambda: _capture(copy_model(model), example_inputs,
                                                       ref.calls)),
         ]
         for label, build in candidates:

@@ -61,6 +61,7 @@ from fxquant.fx.locations import (
 )
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace
+from fxquant.linter.sites import ModuleSite, container_site
 from fxquant.linter.state import pop_saved_tensors_hooks_until
 
 __all__ = [
@@ -239,10 +240,21 @@ class Recorder:
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         #: every call that wrote in place, in order
         self.inplace_calls: list[InplaceCall] = []
+        self.module_names: dict[int, str] = {}  # id(module) -> its qualified name
+        self.modules: dict[str, nn.Module] = {}
+        #: construction lines of library modules run by containers -> what ran there
+        self.sites: dict[Location, ModuleSite] = {}
 
     # where ------------------------------------------------------------------------------
 
     def where(self) -> Location | None:
+        """The user's line for what runs now: the innermost user frame, or, for a library
+        module a container runs (``nn.Sequential``), the line that built the module."""
+        if self.module_names:
+            site = container_site(self.boundary, self.module_names, self.modules)
+            if site is not None and site.built_at is not None:
+                self.sites.setdefault(site.built_at, site)
+                return site.built_at
         found = caller_location(self.boundary)
         if found is not None:
             return found
@@ -265,6 +277,8 @@ class Recorder:
     def mark_inputs(self, tensors: list[Tensor], model: nn.Module) -> None:
         """Mark the tensors a forward starts from (see :func:`model_tensors`)."""
         self.names = {id(p): name for name, p in model.named_parameters()}
+        self.modules = dict(model.named_modules())
+        self.module_names = {id(m): name for name, m in self.modules.items()}
         for t in tensors:
             is_param = id(t) in self.names and t.requires_grad
             self.prov[t] = _Prov(input_dep=True, param_dep=is_param)
@@ -505,11 +519,17 @@ class Recorder:
 
     def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
                       op: str = "") -> None:
+        site = self.sites.get(where) if where is not None else None
+        what = site.describe() if site is not None else f"`{code}`"
+        hint = hint_for_inplace(code, op)
+        if site is not None and site.fixed:
+            hint = (f"build it with inplace=False: `{site.fixed}` (the container then passes "
+                    "a new tensor on)")
         self.add("FXQ001", where, node,
-                 f"`{code}` writes in place into a tensor that `{entry.op}` saved for "
-                 "backward: backward fails with 'modified by an inplace operation' (anomaly "
-                 "mode names the saving line instead of this one).",
-                 hint_for_inplace(code, op), related=entry.op, related_location=entry.where)
+                 f"{what[:1].upper()}{what[1:]} writes in place into a tensor that `{entry.op}` "
+                 "saved for backward: backward fails with 'modified by an inplace operation' "
+                 "(anomaly mode names the saving line instead of this one).",
+                 hint, related=entry.op, related_location=entry.where)
 
 
 def _storage_ptr(t: Tensor) -> int:

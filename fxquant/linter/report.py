@@ -17,7 +17,7 @@ from fxquant.errors import FxquantError, FxquantValueError
 from fxquant.fx.locations import Location
 from fxquant.linter.rules import RULES, Severity, severity_of
 
-__all__ = ["Finding", "LintError", "LintReport"]
+__all__ = ["PARTIAL_NOTE", "Finding", "LintError", "LintReport"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,16 @@ class LintError(FxquantError, RuntimeError):
 
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 
+#: What a report made without example inputs says first.
+PARTIAL_NOTE = (
+    "PARTIAL CHECK: no example inputs were given, so only the symbolic FX graph was linted; "
+    "it cannot see `x += y` or `x[i] = v`, `.data`, which values require grad, or what the "
+    "modules do inside: a report without errors does not mean backward is safe. For the "
+    "real answer give the input shapes: fxquant.lint(model, fxquant.ShapeSpec((N, F)), "
+    "...) in Python, --input NAME=SHAPE[:DTYPE] (e.g. --input x=2708,1433) in the CLI; "
+    "no data is needed."
+)
+
 
 @dataclass
 class LintReport:
@@ -124,21 +134,30 @@ class LintReport:
     def __len__(self) -> int:
         return len(self.findings)
 
+    @property
+    def partial(self) -> str:
+        """Why this report is not the whole answer, and how to get it ('' when it is)."""
+        return PARTIAL_NOTE if self.mode == "symbolic" else ""
+
     def __str__(self) -> str:
+        first = f"{self.partial}\n" if self.partial else ""
         if not self.findings:
-            return f"fxquant lint ({self.mode}): no findings"
+            return f"{first}fxquant lint ({self.mode}): no findings"
         rows = [
             [f.rule, f.severity, f.where or "-", f.node,
              f.message + (f"\n(saved by {f.saved_by})" if f.saved_by else ""), f.hint]
             for f in sorted(self.findings, key=lambda f: (_ORDER[f.severity], f.where))
         ]
-        return tabulate(rows, headers=["rule", "severity", "location", "node", "message", "hint"],
-                        maxcolwidths=[None, None, None, 18, 54, 36])
+        return first + tabulate(rows, headers=["rule", "severity", "location", "node",
+                                               "message", "hint"],
+                                maxcolwidths=[None, None, None, 18, 54, 36])
 
     def to_json(self, indent: int | None = 2) -> str:
-        """All findings as a JSON document (``{"mode": ..., "findings": [...]}``)."""
-        return json.dumps({"mode": self.mode, "findings": [f.to_dict() for f in self.findings]},
-                          indent=indent)
+        """All findings as a JSON document (``{"mode": ..., "findings": [...]}``; a report
+        made without example inputs starts with ``"partial": "<what to do>"``)."""
+        document: dict[str, Any] = {"partial": self.partial} if self.partial else {}
+        document.update(mode=self.mode, findings=[f.to_dict() for f in self.findings])
+        return json.dumps(document, indent=indent)
 
     def to_sarif(self, indent: int | None = 2) -> str:
         """The findings as a SARIF 2.1.0 log, one run of the tool ``fxquant``."""
@@ -161,10 +180,18 @@ class LintReport:
                     "logicalLocations": [{"name": f.node}],
                 }]
             results.append(result)
+        run: dict[str, Any] = {}
+        if self.partial:  # shown by code-scanning UIs as a tool notification
+            run["invocations"] = [{
+                "executionSuccessful": True,
+                "toolExecutionNotifications": [{"level": "warning",
+                                                "message": {"text": self.partial}}],
+            }]
         log = {
             "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
             "version": "2.1.0",
             "runs": [{
+                **run,
                 "tool": {"driver": {
                     "name": "fxquant",
                     "informationUri": "https://github.com/fxquant/fxquant",

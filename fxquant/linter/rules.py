@@ -7,11 +7,15 @@ hints fit the op that was written: ``+=`` gets ``x = x + y``, an index assignmen
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["RULES", "Rule", "Severity", "hint_for_inplace", "severity_of"]
+__all__ = ["RULES", "Rule", "Severity", "hint_for_inplace", "out_of_place", "severity_of",
+           "split_augmented", "strip_comment"]
 
 Severity = Literal["error", "warning", "info"]
 
@@ -83,26 +87,110 @@ def severity_of(rule: str) -> Severity:
     return RULES[rule].severity
 
 
-_AUGMENTED = re.compile(r"(?<![=!<>])([-+*/%@&|^]|//|\*\*|<<|>>)=(?!=)")
 _INDEXED_WRITE = re.compile(r"\]\s*=(?!=)")
 _METHOD = re.compile(r"\.(\w+)_\(")
+#: Expressions that bind tighter than any binary operator: written after one without
+#: parentheses they keep their meaning.
+_ATOMS = (ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Call, ast.List,
+          ast.Tuple, ast.Dict, ast.Set, ast.ListComp, ast.SetComp, ast.DictComp,
+          ast.GeneratorExp, ast.JoinedStr)
+_SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+            ast.Mod: "%", ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|",
+            ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>"}
+_AUGMENTED = re.compile(r"(?<![=!<>])(\*\*|//|<<|>>|[-+*/%@&|^])=(?!=)")
+
+
+def strip_comment(code: str) -> str:
+    """``code`` without its trailing ``# comment`` (a ``#`` inside a string stays).
+
+    Example:
+        >>> strip_comment("x += y  # exp saved x")
+        'x += y'
+        >>> strip_comment("s = '#' + t")
+        "s = '#' + t"
+    """
+    try:  # a line of a longer statement ends in an error, after its comment token
+        for token in tokenize.generate_tokens(io.StringIO(code).readline):
+            if token.type == tokenize.COMMENT:
+                return code[: token.start[1]].strip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return code.strip()
+
+
+def _parenthesized(value: str) -> str:
+    """``value`` as the right operand of a binary operator: as it is when it is a single
+    atom (a name, a number, a call, an attribute, a subscript), else in parentheses."""
+    try:
+        node = ast.parse(value.strip(), mode="eval").body
+    except SyntaxError:
+        return f"({value.strip()})"
+    if isinstance(node, _ATOMS) and not (isinstance(node, ast.Constant)
+                                         and isinstance(node.value, complex)):
+        return value.strip()
+    return f"({value.strip()})"
+
+
+def split_augmented(code: str) -> tuple[str, str, str] | None:
+    """``(target, operator, value)`` of an augmented assignment ``target op= value``
+    (comments dropped), or None.
+
+    Example:
+        >>> split_augmented("out *= 1.0 + torch.sum(m * x, dim=-1)  # scale")
+        ('out', '*', '1.0 + torch.sum(m * x, dim=-1)')
+    """
+    text = strip_comment(code)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        tree = None
+    if tree is not None:
+        if len(tree.body) == 1 and isinstance(tree.body[0], ast.AugAssign):
+            node = tree.body[0]
+            target = ast.get_source_segment(text, node.target) or ast.unparse(node.target)
+            value = ast.get_source_segment(text, node.value) or ast.unparse(node.value)
+            return target.strip(), _SYMBOLS[type(node.op)], value.strip()
+        return None
+    found = _AUGMENTED.search(text)  # a line of a longer statement
+    if found is None:
+        return None
+    return text[: found.start()].strip(), found.group(1), text[found.end():].strip()
+
+
+def out_of_place(code: str) -> str | None:
+    """``target = target op (value)`` for the augmented assignment ``code``: the same
+    value, computed into a new tensor; None when ``code`` is not one.
+
+    Example:
+        >>> out_of_place("out *= 1.0 + torch.sum(m * x, dim=-1)")
+        'out = out * (1.0 + torch.sum(m * x, dim=-1))'
+        >>> out_of_place("h += self.bias  # bias")
+        'h = h + self.bias'
+    """
+    parts = split_augmented(code)
+    if parts is None:
+        return None
+    target, operator, value = parts
+    return f"{target} = {target} {operator} {_parenthesized(value)}"
 
 
 def hint_for_inplace(code: str, op: str = "") -> str:
-    """How to write the in-place statement ``code`` (ATen op ``op``) out of place.
+    """How to write the in-place statement ``code`` (ATen op ``op``) out of place. The
+    suggested code means what ``code`` means (an augmented assignment's right side is
+    parenthesized unless it is a single atom; comments are dropped).
 
     Example:
         >>> hint_for_inplace("out *= 2**e")
-        'write it out of place: `out = out * 2**e` (a new tensor; what autograd saved stays intact)'
+        'write it out of place: `out = out * (2**e)` (a new tensor; what autograd saved stays intact)'
         >>> print(hint_for_inplace("x[idx] = v"))
         build a new tensor instead: `x = torch.where(mask, v, x)` or `x = x.index_put((idx,), v)`, \
 or write into `x.clone()`
-        >>> hint_for_inplace("h = F.relu(h, inplace=True)")
+        >>> hint_for_inplace("h = F.relu(h, inplace=True)  # saves memory")
         'pass inplace=False (the default): `F.relu(h, inplace=False)` returns a new tensor'
         >>> hint_for_inplace("y.clamp_(0, 1)")
         'call the out-of-place version: `y.clamp(...)` instead of `y.clamp_(...)`, and use its result'
     """
-    text = code.strip()
+    text = strip_comment(code)
     if ".data" in text:
         return ("use `.detach()` (autograd then checks the write) and compute a new tensor out of "
                 "place, or make the change under `with torch.no_grad():` where nothing saved it")
@@ -110,17 +198,16 @@ or write into `x.clone()`
         call = text.split("=", 1)[1].strip() if re.match(r"^\w+\s*=[^=]", text) else text
         return ("pass inplace=False (the default): "
                 f"`{call.replace('inplace=True', 'inplace=False')}` returns a new tensor")
-    augmented = _AUGMENTED.search(text)
-    if augmented:
-        target = text[: augmented.start()].strip()
-        operator = augmented.group(1)
-        value = text[augmented.end():].strip()
+    parts = split_augmented(text)
+    if parts is not None:
+        target, operator, value = parts
+        rewritten = f"{target} = {target} {operator} {_parenthesized(value)}"
         if "[" not in target:
-            return (f"write it out of place: `{target} = {target} {operator} {value}` (a new "
-                    "tensor; what autograd saved stays intact)")
+            return (f"write it out of place: `{rewritten}` (a new tensor; what autograd saved "
+                    "stays intact)")
         base = target.split("[", 1)[0].strip()
         return (f"write into a copy: `{base} = {base}.clone()` first (or, for a list element, "
-                f"`{target} = {target} {operator} {value}`), so the saved value stays intact")
+                f"`{rewritten}`), so the saved value stays intact")
     if _INDEXED_WRITE.search(text) or op in ("index_put_", "_index_put_impl_", "copy_",
                                              "masked_fill_", "index_fill_", "index_copy_",
                                              "masked_scatter_", "scatter_", "fill_"):

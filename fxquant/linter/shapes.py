@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.linter.report import Finding
+from fxquant.linter.state import copy_model
 
 __all__ = ["NEEDS_VALUES", "ShapeSpec", "fake_copy", "from_shapes", "new_mode", "quiet",
            "random_like", "shape_only"]
@@ -128,7 +129,7 @@ def random_like(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
     """A copy of ``model`` whose parameters and buffers are fake (same names, flags)."""
-    fake = copy.deepcopy(model)
+    fake = copy_model(model)
     for module in fake.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:

@@ -13,7 +13,10 @@ Restored by :func:`restored_state`:
   deletes parameters, buffers, submodules or hooks, or flips ``training``), the storage,
   values, ``requires_grad`` and Python attributes (``w.org = ...``) of every parameter,
   buffer and plain tensor attribute (``self.history += w`` writes into one), and every
-  ``.grad`` (the same tensor object, with its values).
+  ``.grad`` (the same tensor object, with its values). Sparse tensors (COO, CSR, CSC, BSR,
+  BSC) are compared and restored through their index and value tensors; objects kept in
+  ``_buffers`` or as attributes that hold tensors (PyG's ``torch_sparse.SparseTensor``
+  ``adj_t``) get their attributes and those tensors restored the same way.
 
 Not restored (documented in the README): state outside the model and torch (globals of
 the user's modules, files, other processes), inference mode entered and never left, and
@@ -24,6 +27,7 @@ anomaly watcher patch process-wide functions under :data:`fxquant.fx.serial.PROC
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +37,8 @@ from torch import Tensor, nn
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-__all__ = ["clone_inputs", "mode_stacks_restored", "restored_state"]
+__all__ = ["clone_inputs", "components", "copy_model", "held_tensors", "mode_stacks_restored",
+           "restored_state", "snapshot"]
 
 _MUTABLE = (dict, list, set)
 
@@ -121,16 +126,22 @@ def restored_state(model: nn.Module) -> Iterator[None]:
     attributes = [(m, _snapshot_attributes(m)) for m in modules]
     tensors: dict[int, tuple[Tensor, Tensor, Tensor, bool, dict[str, Any]]] = {}
     grads: dict[int, tuple[Tensor, Tensor | None, Tensor | None]] = {}
+    held: list[Any] = []  # tensors kept inside other objects (a SparseTensor's storage)
     for m in modules:
-        plain = [v for v in vars(m).values() if isinstance(v, Tensor)]
-        for t in [*m._parameters.values(), *m._buffers.values(), *plain]:
-            if t is not None and id(t) not in tensors:
+        members = [*m._parameters.values(), *m._buffers.values(), *vars(m).values()]
+        found = [v for v in members if isinstance(v, Tensor)]
+        for obj in members:
+            if not isinstance(obj, (Tensor, nn.Module)):
+                found += _holders(obj, held)
+        for t in found:
+            if id(t) not in tensors:
                 tensors[id(t)] = (t, t.data, t.detach().clone(), t.requires_grad,
                                   dict(vars(t)))
         for p in m._parameters.values():
             if p is not None and id(p) not in grads:
                 grad = p.grad
                 grads[id(p)] = (p, grad, grad.detach().clone() if grad is not None else None)
+    attributes += [(obj, _snapshot_attributes(obj)) for obj in held]
     try:
         with mode_stacks_restored():
             yield
@@ -155,10 +166,11 @@ def restored_state(model: nn.Module) -> Iterator[None]:
                     vars(t).update(python_attrs)
                 if _layout_key(t) != _layout_key(data):
                     t.data = data
-                if data.shape != values.shape or data.dtype != values.dtype:
+                if data.shape != values.shape or data.dtype != values.dtype \
+                        or data.layout != values.layout:
                     t.data = values
                 elif not _same_bits(data, values):
-                    data.copy_(values)
+                    _copy_values(t, data, values)
                 if t.requires_grad != requires_grad and t.is_leaf:
                     t.requires_grad_(requires_grad)
             for param, grad, saved_grad in grads.values():
@@ -168,24 +180,138 @@ def restored_state(model: nn.Module) -> Iterator[None]:
                     grad.copy_(saved_grad)
 
 
+#: How deep :func:`_holders` looks into objects for the tensors they keep.
+_HOLDER_DEPTH = 3
+
+
+def _holders(obj: Any, found: list[Any], depth: int = _HOLDER_DEPTH) -> list[Tensor]:
+    """The tensors ``obj`` keeps in its attributes (and in theirs, ``depth`` levels down);
+    every object on the way that holds one is appended to ``found`` (its attributes are
+    restored too). Containers and modules are not entered: the model's own walk covers
+    modules, and a list in an attribute is restored as a list."""
+    if depth <= 0 or isinstance(obj, (Tensor, nn.Module, type)) or not hasattr(obj, "__dict__"):
+        return []
+    try:
+        items = list(vars(obj).values())
+    except TypeError:
+        return []
+    tensors = [v for v in items if isinstance(v, Tensor)]
+    for value in items:
+        if not isinstance(value, (Tensor, nn.Module)):
+            tensors += _holders(value, found, depth - 1)
+    if tensors and all(obj is not f for f in found):
+        found.append(obj)
+    return tensors
+
+
+def components(t: Tensor) -> tuple[Tensor, ...]:
+    """The dense tensors a tensor's values live in: itself when strided; the indices and
+    values of a sparse COO tensor; the compressed and plain indices and the values of a
+    CSR, CSC, BSR or BSC tensor.
+
+    Example:
+        >>> coo = torch.sparse_coo_tensor([[0, 1], [1, 0]], [1.0, 2.0], (2, 2))
+        >>> [c.tolist() for c in components(coo)]
+        [[[0, 1], [1, 0]], [1.0, 2.0]]
+    """
+    layout = t.layout
+    if layout == torch.sparse_coo:
+        return (t._indices(), t._values())
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return (t.crow_indices(), t.col_indices(), t.values())
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return (t.ccol_indices(), t.row_indices(), t.values())
+    return (t,)
+
+
 def _layout_key(t: Tensor) -> tuple[Any, ...]:
-    """Which memory a tensor views (a meta tensor has none to compare)."""
+    """Which memory a tensor views (a meta tensor has none to compare; a sparse tensor's
+    is that of its index and value tensors)."""
+    if t.layout != torch.strided:
+        parts = components(t) if t.device.type != "meta" else ()
+        return (t.layout, tuple(t.shape), t.dtype, tuple(_layout_key(c) for c in parts))
     if t.device.type == "meta":
         return (tuple(t.shape), t.stride(), t.dtype)
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
             t.dtype)
 
 
+def _copy_values(t: Tensor, data: Tensor, values: Tensor) -> None:
+    """Write ``values`` back into ``data`` (``t``'s memory); a sparse tensor whose index
+    and value tensors no longer have the saved shapes gets the saved copy instead."""
+    if data.layout == torch.strided:
+        data.copy_(values)
+        return
+    mine, saved = components(data), components(values)
+    if all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, saved, strict=True)):
+        for a, b in zip(mine, saved, strict=True):
+            a.copy_(b)
+    else:
+        t.data = values
+
+
 def _same_bits(a: Tensor, b: Tensor) -> bool:
     """Equal bit for bit (NaN payloads included), where ``torch.equal`` says NaN != NaN."""
-    if a.shape != b.shape or a.dtype != b.dtype:
+    if a.shape != b.shape or a.dtype != b.dtype or a.layout != b.layout:
         return False
     if a.device.type == "meta" or b.device.type == "meta":
         return True  # meta tensors have no values to differ in
+    if a.layout != torch.strided:
+        parts = list(zip(components(a), components(b), strict=True))
+        return all(_same_bits(x, y) for x, y in parts)
     if a.is_floating_point() or a.is_complex():
         return torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
                            b.contiguous().reshape(-1).view(torch.uint8))
     return torch.equal(a, b)
+
+
+def held_tensors(obj: Any) -> list[Tensor]:
+    """The dense tensors behind a piece of module state: a tensor's :func:`components`, or
+    those of every tensor an object such as ``torch_sparse.SparseTensor`` keeps."""
+    if isinstance(obj, Tensor):
+        return list(components(obj))
+    return [c for t in _holders(obj, []) for c in components(t)]
+
+
+def snapshot(obj: Any) -> Any:
+    """A copy of a piece of module state (a tensor, or an object holding tensors) that
+    later writes into the original do not change."""
+    if isinstance(obj, Tensor):
+        return obj.detach().clone()
+    try:
+        return copy.deepcopy(obj)
+    except Exception:  # an object that cannot be copied is compared by its tensors
+        return [t.detach().clone() for t in held_tensors(obj)]
+
+
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy(model)``, also for models holding sparse CSR/CSC/BSR/BSC tensors
+    (which ``Tensor.__deepcopy__`` cannot copy: it reads their storage). Each such tensor
+    is cloned first and handed to ``deepcopy`` as already copied; aliases stay aliases.
+
+    Example:
+        >>> m = torch.nn.Module()
+        >>> m.register_buffer("adj", torch.eye(3).to_sparse_csr())
+        >>> copy_model(m).adj.layout
+        torch.sparse_csr
+    """
+    memo: dict[int, Any] = {}
+    held: list[Any] = []
+    for m in model.modules():
+        values = [*m._parameters.values(), *m._buffers.values(), *vars(m).values()]
+        found = [v for v in values if isinstance(v, Tensor)]
+        for obj in values:
+            if not isinstance(obj, (Tensor, nn.Module)):
+                found += _holders(obj, held)
+        for t in found:
+            if t.layout in _COMPRESSED and id(t) not in memo:
+                copy_ = t.detach().clone().requires_grad_(t.requires_grad)
+                memo[id(t)] = nn.Parameter(copy_, t.requires_grad) \
+                    if isinstance(t, nn.Parameter) else copy_
+    return copy.deepcopy(model, memo)
 
 
 def clone_inputs(obj: Any) -> Any:

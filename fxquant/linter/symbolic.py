@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import copy
 import functools
 import operator
 from collections import OrderedDict
@@ -40,11 +39,13 @@ from fxquant.fx.locations import Location, stack_trace_location
 from fxquant.linter.recording import ZERO_DERIVATIVE_OPS
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace
-from fxquant.linter.state import restored_state
+from fxquant.linter.sites import built_at
+from fxquant.linter.state import copy_model, restored_state
 
 __all__ = [
     "ALIASING",
     "NOT_VISIBLE",
+    "ORIGINAL_KEY",
     "aliases",
     "inplace_name",
     "lint_graph",
@@ -53,6 +54,9 @@ __all__ = [
     "written_value",
 ]
 
+#: ``gm.meta`` key of the model a graph was traced from (its classes' source names the
+#: lines that built the modules a container runs).
+ORIGINAL_KEY: Final = "fxquant_traced_from"
 #: The FXQ010 note of a symbolic report.
 NOT_VISIBLE: Final = (
     "Linted the symbolic FX graph only: symbolic tracing records `x *= y` as an out-of-place "
@@ -100,7 +104,8 @@ def lint_graph(gm: GraphModule, *, note: bool = True) -> LintReport:
     _check_zero_derivative(gm, report, nodes)
     if note:
         report.add(Finding("FXQ010", "graph", None, NOT_VISIBLE,
-                           "pass example inputs: fxquant.lint(model, *inputs)"))
+                           "pass example inputs, or only their shapes: fxquant.lint(model, "
+                           "fxquant.ShapeSpec((N, F))); in the CLI, --input x=N,F"))
     return report
 
 
@@ -110,6 +115,10 @@ def lint_graph(gm: GraphModule, *, note: bool = True) -> LintReport:
 def _add(report: LintReport, rule: str, node: Node, message: str, hint: str,
          related: str = "", related_location: Location | None = None) -> None:
     where = stack_trace_location(node.meta.get("stack_trace"))
+    owner = node.graph.owning_module
+    if where is None and node.op == "call_module" and owner is not None:
+        # run by a container: the line that built it (in the traced model's classes)
+        where = built_at(owner.meta.get(ORIGINAL_KEY, owner), str(node.target))
     report.add(Finding(rule, node.name, where, message, hint, related, related_location))
 
 
@@ -310,7 +319,7 @@ def saves(gm: GraphModule, op: Node, value: Node | None) -> bool | None:
 def _probe(gm: GraphModule, op: Node, value: Node | None) -> bool | None:
     original = gm.get_submodule(str(op.target)) if op.op == "call_module" else None
     try:
-        module = copy.deepcopy(original) if original is not None else None
+        module = copy_model(original) if original is not None else None
     except Exception:
         return None  # a module that cannot be copied is not run on made-up data
     width = getattr(module, "in_channels", None) or getattr(module, "in_features", None)
