@@ -1,0 +1,82 @@
+"""The side-by-side benchmark against Degree-Quant's reference code.
+
+The reference is not part of this repository: without a checkout named by
+``FXQUANT_DQ_REFERENCE`` the benchmark says so and stops, and the tests that need it skip.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from benchmarks import bench_dq_reference
+from benchmarks.dq_reference_support import ENV, load_reference, reference_path, scatter_shim
+
+needs_reference = pytest.mark.skipif(
+    reference_path() is None,
+    reason=f"set {ENV} to a camlsys/degree-quant checkout (commit 257d6bc) to run this test")
+
+
+def test_skips_with_a_message_without_a_checkout(monkeypatch, tmp_path, capsys):
+    """No checkout: the benchmark returns without training and tells how to get one."""
+    monkeypatch.setenv(ENV, str(tmp_path))  # a folder without dq/multi_quant.py
+    assert bench_dq_reference.main(["--seeds", "1", "--no-write"]) is None
+    err = capsys.readouterr().err
+    assert "skipped" in err and ENV in err and "camlsys/degree-quant" in err
+
+
+def test_load_reference_names_the_variable(monkeypatch):
+    """Loading without a checkout raises, naming the variable and the commit."""
+    monkeypatch.delenv(ENV, raising=False)
+    with pytest.raises(FileNotFoundError, match=f"{ENV}.*257d6bc"):
+        load_reference()
+
+
+@pytest.mark.parametrize("name, reduce", [("scatter_add", "sum"), ("scatter_mean", "mean"),
+                                          ("scatter_max", "amax"), ("scatter_min", "amin")])
+def test_scatter_shim_matches_scatter_reduce(name, reduce):
+    """Each stand-in function reduces rows by index like torch's scatter_reduce (empty
+    rows give 0), along dim 0 with a 1-D index, as the reference calls them."""
+    src = torch.randn(6, 3)
+    index = torch.tensor([0, 2, 2, 0, 3, 2])
+    out = getattr(scatter_shim(), name)(src, index, 0, None, 5)
+    values = out[0] if isinstance(out, tuple) else out
+    expected = torch.zeros(5, 3).scatter_reduce(0, index.view(-1, 1).expand(-1, 3), src, reduce,
+                                                include_self=False)
+    torch.testing.assert_close(values, expected)
+
+
+def test_rows_pair_formats():
+    """Every row but FP32 gives both sides the same integer width."""
+    for row in bench_dq_reference.ROWS.values():
+        if row.fxquant is None:
+            assert row.reference.bits is None
+        else:
+            assert row.fxquant["format"].startswith(f"int{row.reference.bits}:")
+
+
+@pytest.fixture
+def isolated_imports(monkeypatch):
+    """Whatever loading the reference adds to ``sys.modules`` (its ``dq`` package, the
+    ``torch_scatter`` stand-in) and ``sys.path`` is gone after the test."""
+    before = set(sys.modules)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    for name in set(sys.modules) - before:
+        if name == "torch_scatter" or name == "dq" or name.startswith("dq."):
+            del sys.modules[name]
+
+
+@needs_reference
+@pytest.mark.usefixtures("isolated_imports")
+def test_fp32_rows_match_with_a_checkout():
+    """With the reference present, its FP32 GCN trains exactly like fxquant's FP32 GCN
+    (same weights, same dropout masks), and a quantized row runs on both sides."""
+    body = bench_dq_reference.main(["--seeds", "2", "--epochs", "3", "--rows", "fp32,int8",
+                                    "--time-rows", "", "--no-write"])
+    assert body is not None
+    fp32 = next(line for line in body.splitlines() if line.startswith("| FP32"))
+    assert "+0.0 [+0.0, +0.0]" in fp32
+    assert any(line.startswith("| INT8") for line in body.splitlines())
