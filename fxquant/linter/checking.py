@@ -22,14 +22,21 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves
 
-from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
+from fxquant.fx.locations import Location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.linter.anomaly import watching_anomaly
+from fxquant.linter.backward import GRADIENT_HINT, GradientGuard, GradientWrite
 from fxquant.linter.dynamic import anomaly_finding
+from fxquant.linter.locate import first_line_after
 from fxquant.linter.recording import (
+    LADDER,
     HiddenWrite,
+    Instruments,
     Recorder,
     installed,
+    instrument_failure,
+    internal_failure,
     model_tensors,
     report_exception,
     run_forward,
@@ -53,6 +60,11 @@ class ProtectedRun:
     confirmed: list[HiddenWrite] = field(default_factory=list)
     outputs: Any = None  # the forward's output (None when it raised)
     input_grads: list[Tensor | None] = field(default_factory=list)  # of inputs requiring grad
+    error: BaseException | None = None  # what forward or backward raised
+    #: lines of custom backwards that wrote into their incoming gradient
+    gradient_writes: list[GradientWrite] = field(default_factory=list)
+    #: indices (in ``rec.saved``) of saved values changed where no instrument saw it
+    unseen: list[int] = field(default_factory=list)
 
 
 def _sum_outputs(out: Any) -> Tensor:
@@ -135,7 +147,12 @@ def check(
     loss = loss_fn if loss_fn is not None else _sum_outputs
     report = LintReport(mode="check")
     with PROCESS_LOCK, restored_state(model):
-        both_runs(model, example_inputs, loss, torch.get_rng_state(), report, rtol, atol)
+        try:
+            both_runs(model, example_inputs, loss, torch.get_rng_state(), report, rtol, atol)
+        except FxquantError:  # said on purpose (a loss_fn is needed, ...)
+            raise
+        except Exception as e:  # fxquant's own failure is never the model's error
+            report.add(internal_failure(e, "check"))
     return report
 
 
@@ -145,10 +162,31 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
     """The real run and the protected run from RNG state ``rng``, compared; findings go
     to ``report``; the protected run is returned."""
     real, real_error = _real_run(model, inputs, loss, rng)
-    run = protected_run(model, inputs, loss, rng, report)
+    first = LintReport(mode="check")
+    run = protected_run(model, inputs, loss, rng, first)
+    kept = first.findings
+    if run.error is not None and real_error is None:
+        # fxquant's recording failed where the plain forward and backward run: again with
+        # fewer instruments, saying what they cannot check (never an FXQ009)
+        error, tools = run.error, LADDER[0]
+        for tools in LADDER[1:]:
+            again = LintReport(mode="check")
+            run = protected_run(model, inputs, loss, rng, again, tools)
+            if run.error is None or tools is LADDER[-1]:
+                break
+        kept = [f for f in [*first.findings, *again.findings] if f.rule != "FXQ009"]
+        kept.append(instrument_failure(LADDER[0], tools, error, "forward and backward"))
+    for finding in kept:
+        report.add(finding)
     protected, rec = run.grads, run.rec
+    wrong: list[str] = []
     if real is not None and protected is not None:
-        _compare(real, protected, rec, report, rtol, atol)
+        wrong = _wrong(real, protected, rtol, atol)
+        if wrong:
+            _explain(wrong, run, report, lambda: _locate_unseen(model, inputs, rng, run))
+    crashed_there = real_error is not None and traceback_location(real_error) in {
+        w.where for w in run.gradient_writes}
+    _report_gradient_writes(run, report, bool(wrong) or crashed_there)
     if real is not None:
         _starved(real, rec, report, "")
     elif protected is not None:
@@ -159,9 +197,11 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
 
 
 def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], Tensor],
-                  rng: Tensor, report: LintReport) -> ProtectedRun:
-    """Forward under the recording modes with saved tensors copied when saved, then
-    backward from ``loss``; from RNG state ``rng``, the model restored afterwards."""
+                  rng: Tensor, report: LintReport,
+                  tools: Instruments = LADDER[0]) -> ProtectedRun:
+    """Forward under the recording modes (those ``tools`` asks for) with saved tensors
+    copied when saved, then backward from ``loss``; from RNG state ``rng``, the model
+    restored afterwards."""
     rec = Recorder(report, scan_saved=False, copy_saved=True)
     with restored_state(model):
         torch.set_rng_state(rng)
@@ -171,24 +211,32 @@ def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any
         leaves = [t for t in tree_leaves(copies) if isinstance(t, Tensor) and t.requires_grad]
         rec.mark_inputs(model_tensors(model, copies), model)
         out = None
+        guard = GradientGuard(None)
+        unseen: list[int] = []
         try:
-            with watching_anomaly(anomaly_finding(rec)), installed(rec):
+            with watching_anomaly(anomaly_finding(rec)), installed(rec, tools):
                 out = run_forward(model, copies, rec)
             rec.cut_at = rec.report_zero_grad(out)
+            # saved values changed where no instrument saw it (NumPy views, C extensions)
+            unseen = [i for i, entry in enumerate(rec.saved) if entry.changed_unseen()]
             with torch.enable_grad():
-                loss(out).backward()
+                total = loss(out)
+                with GradientGuard(total) as guard:
+                    total.backward()
         except KeyboardInterrupt:
             raise
         except BaseException as e:
             rec.report_modified()  # backward may never have run to see them
             report_exception(report, "forward/backward", e)
-            return ProtectedRun(None, rec, outputs=out)
+            return ProtectedRun(None, rec, outputs=out, error=e,
+                                gradient_writes=guard.written, unseen=unseen)
         return ProtectedRun(_grads(model), rec, outputs=out, input_grads=[t.grad for t in leaves],
-                            confirmed=rec.confirm_hidden())
+                            confirmed=rec.confirm_hidden(), gradient_writes=guard.written,
+                            unseen=unseen)
 
 
-def _compare(real: Grads, protected: Grads, rec: Recorder, report: LintReport,
-             rtol: float, atol: float) -> None:
+def _wrong(real: Grads, protected: Grads, rtol: float, atol: float) -> list[str]:
+    """The parameters whose real gradient differs from the protected one."""
     wrong = []
     for name, got in real.items():
         want = protected.get(name)
@@ -196,31 +244,113 @@ def _compare(real: Grads, protected: Grads, rec: Recorder, report: LintReport,
                 got.shape != want.shape or not torch.allclose(got, want, rtol=rtol, atol=atol,
                                                               equal_nan=True))):
             wrong.append(name)
-    if not wrong:
-        return
+    return wrong
+
+
+def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
+             locate: Callable[[], Location | None]) -> None:
+    """Say why the real gradients of ``wrong`` differ from those the forward implies, as
+    precisely as was observed: a hidden write the recorder saw (already an FXQ012), a
+    write into a saved value's memory seen at the ATen level, a custom backward that
+    changed its incoming gradient, a saved value changed where no instrument saw it (the
+    line found by watching the user's lines, else the op that saved it), or nothing known."""
+    rec = run.rec
     already = {f.location for f in report.by_rule("FXQ012")}  # hidden writes the recorder saw
     silent = [(entry, write) for entry in rec.saved for write in entry.silent
               if write[1] is None or write[1] not in already]
     names = ", ".join(repr(n) for n in wrong[:6]) + (" ..." if len(wrong) > 6 else "")
-    if not silent and already:
+    if silent:
+        for entry, (code, where, node, _) in silent:
+            saver = f"`{entry.op}`" + (f" at {entry.where}" if entry.where else "")
+            how = "through `.data`" if ".data" in code else "through an alias autograd does not track"
+            report.add(Finding(
+                "FXQ012", node, where,
+                f"backward runs but gives wrong gradients for {names}: the value saved by "
+                f"{saver} was changed at this line by `{code}`, {how}.",
+                "compute a new tensor instead of writing into the saved one (`w = f(w)`), "
+                "or make the change under torch.no_grad() before the value is used",
+                related=entry.op, related_location=entry.where))
         return
-    if not silent:
+    if already or run.gradient_writes:
+        return  # reported by the recorder, or by _report_gradient_writes
+    if run.unseen:
+        entries = [rec.saved[i] for i in run.unseen]
+        first = entries[0]
+        saver = f"`{first.op}`" + (f" at {first.where}" if first.where else "")
+        where = locate()
+        if where is not None:
+            report.add(Finding(
+                "FXQ012", first.op, where,
+                f"backward runs but gives wrong gradients for {names}: `{where.code}` changes "
+                f"the value that {saver} saved for backward, and autograd does not see it (its "
+                "version counter did not move: a NumPy view, a C extension or a kernel wrote "
+                "into the memory), so backward computes with the changed value.",
+                "do not write into a tensor autograd saved: write into a copy "
+                "(`a = y.detach().numpy().copy()`, `y.clone()`), or compute the change with "
+                "torch ops into a new tensor",
+                related=first.op, related_location=first.where))
+            return
         report.add(Finding(
-            "FXQ012", names, None,
-            f"backward runs but gives wrong gradients for {names}: a value autograd saved was "
-            "changed after it was saved, through a path autograd does not track.",
-            "look for `.data` writes in forward; make them out of place or under "
-            "torch.no_grad() before the value is used"))
+            "FXQ012", first.op, first.where,
+            f"backward runs but gives wrong gradients for {names}: the value that {saver} "
+            "saved for backward (this line) was changed afterwards by a write no instrument sees "
+            "and that ran outside the user's Python lines (a NumPy view, a C extension or a "
+            "kernel writing into its input, or a hook); backward computes with the changed "
+            "value.",
+            "find what writes into this value after it is computed and make it write into "
+            "a copy (`y.clone()`), or compute the change into a new tensor",
+            related=first.op, related_location=first.where))
         return
-    for entry, (code, where, node, _) in silent:
-        saver = f"`{entry.op}`" + (f" at {entry.where}" if entry.where else "")
-        report.add(Finding(
-            "FXQ012", node, where,
-            f"backward runs but gives wrong gradients for {names}: the value saved by {saver} "
-            f"was changed at this line by `{code}`, which autograd does not track.",
-            "compute a new tensor instead of writing through `.data` (or `.detach()`), e.g. "
-            "`w = f(w)`; or make the change under torch.no_grad() before the value is used",
-            related=entry.op, related_location=entry.where))
+    report.add(Finding(
+        "FXQ012", names, None,
+        f"backward runs but gives wrong gradients for {names}: a value autograd uses in "
+        "backward changed after it was recorded, through a path neither autograd nor "
+        "fxquant's instruments see, and no saved value was seen changing in forward (a "
+        "backward hook, or a write during backward, can do this).",
+        "check hooks and custom backward code for writes into tensors they receive; run "
+        "fxquant.check on submodules to narrow the place down"))
+
+
+def _report_gradient_writes(run: ProtectedRun, report: LintReport, harmful: bool) -> None:
+    """A custom backward changed its incoming gradient: FXQ012 when the real gradients
+    are wrong (or the real backward failed), else FXQ015 (harmless here, a hazard)."""
+    for write in run.gradient_writes:
+        if harmful:
+            report.add(Finding(
+                "FXQ012", write.function, write.where,
+                f"`{write.code}` in the backward of `{write.function}` writes in place into "
+                "the gradient it receives; autograd handed that tensor to other branches too, "
+                "so their gradients change: backward runs but the gradients are wrong.",
+                GRADIENT_HINT))
+        else:
+            report.add(Finding(
+                "FXQ015", write.function, write.where,
+                f"`{write.code}` in the backward of `{write.function}` writes in place into "
+                "the gradient it receives; here no other branch shares that tensor, so the "
+                "gradients are right, but a model that reuses the output would get wrong ones.",
+                GRADIENT_HINT))
+
+
+def _locate_unseen(model: nn.Module, inputs: tuple[Any, ...], rng: Tensor,
+                   run: ProtectedRun) -> Location | None:
+    """Run the forward once more, watching the user's lines, to find the one after which
+    a saved value first differs from its copy."""
+    indices = list(run.unseen)
+    rec = Recorder(LintReport(mode="check"), scan_saved=False, copy_saved=True)
+
+    def changed() -> bool:
+        return any(i < len(rec.saved) and rec.saved[i].changed_unseen() for i in indices)
+
+    with restored_state(model):
+        torch.set_rng_state(rng)
+        copies = clone_inputs(inputs)
+        rec.mark_inputs(model_tensors(model, copies), model)
+        try:
+            with installed(rec), first_line_after(changed) as found:
+                run_forward(model, copies, rec)
+        except Exception:  # the forward ran before; a second failure leaves it unlocated
+            return None
+    return found[0] if found else None
 
 
 def _starved(grads: Grads, rec: Recorder, report: LintReport, when: str) -> None:

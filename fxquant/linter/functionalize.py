@@ -39,9 +39,10 @@ import functools
 import inspect
 import math
 import operator
+import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch
@@ -53,7 +54,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 from fxquant.errors import FxquantError, FxquantRuntimeError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, stack_trace_location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
-from fxquant.fx.tracer import LeafSpec, TraceError, trace
+from fxquant.fx.tracer import LeafSpec, trace
 from fxquant.linter.checking import both_runs
 from fxquant.linter.recording import HiddenWrite, InplaceCall
 from fxquant.linter.report import LintReport
@@ -283,6 +284,7 @@ class _Write:
     node: Node
     target: Node  # the value written into (as it appears in the traced graph)
     kind: str  # method, function, setitem, augmented, inplace_kwarg, out, module
+    hidden: bool = False  # written through `.data` / `.detach()` in the original
 
 
 def _inplace_kwarg(node: Node) -> bool:
@@ -313,15 +315,34 @@ def _find_write(gm: GraphModule, node: Node, augmented: set[Node]) -> _Write | N
         return None
     if node in augmented:
         return _Write(node, first, "augmented")
-    if node.op == "call_function" and node.target is operator.setitem:
-        return _Write(node, first, "setitem")
     name = node_op_name(node)
-    if node.op == "call_method" and inplace_name(name):
-        return _Write(node, first, "method")
-    if node.op == "call_function" and inplace_name(name):
-        return _Write(node, first, "function")
-    if _inplace_kwarg(node):
-        return _Write(node, first, "inplace_kwarg")
+    if node.op == "call_function" and node.target is operator.setitem:
+        kind = "setitem"
+    elif node.op == "call_method" and inplace_name(name):
+        kind = "method"
+    elif node.op == "call_function" and inplace_name(name):
+        kind = "function"
+    elif _inplace_kwarg(node):
+        kind = "inplace_kwarg"
+    else:
+        return None
+    hidden = _hidden_alias_of(first)
+    if hidden is not None:
+        # a write through `.data` or `.detach()` that the check found changes no gradient
+        # (confirmed ones are refused before): made into a write autograd sees
+        node.args = (hidden, *node.args[1:])
+        return _Write(node, hidden, kind, hidden=True)
+    return _Write(node, first, kind)
+
+
+def _hidden_alias_of(node: Node) -> Node | None:
+    """``x`` for a node computing ``x.data`` or ``x.detach()``, else None."""
+    if node.op == "call_function" and node.target is getattr and len(node.args) > 1 \
+            and node.args[1] == "data" and isinstance(node.args[0], Node):
+        return node.args[0]
+    if node.op == "call_method" and node.target == "detach" and node.args \
+            and isinstance(node.args[0], Node):
+        return node.args[0]
     return None
 
 
@@ -444,6 +465,9 @@ class _Rewriter:
                                      "kept (writes module state)"))
             return
         before, after = _describe(self.gm, w)
+        if w.hidden:
+            before = f"{before} through `.data` / `.detach()`"
+            after += " (autograd now sees the write; fxquant.check found it changes no gradient)"
         new = self._out_of_place(w)
         if target is not root:
             after += f"; written back into `{root.name}` at the positions the view covers"
@@ -556,9 +580,30 @@ def _describe(gm: GraphModule, w: _Write) -> tuple[str, str]:
     return f"{prefix}{name}(...)", f"{prefix}{name[:-1]}(...)"
 
 
+@_records_itself
+def without_grad(value: Any) -> Any:
+    """``value`` as code under ``torch.no_grad()`` computes it: its tensors detached."""
+    return tree_map_only(Tensor, lambda t: t.detach() if t.requires_grad else t, value)
+
+
+def _detach_no_grad(gm: GraphModule, no_grad_lines: set[Location]) -> None:
+    """Symbolic tracing does not record ``with torch.no_grad():``; the values the original
+    computed with autograd off (the lines where its torch calls ran so) are detached, so
+    that e.g. an EMA buffer read after its update passes no gradient on."""
+    for node in list(gm.graph.nodes):
+        if node.op not in ("call_function", "call_method", "call_module") \
+                or node.target is without_grad or _where(node) not in no_grad_lines:
+            continue
+        with gm.graph.inserting_after(node):
+            detached = gm.graph.call_function(without_grad, (node,))
+        detached.meta["stack_trace"] = node.meta.get("stack_trace")
+        node.replace_all_uses_with(
+            detached, delete_user_cb=lambda user, new=detached: user is not new)
+
+
 def _symbolic(model: nn.Module, calls: list[InplaceCall],
-              concrete_args: dict[str, Any] | None, leaf_modules: Iterable[LeafSpec]
-              ) -> GraphModule:
+              concrete_args: dict[str, Any] | None, leaf_modules: Iterable[LeafSpec],
+              no_grad_lines: set[Location] | None = None) -> GraphModule:
     gm = trace(model, concrete_args, leaf_modules)
     augmented = _augmented_nodes(gm, calls)
     writes = {}
@@ -568,6 +613,8 @@ def _symbolic(model: nn.Module, calls: list[InplaceCall],
             writes[node] = write
     rewriter = _Rewriter(gm, writes)
     rewriter.run()
+    if no_grad_lines:
+        _detach_no_grad(gm, no_grad_lines)
     gm.graph.lint()
     gm.recompile()
     gm.meta[REWRITES_KEY] = rewriter.rewrites
@@ -760,6 +807,7 @@ class _Reference:
     state: dict[str, Any]  # module attributes the forward changes: their new values
     other_rng: Tensor  # a second RNG state, to catch random draws frozen into a graph
     other_outputs: Any
+    no_grad_lines: set[Location] = field(default_factory=set)  # ran with autograd off
 
 
 def _plain_attributes(model: nn.Module) -> dict[str, Any]:
@@ -825,7 +873,7 @@ def _reference(model: nn.Module, inputs: tuple, rng: Tensor) -> _Reference:
         flags = [t.requires_grad for t in tree_leaves(run.outputs) if isinstance(t, Tensor)]
     return _Reference(outputs, flags, buffers, run.grads, run.input_grads,
                       bool(report.by_rule("FXQ013")), report, run.rec.inplace_calls,
-                      run.confirmed, state, other, other_outputs)
+                      run.confirmed, state, other, other_outputs, run.rec.no_grad_lines)
 
 
 def _refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
@@ -876,6 +924,40 @@ def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
                           equal_nan=True)
 
 
+def _carry_state(original: nn.Module, gm: GraphModule) -> None:
+    """Give ``gm`` every parameter and buffer of ``original`` its graph does not use (a
+    counter the forward only updates, state read elsewhere), under the same name and
+    persistence; constants the graph holds (a tensor the forward creates) are not saved:
+    state dicts load both ways."""
+    keys = set(original.state_dict())
+    for name, _ in list(gm.named_buffers()):
+        if name not in keys:
+            owner_name, _, attr = name.rpartition(".")
+            gm.get_submodule(owner_name)._non_persistent_buffers_set.add(attr)
+    for name, value in [*original.named_parameters(), *original.named_buffers()]:
+        owner_name, _, attr = name.rpartition(".")
+        try:
+            there = gm.get_submodule(owner_name)
+        except AttributeError:
+            there = None
+        if there is not None and attr in (there._parameters if isinstance(value, nn.Parameter)
+                                          else there._buffers):
+            continue
+        owner: nn.Module = gm
+        for part in owner_name.split(".") if owner_name else ():
+            child = getattr(owner, part, None)
+            if not isinstance(child, nn.Module):
+                child = nn.Module()
+                owner.add_module(part, child)
+            owner = child
+        source = original.get_submodule(owner_name)
+        if isinstance(value, nn.Parameter):
+            owner.register_parameter(attr, value)
+        else:
+            owner.register_buffer(attr, value,
+                                  persistent=attr not in source._non_persistent_buffers_set)
+
+
 def _verify(candidate: nn.Module, original: nn.Module, ref: _Reference, inputs: tuple,
             rng: Tensor, rtol: float, atol: float) -> str | None:
     """None when ``candidate`` matches the reference; else what differs."""
@@ -904,8 +986,14 @@ def _verify(candidate: nn.Module, original: nn.Module, ref: _Reference, inputs: 
             return f"its outputs' requires_grad is {flags}, the original's {ref.requires_grad}"
         buffers = dict(candidate.named_buffers())
         for name, value in ref.buffers.items():
-            if name in buffers and not _close(buffers[name], value, rtol, atol):
+            if name not in buffers:
+                return f"it has no buffer {name!r}"
+            if not _close(buffers[name], value, rtol, atol):
                 return f"buffer {name!r} differs after forward"
+        mine, theirs = set(candidate.state_dict()), set(original.state_dict())
+        if mine != theirs:
+            return (f"its state_dict has other entries (missing {sorted(theirs - mine)}, "
+                    f"extra {sorted(mine - theirs)}): the original's would not load into it")
         for name, value in ref.state.items():
             module_name, _, attribute = name.rpartition(".")
             try:
@@ -1017,15 +1105,18 @@ def functionalize_inplace(
     leaf_modules: Iterable[LeafSpec] = (),
     rtol: float = 1e-5,
     atol: float = 1e-6,
-) -> GraphModule:
+) -> nn.Module:
     """The same forward as ``model`` without in-place ops, verified on ``example_inputs``.
 
     Fixes what breaks backward (``+=``, ``*=``, ``clamp_``, ``relu_`` ... on saved values;
     ``x[i] = v``, ``x[:, a:b] = v``, ``masked_fill_``, ``index_put_``, ``copy_`` into views,
     also through ``chunk``/``split``/``view``; ``out=``; ``nn.ReLU(inplace=True)``) and keeps
     what was legal. The result is checked on the example inputs before it is returned:
-    outputs, their ``requires_grad``, buffers after forward and every parameter's gradient
-    must match what the original's forward implies (see the module docstring).
+    outputs, their ``requires_grad``, buffers after forward (counters, EMAs), the
+    state_dict's entries and every parameter's gradient must match what the original's
+    forward implies (see the module docstring). A model in which :func:`fxquant.check`
+    finds nothing that breaks backward, and which no rewrite reproduces exactly, is
+    returned as it is (a copy), with a warning that nothing needed rewriting.
 
     Args:
         model (torch.nn.Module): the model; not modified (the result owns a copy).
@@ -1037,11 +1128,13 @@ def functionalize_inplace(
         torch.fx.GraphModule: ``gm.meta["fxquant_rewrites"]`` lists each :class:`Rewrite`
         (line, before, after); ``gm.meta["fxquant_functionalized"]`` is ``"symbolic"`` or
         ``"captured"`` (an ATen graph specialized to the example's shapes and branches).
+        For a model that needed nothing rewritten and that no rewrite reproduces, a copy
+        of ``model`` itself (same class and state), with a :class:`UserWarning`.
 
     Raises:
         FunctionalizeError: the model writes into a leaf that requires grad, writes where
-            autograd does not see it (``.data``), or no rewrite reproduced it; the message
-            names the line and the fix.
+            autograd does not see it (``.data``) in a way that changes gradients, or breaks
+            backward and no rewrite reproduced it; the message names the line and the fix.
 
     Example:
         >>> class Model(torch.nn.Module):
@@ -1073,26 +1166,34 @@ def functionalize_inplace(
         failures: list[str] = []
         candidates: list[tuple[str, Callable[[], GraphModule]]] = [
             ("the symbolic rewrite", lambda: _symbolic(copy_model(model), ref.calls,
-                                                       concrete_args, leaf_modules)),
+                                                       concrete_args, leaf_modules,
+                                                       ref.no_grad_lines)),
             ("the captured forward", lambda: _capture(copy_model(model), example_inputs,
                                                       ref.calls)),
         ]
         for label, build in candidates:
             try:
                 gm = build()
-            except (TraceError, FunctionalizeError, RuntimeError, TypeError, ValueError, SyntaxError,
-                    NotImplementedError, AssertionError) as e:
+                _carry_state(original, gm)
+                problem = _verify(gm, original, ref, example_inputs, rng, rtol, atol)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # a rewrite fxquant cannot build or run is not returned
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 failures.append(f"{label} could not be built: {first}")
                 continue
-            problem = _verify(gm, original, ref, example_inputs, rng, rtol, atol)
             if problem is None:
                 return gm
             failures.append(f"{label} does not match the original: {problem}")
+        if not ref.report.errors:
+            warnings.warn(
+                "functionalize_inplace: fxquant.check finds nothing in this model that breaks "
+                "backward, so nothing needed rewriting, and no out-of-place rewrite matched it "
+                "exactly (" + "; ".join(failures) + "): the model is returned as it is (a "
+                "copy, state included)", UserWarning, stacklevel=2)
+            return copy_model(model)
     legal = "".join(f"\nfxquant.check reports {f.rule} at {f.where}: {f.message}"
-                    for f in ref.report.errors) or (
-        "\nfxquant.check finds nothing in this model that breaks backward: it does not need "
-        "this rewrite.")
+                    for f in ref.report.errors)
     raise FunctionalizeError(
         "functionalize_inplace found no rewrite that matches the original on the example "
         "inputs, so it returns none:\n  " + "\n  ".join(failures) + legal)

@@ -37,6 +37,7 @@ import contextlib
 import os
 import re
 import sys
+import traceback
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,23 +60,29 @@ from fxquant.fx.locations import (
     stack_trace_location,
     traceback_location,
 )
+from fxquant.linter.backward import GRADIENT_HINT, custom_functions, gradient_writes
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace
 from fxquant.linter.sites import ModuleSite, container_site
 from fxquant.linter.state import pop_saved_tensors_hooks_until
 
 __all__ = [
+    "LADDER",
     "OVERWRITING_OPS",
     "ZERO_DERIVATIVE_OPS",
     "GraphRunner",
     "HiddenWrite",
     "InplaceCall",
+    "Instruments",
     "Recorder",
     "SavedTensor",
     "installed",
+    "instrument_failure",
+    "internal_failure",
     "model_tensors",
     "report_exception",
     "run_forward",
+    "same_values",
 ]
 
 #: ATen ops (packet names) with a float output whose derivative is zero almost everywhere.
@@ -140,6 +147,27 @@ class SavedTensor:
     culprits: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
     #: The same, for writes into its storage that left its version alone (``.data``).
     silent: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
+    #: check: its value when saved (what backward is handed)
+    copy: Tensor | None = field(default=None, repr=False)
+
+    def changed_unseen(self) -> bool:
+        """Whether its values differ from those saved while its version is the same: a
+        write no instrument saw (NumPy, a C extension, a kernel writing into it)."""
+        if self.copy is None or self.tensor._version != self.pack_version:
+            return False
+        return not same_values(self.tensor, self.copy)
+
+
+def same_values(a: Tensor, b: Tensor) -> bool:
+    """Equal element for element, NaN equal to NaN (fake and meta tensors: always)."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.layout != torch.strided \
+            or a.device.type == "meta" or isinstance(a, torch._subclasses.FakeTensor):
+        return a.shape == b.shape
+    try:
+        return bool(torch.equal(a, b) or (a.is_floating_point() and bool(
+            ((a == b) | (a.isnan() & b.isnan())).all())))
+    except RuntimeError:
+        return True
 
 
 _HIDDEN_HINT = ("compute the new value out of place with autograd on and use it, e.g. "
@@ -158,11 +186,27 @@ def _grad_where_changed(owner: Tensor, changed: Tensor | None) -> bool:
 
 
 def _on_owner(alias: Tensor, changed: Tensor, owner: Tensor) -> Tensor | None:
-    """``changed`` (over the written alias) over the owner, where both lay out alike."""
+    """``changed`` (a mask over the written alias) as a mask over ``owner``, another view
+    of the same memory: the owner's elements whose storage positions the alias changed
+    (None where the two do not share memory or have no strides to compare)."""
     if alias.shape == owner.shape and alias.stride() == owner.stride() \
             and alias.storage_offset() == owner.storage_offset():
         return changed
-    return None
+    if alias.layout != torch.strided or owner.layout != torch.strided \
+            or alias.device.type == "meta" or changed.shape != alias.shape:
+        return None
+    hit = _offsets(alias)[changed]
+    return torch.isin(_offsets(owner), hit)
+
+
+def _offsets(t: Tensor) -> Tensor:
+    """The storage position of each element of the strided tensor ``t``."""
+    pos = torch.full(t.shape, int(t.storage_offset()), dtype=torch.long, device=t.device)
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
+        shape = [1] * t.dim()
+        shape[dim] = size
+        pos = pos + (torch.arange(size, device=t.device) * stride).view(shape)
+    return pos
 
 
 def _in_custom_function() -> bool:
@@ -210,7 +254,8 @@ class HiddenWrite:
     how: str  # "through `.data`", "under torch.no_grad()", "through a `.detach()`ed alias"
     target: str  # "parameter 'lin.weight'" or "a tensor that requires grad"
     owners: list[Tensor] = field(default_factory=list, repr=False)
-    changed: Tensor | None = field(default=None, repr=False)  # over the owner; None: unknown
+    #: per owner, a mask of the elements the write changed (None: unknown)
+    changed: list[Tensor | None] = field(default_factory=list, repr=False)
     reader: str = ""
     read_at: Location | None = None
 
@@ -240,6 +285,8 @@ class Recorder:
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         #: every call that wrote in place, in order
         self.inplace_calls: list[InplaceCall] = []
+        #: lines whose torch calls ran with autograd off (check: what a rewrite detaches)
+        self.no_grad_lines: set[Location] = set()
         self.module_names: dict[int, str] = {}  # id(module) -> its qualified name
         self.modules: dict[str, nn.Module] = {}
         #: construction lines of library modules run by containers -> what ran there
@@ -252,9 +299,9 @@ class Recorder:
         module a container runs (``nn.Sequential``), the line that built the module."""
         if self.module_names:
             site = container_site(self.boundary, self.module_names, self.modules)
-            if site is not None and site.built_at is not None:
-                self.sites.setdefault(site.built_at, site)
-                return site.built_at
+            if site is not None and site.line is not None:
+                self.sites.setdefault(site.line, site)
+                return site.line
         found = caller_location(self.boundary)
         if found is not None:
             return found
@@ -307,12 +354,16 @@ class Recorder:
                 if o is not None and o.requires_grad and _storage_ptr(o) == ptr]
 
     def hide(self, owners: list[Tensor], code: str, where: Location | None, node: str,
-             how: str, changed: Tensor | None = None) -> None:
+             how: str, changed: Tensor | None = None, alias: Tensor | None = None) -> None:
+        """Remember a hidden write into ``owners`` through ``alias`` (one of them when
+        None); ``changed`` masks the alias's elements it changed (None: unknown)."""
         if _in_custom_function():
             return  # a custom autograd.Function's forward: its author states the gradient
         names = [self.names[id(o)] for o in owners if id(o) in self.names]
         target = f"parameter {names[0]!r}" if names else "a tensor that requires grad"
-        write = HiddenWrite(code, where, node, how, target, list(owners), changed)
+        written = owners[0] if alias is None else alias
+        masks = [None if changed is None else _on_owner(written, changed, o) for o in owners]
+        write = HiddenWrite(code, where, node, how, target, list(owners), masks)
         self.hidden_writes.append(write)
         for owner in owners:
             self.hidden[owner] = write
@@ -348,7 +399,8 @@ class Recorder:
         # writes into saved values: the check compares gradients and names the saving op
         saved = {w[1] for entry in self.saved for w in entry.silent}
         for write in self.hidden_writes:
-            if not any(_grad_where_changed(o, write.changed) for o in write.owners):
+            if not any(_grad_where_changed(o, c)
+                       for o, c in zip(write.owners, write.changed, strict=True)):
                 continue
             confirmed.append(write)
             if write.where is not None and (write.where in crashing or write.where in saved):
@@ -410,6 +462,19 @@ class Recorder:
                             old.cut | new.cut)
             self.prov[t] = new
 
+    def report_gradient_writes(self, out: Any) -> None:
+        """FXQ015 for each line of a custom Function's backward, behind ``out``, that
+        writes in place into its incoming gradient (read from its source)."""
+        for node in custom_functions(out):
+            function = getattr(node, "_forward_cls", None)
+            for write in gradient_writes(function) if function is not None else ():
+                self.add("FXQ015", write.where, write.function,
+                         f"`{write.code}` in the backward of `{write.function}` writes in "
+                         "place into the gradient it receives: autograd may hand the same "
+                         "tensor to other branches, whose gradients then change silently "
+                         "(fxquant.check runs backward and tells whether they do).",
+                         GRADIENT_HINT)
+
     def report_zero_grad(self, out: Any) -> set[int]:
         """FXQ007 for each zero-derivative op between parameters and ``out``; their keys."""
         origins: set[int] = set()
@@ -445,7 +510,8 @@ class Recorder:
         entry = SavedTensor(t, t._version, t._version, self.last_op, self.where())
         self.saved.append(entry)
         if self.copy_saved:
-            return entry, t.detach().clone()
+            entry.copy = t.detach().clone()
+            return entry, entry.copy
         return t
 
     def name_victims(self, first: int, out: Any) -> None:
@@ -494,14 +560,16 @@ class Recorder:
         for _, t, grad_before in writes:
             if (grad_enabled and grad_before) or by_library:
                 continue  # autograd records it (or it is torch's documented behaviour)
-            owners = self._grad_owners(t)
+            # a write into ``t`` itself from a value that requires grad is recorded by
+            # autograd (``buf.detach_()`` then ``buf.copy_(f(w))``): ``t`` now has history
+            owners = [o for o in self._grad_owners(t)
+                      if not (o is t and grad_enabled and o.grad_fn is not None)]
             changed = self.changes.pop(id(t), None)
             if owners:
                 how = ("through `.data`" if ".data" in code else
                        "under torch.no_grad()" if not grad_enabled else
                        "through a `.detach()`ed alias")
-                self.hide(owners, code, where, node, how,
-                          _on_owner(t, changed, owners[0]) if changed is not None else None)
+                self.hide(owners, code, where, node, how, changed, alias=t)
         for entry in self.saved:
             version = entry.tensor._version
             if version != entry.seen_version:
@@ -610,6 +678,10 @@ class _FunctionMode(TorchFunctionMode):
         rec.writes = []
         first_saved = len(rec.saved)
         grad_enabled = torch.is_grad_enabled()
+        if not grad_enabled and rec.copy_saved:
+            line = rec.where()
+            if line is not None:
+                rec.no_grad_lines.add(line)
         reachable = {_storage_ptr(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
         try:
             out = func(*args, **kwargs)
@@ -749,28 +821,92 @@ class GraphRunner(Interpreter):
             self.rec.node = None
 
 
+@dataclass(frozen=True)
+class Instruments:
+    """Which recording tools :func:`installed` pushes. Each one that is off costs the
+    checks that :meth:`lost` names; fewer tools are used only when fxquant's own tools fail
+    on a forward that runs without them (:data:`LADDER`)."""
+
+    functions: bool = True  # the TorchFunctionMode: calls as written, `.data`, lines
+    dispatch: bool = True  # the TorchDispatchMode: every ATen op, writes from the schema
+    hooks: bool = True  # the saved-tensor hooks: what autograd saves, and when
+
+    def lost(self) -> str:
+        """What cannot be checked without the tools that are off ('' with all on)."""
+        lost = []
+        if not self.hooks:
+            lost.append("which op saved which tensor, so in-place writes into saved values "
+                        "(FXQ001) and silent changes to them (FXQ012) are found only as far "
+                        "as the gradients show them")
+        if not self.dispatch:
+            lost.append("the ATen ops: writes autograd does not see (FXQ012, FXQ014), "
+                        "overwrites (FXQ002), device-less factories (FXQ005) and "
+                        "zero-derivative ops (FXQ007)")
+        if not self.functions:
+            lost.append("the Python calls: `.data` (FXQ004) and the lines of in-place calls")
+        return "; ".join(lost)
+
+    def describe(self) -> str:
+        """The tools that are on, in words."""
+        tools = [name for on, name in ((self.functions, "the torch-function mode"),
+                                       (self.dispatch, "the dispatch mode"),
+                                       (self.hooks, "the saved-tensor hooks")) if on]
+        return ", ".join(tools) if tools else "no instrument (the plain forward)"
+
+
+#: The instruments tried in turn when fxquant's own recording fails on a forward that
+#: runs without it: all, then without the saved-tensor hooks, then the function mode
+#: alone, then none (the plain run, which still reports what backward raises).
+LADDER: Final = (Instruments(), Instruments(hooks=False), Instruments(dispatch=False, hooks=False),
+                 Instruments(functions=False, dispatch=False, hooks=False))
+
+
 @contextlib.contextmanager
-def installed(rec: Recorder) -> Iterator[None]:
-    """Grad mode on, the saved-tensor hooks and both modes pushed; popped by identity.
+def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[None]:
+    """Grad mode on, the saved-tensor hooks and both modes pushed (those ``tools`` asks
+    for); popped by identity.
 
     Entries the forward pushed above fxquant's and left there are popped first, so that
     fxquant's own entries come off, and the user's stack is as it was before.
     """
     function_mode, dispatch_mode = _FunctionMode(rec), _DispatchMode(rec)
     with torch.enable_grad():
-        torch._C._autograd._push_saved_tensors_default_hooks(rec.pack, rec.unpack)
+        below = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if tools.hooks:
+            torch._C._autograd._push_saved_tensors_default_hooks(rec.pack, rec.unpack)
         try:
             with contextlib.ExitStack() as stack:
-                function_mode.__enter__()
-                stack.callback(_pop_function_mode, function_mode)
-                dispatch_mode.__enter__()
-                stack.callback(_pop_dispatch_mode, dispatch_mode)
+                if tools.functions:
+                    function_mode.__enter__()
+                    stack.callback(_pop_function_mode, function_mode)
+                if tools.dispatch:
+                    dispatch_mode.__enter__()
+                    stack.callback(_pop_dispatch_mode, dispatch_mode)
                 yield
         finally:
-            pop_saved_tensors_hooks_until((rec.pack, rec.unpack))
-            top = torch._C._autograd._top_saved_tensors_default_hooks(True)
-            if top is not None and top[0] is rec.pack:
-                torch._C._autograd._pop_saved_tensors_default_hooks()
+            if tools.hooks:
+                pop_saved_tensors_hooks_until((rec.pack, rec.unpack))
+                top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+                if top is not None and top[0] is rec.pack:
+                    torch._C._autograd._pop_saved_tensors_default_hooks()
+            else:
+                pop_saved_tensors_hooks_until(below)
+
+
+def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseException,
+                       phase: str) -> Finding:
+    """FXQ010: fxquant's recording failed where the plain run works, and what the run with
+    fewer instruments could not check."""
+    first = str(error).splitlines()[0] if str(error) else ""
+    lost = fallback.lost()
+    return Finding(
+        "FXQ010", "instruments", traceback_location(error),
+        f"fxquant's recording ({tools.describe()}) failed on this model's {phase} "
+        f"({type(error).__name__}: {first[:200]}), which runs without it: a limit of "
+        f"fxquant, not an error in the model. It was checked again with "
+        f"{fallback.describe()}" + (f"; not checked: {lost}." if lost else "."),
+        "nothing to fix in the model; to check what was skipped, run the forward in "
+        "pieces (fxquant.check on a submodule), and please report the failure to fxquant")
 
 
 def _pop_function_mode(mode: TorchFunctionMode) -> None:
@@ -807,6 +943,22 @@ def model_tensors(model: nn.Module, inputs: Any) -> list[Tensor]:
         if stores is not None:
             found += [v for s in stores for v in s.values() if isinstance(v, Tensor)]
     return found + list(model.parameters()) + list(model.buffers())
+
+
+def internal_failure(error: BaseException, what: str) -> Finding:
+    """FXQ010: fxquant's own analysis raised (never the model's error); what it found
+    before is kept."""
+    first = str(error).splitlines()[0] if str(error) else ""
+    where = next((f"{f.filename}:{f.lineno}" for f in
+                  reversed(traceback.extract_tb(error.__traceback__))
+                  if f.filename.startswith(_OWN_FILES[0])), "")
+    return Finding(
+        "FXQ010", "fxquant", None,
+        f"fxquant's {what} stopped on an error of its own ({type(error).__name__}: "
+        f"{first[:200]}{f' at {where}' if where else ''}); the findings listed were made "
+        "before it, and what it had still to check was not checked. This is not an error "
+        "in the model.",
+        "please report it to fxquant with the model; the model itself needs no change for it")
 
 
 def report_exception(report: LintReport, phase: str, e: BaseException) -> None:

@@ -78,6 +78,10 @@ RULES: Final[dict[str, Rule]] = {
              "A write autograd does not see changes a tensor that requires grad, and a "
              "differentiable op then computes with it: the gradient may skip the change; "
              "fxquant.check runs backward and tells (FXQ012)."),
+        Rule("FXQ015", "backward-writes-gradient", "warning",
+             "A custom autograd.Function's backward writes in place into the gradient it "
+             "receives; autograd may hand that tensor to other branches too, whose "
+             "gradients then change (fxquant.check tells whether they do: FXQ012)."),
     )
 }
 

@@ -172,11 +172,12 @@ def quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def needs_values_note(e: BaseException) -> Finding:
+def needs_values_note(e: BaseException,
+                      why: str = "the forward needs values, not only shapes") -> Finding:
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     return Finding(
         "FXQ010", "shapes", None,
-        f"the forward needs values, not only shapes ({type(e).__name__}: {first[:160]}); "
+        f"{why} ({type(e).__name__}: {first[:160]}); "
         "it was linted on random data instead (floats from a normal distribution, "
         "integers 0)",
         "pass real example inputs for a lint on the data the model sees")

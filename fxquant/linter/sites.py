@@ -38,7 +38,11 @@ class ModuleSite:
     """A library module run by a container: what it is, where it was built and called.
 
     ``built`` is the construction call as written (``nn.Dropout(p, inplace=inplace)``),
-    ``fixed`` the same call with ``inplace=False`` ('' when it has no ``inplace``).
+    ``fixed`` the same call with ``inplace=False`` ('' when it passes no ``inplace``);
+    ``switched_at`` a line that set ``m.inplace = True`` on modules built without it
+    (``for m in self.modules(): m.inplace = True``); ``in_container`` says that the
+    module's own construction was not found and ``built_at`` is where its container was
+    built instead.
     """
 
     name: str  # qualified name in the model, "mlp.2"
@@ -49,14 +53,28 @@ class ModuleSite:
     built: str
     fixed: str
     called_at: Location | None  # the innermost user line above the container
+    switched_at: Location | None = None
+    in_container: bool = False
+
+    @property
+    def line(self) -> Location | None:
+        """The line to fix: where in-place was switched on, else where it was built."""
+        return self.switched_at or self.built_at
 
     def describe(self) -> str:
         """One phrase naming the module, where it was built and how it runs."""
         module = f"the {self.kind} `{self.name}`" if self.name else f"the {self.kind}"
-        built = f" built at {self.built_at} (`{self.built}`)" if self.built_at else ""
+        if self.built_at is None:
+            built = ""
+        elif self.in_container:
+            built = f" (in the container built at {self.built_at}, `{self.built}`)"
+        else:
+            built = f" built at {self.built_at} (`{self.built}`)"
+        switched = f", made in-place at {self.switched_at}" if self.switched_at else ""
         container = f"`{self.container}`" if self.container else "(the model itself)"
         called = f", called at {self.called_at}" if self.called_at else ""
-        return f"{module}{built}, run by the {self.container_kind} container {container}{called}"
+        return (f"{module}{built}{switched}, run by the {self.container_kind} container "
+                f"{container}{called}")
 
 
 def _module_of(frame: FrameType) -> nn.Module | None:
@@ -93,15 +111,16 @@ def container_site(boundary: FrameType | None, names: Mapping[int, str],
         called_at = next((Location(g.f_code.co_filename, g.f_lineno) for g in rest[1:]
                           if not is_internal(g.f_code.co_filename)), None)
         name = names[id(module)]
-        built_at, built, fixed = _construction(name, module, modules)
+        found = _construction(name, module, modules)
         return ModuleSite(name, type(module).__name__, names.get(id(container), ""),
-                          type(container).__name__, built_at, built, fixed, called_at)
+                          type(container).__name__, found.at, found.code, found.fixed,
+                          called_at, found.switched_at, found.in_container)
     return None
 
 
 def built_at(model: nn.Module, name: str) -> Location | None:
-    """The line of the user's code that built the submodule ``name`` of ``model`` (found
-    in the source of the user's classes that own it), or None.
+    """The line of the user's code that built the submodule ``name`` of ``model`` (or made
+    it in-place), found in the source of the user's classes that own it; or None.
 
     Example:
         >>> import torch
@@ -113,33 +132,120 @@ def built_at(model: nn.Module, name: str) -> Location | None:
     """
     modules = dict(model.named_modules())
     module = modules.get(name)
-    return _construction(name, module, modules)[0] if module is not None else None
+    if module is None:
+        return None
+    found = _construction(name, module, modules)
+    return found.switched_at or found.at
 
 
-def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
-                  ) -> tuple[Location | None, str, str]:
+@dataclass(frozen=True)
+class _Found:
+    at: Location | None = None
+    code: str = ""
+    fixed: str = ""
+    switched_at: Location | None = None
+    in_container: bool = False
+
+
+def _owners(name: str) -> list[str]:
+    """Qualified names of the modules that hold ``name``, nearest first ('' the model)."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:k]) for k in range(len(parts) - 1, -1, -1)]
+
+
+def _user_classes(module: nn.Module) -> list[type]:
+    return [c for c in type(module).__mro__ if c not in (object, nn.Module)]
+
+
+def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]) -> _Found:
     """Where ``module`` (qualified ``name``) was built: a call of its class in the source
-    of the user's classes that own it, nearest owner first."""
-    parts = name.split(".")
-    owners = [".".join(parts[:k]) for k in range(len(parts) - 1, -1, -1)]
-    for owner in owners:
-        container = modules.get(owner)
-        if container is None:
-            continue
-        for cls in type(container).__mro__:
-            found = _calls_in(cls, type(module).__name__)
-            if found is not None:
-                return found
-    return None, "", ""
+    of the user's classes that own it, nearest owner first; where ``inplace`` was switched
+    on after; else where its container was built."""
+    kind = type(module)
+    call: _Call | None = None
+    switched: Location | None = None
+    for owner in _owners(name):
+        holder = modules.get(owner)
+        for cls in _user_classes(holder) if holder is not None else []:
+            source = _source(cls)
+            if source is None:
+                continue
+            call = call or source.call_of(kind)
+            switched = switched or source.switch
+        if call is not None:
+            break
+    if call is not None:
+        return _Found(call.at, call.code, call.fixed,
+                      switched if not call.passes_inplace else None)
+    parent = _owners(name)[0] if name else None
+    if parent is not None and parent in modules and parent:
+        found = _construction(parent, modules[parent], modules)
+        return _Found(found.at, found.code, "", switched or found.switched_at,
+                      in_container=found.at is not None)
+    return _Found(switched_at=switched)
+
+
+@dataclass(frozen=True)
+class _Call:
+    at: Location
+    code: str  # as written, on one line
+    fixed: str  # with inplace=False ('' when it passes no inplace)
+    passes_inplace: bool
+
+
+@dataclass(frozen=True)
+class _Source:
+    path: str
+    start: int
+    text: str
+    calls: tuple[ast.Call, ...]
+    switch: Location | None  # the first `x.inplace = True` in the class
+
+    def call_of(self, kind: type) -> _Call | None:
+        """The first call of ``kind`` (by name) in the class, one passing ``inplace`` first."""
+        named = [n for n in self.calls if _callee(n) == kind.__name__]
+        chosen = next((n for n in named if _inplace_argument(n, kind) is not None),
+                      named[0] if named else None)
+        if chosen is None:
+            return None
+        code = " ".join((ast.get_source_segment(self.text, chosen) or ast.unparse(chosen)).split())
+        position = _inplace_argument(chosen, kind)
+        fixed = ""
+        if position is not None:
+            copy = ast.parse(ast.unparse(chosen), mode="eval").body
+            if isinstance(copy, ast.Call):
+                if isinstance(position, int):
+                    copy.args[position] = ast.Constant(False)
+                for k in copy.keywords:
+                    if k.arg == "inplace":
+                        k.value = ast.Constant(False)
+            fixed = ast.unparse(copy)
+        return _Call(Location(self.path, self.start + chosen.lineno - 1), code, fixed,
+                     position is not None)
+
+
+def _callee(n: ast.Call) -> str:
+    f = n.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _inplace_argument(n: ast.Call, kind: type) -> int | str | None:
+    """Where a call of ``kind`` passes ``inplace``: "keyword", its position, or None."""
+    if any(k.arg == "inplace" for k in n.keywords):
+        return "keyword"
+    try:
+        names = [p for p in inspect.signature(kind).parameters]
+    except (TypeError, ValueError):
+        return None
+    if "inplace" in names and names.index("inplace") < len(n.args) \
+            and not any(isinstance(a, ast.Starred) for a in n.args):
+        return names.index("inplace")
+    return None
 
 
 @functools.lru_cache(maxsize=256)
-def _calls_in(cls: type, kind: str) -> tuple[Location, str, str] | None:
-    """The first call building a ``kind`` in the source of the user's class ``cls`` (one
-    passing ``inplace`` preferred); else the first call passing ``inplace`` at all (a
-    module built through a factory argument, ``activation_layer(inplace=inplace)``)."""
-    if cls in (object, nn.Module) or not isinstance(cls, type):
-        return None
+def _source(cls: type) -> _Source | None:
+    """The parsed source of the user's class ``cls`` (None for library classes)."""
     try:
         path = inspect.getsourcefile(cls)
         lines, start = inspect.getsourcelines(cls)
@@ -147,33 +253,15 @@ def _calls_in(cls: type, kind: str) -> tuple[Location, str, str] | None:
         return None
     if path is None or is_internal(path):
         return None
-    source = textwrap.dedent("".join(lines))
+    text = textwrap.dedent("".join(lines))
     try:
-        tree = ast.parse(source)
+        tree = ast.parse(text)
     except SyntaxError:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    calls.sort(key=lambda n: (n.lineno, n.col_offset))
-
-    def callee(n: ast.Call) -> str:
-        f = n.func
-        return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-
-    def passes_inplace(n: ast.Call) -> bool:
-        return any(k.arg == "inplace" for k in n.keywords)
-
-    named = [n for n in calls if callee(n) == kind]
-    chosen = next((n for n in named if passes_inplace(n)), named[0] if named else None)
-    if chosen is None:
-        chosen = next((n for n in calls if passes_inplace(n)), None)
-    if chosen is None:
-        return None
-    built = ast.get_source_segment(source, chosen) or ast.unparse(chosen)
-    fixed = ""
-    if passes_inplace(chosen):
-        copy = ast.parse(ast.unparse(chosen), mode="eval").body
-        for k in copy.keywords if isinstance(copy, ast.Call) else ():
-            if k.arg == "inplace":
-                k.value = ast.Constant(False)
-        fixed = ast.unparse(copy)
-    return Location(path, start + chosen.lineno - 1), " ".join(built.split()), fixed
+    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)),
+                   key=lambda n: (n.lineno, n.col_offset))
+    switch = next((Location(path, start + n.lineno - 1) for n in sorted(
+        (n for n in ast.walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
+        if any(isinstance(t, ast.Attribute) and t.attr == "inplace" for t in n.targets)
+        and not (isinstance(n.value, ast.Constant) and n.value.value is False)), None)
+    return _Source(path, start, text, tuple(calls), switch)

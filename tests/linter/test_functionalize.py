@@ -423,22 +423,31 @@ def test_outputs_that_lose_requires_grad_are_caught(monkeypatch):
         fxquant.functionalize_inplace(_seeded(Lin(masked_fill_saved)), x)
 
 
-def test_legal_model_that_cannot_be_rewritten_says_it_needs_none():
-    """Data-dependent Python: neither traced nor captured; the error says check is clean."""
+def test_legal_model_that_cannot_be_rewritten_comes_back_untouched():
+    """Data-dependent Python: neither traced nor captured; nothing in it breaks backward, so
+    a copy of the model comes back as it is (its counter buffer included), with a note."""
 
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.lin = nn.Linear(3, 3)
+            self.register_buffer("n", torch.zeros(()))
 
         def forward(self, x):
+            self.n += 1
             h = self.lin(x)
             if h.sum() > 0:
                 h = h.relu()
             return h
 
-    with pytest.raises(FunctionalizeError, match="does not need this rewrite"):
-        fxquant.functionalize_inplace(Net(), torch.randn(2, 3))
+    model = Net()
+    with pytest.warns(UserWarning, match="nothing needed rewriting"):
+        same = fxquant.functionalize_inplace(model, torch.randn(2, 3))
+    assert type(same) is Net and same is not model
+    assert same.state_dict().keys() == model.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(same.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+    Net().load_state_dict(same.state_dict())
 
 
 def test_clean_model_passes_through(graph):
