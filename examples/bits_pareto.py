@@ -51,21 +51,22 @@ import json
 import math
 import statistics
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-import torch_geometric.transforms as T
+from torch_geometric.data import Data
 
 import fxquant
-from fxquant.datasets import PLANETOID_NAMES, load_planetoid
+from fxquant.datasets import PLANETOID_NAMES
+from fxquant.recipes import HubMessages, LearnedBits, QuantTraining
 
 try:  # imported as examples.bits_pareto (python -m, tests)
-    from examples import train_cora
+    from examples import training
 except ModuleNotFoundError:  # run as a script: this folder is on sys.path
-    import train_cora  # type: ignore[no-redef]
+    import training  # type: ignore[no-redef]
 
 METHODS = ("topn", "format", "int", "degree", "learned")
 LSQ_METHODS = ("int", "degree", "learned")  # integer grids with a learned step
@@ -175,97 +176,30 @@ def mapping_for(method: str, target: float, data: Any, opts: Options = DEFAULTS
     return mapping
 
 
-def share_tables(gm: torch.nn.Module, how: str) -> None:
-    """One learned bit-width table per layer (``"layer"``: its messages, aggregation and
-    output, or input) or for the whole model (``"all"``), with :func:`fxquant.share_bits`."""
-    names = [n for n, m in gm.named_modules()
-             if isinstance(m, fxquant.QuantPoint) and m.row_bits is not None]
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        layer = gm.get_submodule(name).layer if how == "layer" else ""
-        groups.setdefault(layer, []).append(name)
-    for members in groups.values():
-        for name in members[1:]:
-            fxquant.share_bits(gm, name, members[0])
-
-
-def _anneal(tables: list[tuple[fxquant.QuantPoint, torch.Tensor]], extra: int) -> None:
-    """Set each fixed per-node bit-width table to its final widths plus ``extra`` bits
-    (at most the table's ``max_bits``)."""
-    with torch.no_grad():
-        for point, final in tables:
-            rb = point.config.node_bits
-            assert rb is not None and point.row_bits_table is not None
-            point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
-
-
-def train(model: torch.nn.Module, data: Any, epochs: int, target: float | None,
-          desc: str, lsq_refit: int = 0, within_budget: bool = False, anneal: int = 0,
-          opts: Options = DEFAULTS) -> tuple[float, fxquant.BitReport | None, bool]:
-    """gcn.py's loop (plus the bit penalty for learned bits); returns the test accuracy at
-    the best validation epoch, the bits of that epoch's evaluation (learned bit-widths
-    change while training: the bits counted are those of the model that scored the
-    accuracy; None for a model without quantization points), and whether that epoch met
-    the budget.
-
-    With ``within_budget``, only epochs whose ``avg_bits`` is at most
-    ``target`` compete (model selection under a constraint, on validation accuracy and
-    bit counts only); if none does, the best validation epoch overall is returned with
-    ``False``. Learned steps are fitted again on each of the first ``lsq_refit`` epochs
-    (:func:`fxquant.refit_steps`). With ``anneal`` E, fixed per-node bit-widths start
-    :data:`ANNEAL_BITS` above their final widths and drop by one every E epochs (on Cora's
-    hub-messages rule at 2 bits, 80.7% against 79.0% from the final grids, 5 seeds)."""
-    groups = train_cora._param_groups(model)
-    widths = {id(m.row_bits): m.row_bits for m in model.modules()
-              if isinstance(m, fxquant.QuantPoint) and m.row_bits is not None}
-    if widths:  # learned bit-widths at their own learning rate
-        groups = [{**g, "params": [p for p in g["params"] if id(p) not in widths]}
-                  for g in groups]
-        groups.append({"params": list(widths.values()), "weight_decay": 0.0,
-                       "lr": opts.bits_lr})
-    optimizer = torch.optim.Adam(groups, lr=0.01)
-    tables = [(m, m.row_bits_table.clone()) for m in model.modules()
-              if isinstance(m, fxquant.QuantPoint) and m.row_bits_table is not None] \
-        if anneal else []
-    learned = target is not None and bool(widths)
-    quantized = any(isinstance(m, fxquant.QuantPoint) for m in model.modules())
-    constrained = within_budget and quantized and target is not None
-    # [best validation, its test accuracy, its bits]: over all epochs, and within budget
-    best: dict[bool, list[Any]] = {False: [0.0, 0.0, None], True: [0.0, 0.0, None]}
-    for epoch in range(epochs):
-        model.train()
-        if tables:
-            _anneal(tables, max(0, ANNEAL_BITS - epoch // anneal))
-        if 0 < epoch < lsq_refit:
-            fxquant.refit_steps(model)
-        optimizer.zero_grad()
-        out = model(data.x, data.edge_index)
-        loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
-        if learned:
-            assert target is not None
-            loss = loss + opts.penalty * fxquant.bit_penalty(model, target)
-        loss.backward()
-        optimizer.step()
-        model.eval()
-        with torch.no_grad():
-            pred = model(data.x, data.edge_index).argmax(-1)
-        val = float((pred[data.val_mask] == data.y[data.val_mask]).float().mean())
-        # the counts of the evaluation forward just run (no second forward)
-        report = fxquant.bit_report(model) if constrained else None
-        for within in (False, True):
-            if val > best[within][0] and (not within or (
-                    constrained and report is not None and report.avg_bits <= target)):
-                test = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
-                bits = report if report is not None else (
-                    fxquant.bit_report(model) if quantized else None)
-                best[within] = [val, test, bits]
-    met = constrained and best[True][2] is not None
-    _, test, report = best[met]
-    if quantized and report is None:  # validation never above 0: the final model's bits
-        report = fxquant.bit_report(model, data.x, data.edge_index)
-    print(f"{desc}: {100 * test:.1f}" + ("" if met or not constrained else " (over budget)"),
-          file=sys.stderr, flush=True)
-    return test, report, met
+def prepare(method: str, target: float, data: Any, model: torch.nn.Module,
+            args: argparse.Namespace) -> QuantTraining:
+    """The transformed model and what its training does around it: the hub-messages rule
+    and learned bit-widths are fxquant's recipes; the other methods a mapping of their own
+    (:func:`mapping_for`) with the same training options."""
+    opts = Options.from_args(args)
+    common = {"target_bits": target, "midrise": opts.signed_grid == "midrise",
+              "shared_step": args.shared_step, "input_format": opts.input_format,
+              "quantize_logits": opts.quantize_logits, "select": args.select,
+              "refit_epochs": args.lsq_refit}
+    if method == "learned":
+        return LearnedBits(penalty=opts.penalty, bits_lr=opts.bits_lr, max_bits=opts.max_bits,
+                           shared_bits=opts.shared_bits, **common).prepare(model, data, lint="off")
+    if method == "degree" and opts.degree_rule == "hub-messages":
+        return HubMessages(hub_quantile=opts.hub_quantile,
+                           last_aggregate_bits=opts.last_aggregate_bits,
+                           anneal_every=args.anneal, anneal_bits=ANNEAL_BITS,
+                           **common).prepare(model, data, lint="off")
+    gm = fxquant.transform(model, mapping_for(method, target, data, opts), lint="off")
+    if method in LSQ_METHODS and args.shared_step:
+        # the hidden output, rounded, then ReLU'd, is the next layer's input: one grid
+        fxquant.share_step(gm, "conv2_input_quant", "conv1_quant")
+    return QuantTraining(gm, refit_epochs=args.lsq_refit, anneal_every=args.anneal,
+                         anneal_bits=ANNEAL_BITS, target_bits=target, select=args.select)
 
 
 def _targets(text: str) -> list[float]:
@@ -274,9 +208,51 @@ def _targets(text: str) -> list[float]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--target-bits takes numbers, e.g. 1.5,2,3; got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"--target-bits must be positive, got {text!r}")
+    if not values or any(not 0 < v <= 32 for v in values):  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"--target-bits must lie in (0, 32] (average bits per "
+                                         f"value), got {text!r}")
     return values
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What would be ignored, or fail only after the FP32 baselines have trained: a usage
+    error naming the flag, before any work."""
+    if args.from_json:
+        defaults = p.parse_args([])
+        given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+                 if name not in ("from_json", "plot", "json") and value != getattr(defaults, name)]
+        if given:
+            p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
+                    "ignored; please drop them")
+        return
+    number, _, scale = args.input_format.partition(":")
+    try:
+        fxquant.QuantConfig(number, scale=scale or None)
+    except fxquant.FxquantError as e:
+        p.error(f"--input-format {args.input_format!r}: {e}")
+    if args.lsq_refit and args.method not in LSQ_METHODS:
+        p.error(f"--lsq-refit refits learned steps; --method {args.method} has none, so it "
+                "would be ignored")
+    # each budget, built on a stand-in graph and model
+    graph = Data(x=torch.full((4, 8), 0.125), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]),
+                 num_nodes=4)
+    for target in args.target_bits:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prepare(args.method, target, graph, training.make_model("gcn", 8, 3), args)
+        except fxquant.FxquantError as e:
+            p.error(f"--target-bits {target:g} with --method {args.method}: {e}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -286,7 +262,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--penalty", type=float, default=DEFAULTS.penalty,
+    p.add_argument("--penalty", type=_non_negative, default=DEFAULTS.penalty,
                    help="weight of fxquant.bit_penalty in the loss (learned; default "
                         f"{DEFAULTS.penalty:g})")
     p.add_argument("--quantize-logits", action="store_true",
@@ -328,7 +304,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(default), or the best among the epochs whose avg_bits is within "
                         "--target-bits (budget_met in the JSON says, per seed, whether one "
                         "was; learned and annealed bit-widths change from epoch to epoch)")
-    p.add_argument("--lsq-refit", type=train_cora._epochs, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=training.epochs_arg, default=0, metavar="N",
                    help="fit the learned steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
     p.add_argument("--root", default=None)
@@ -356,38 +332,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             args.method not in ("int", "degree") or not lowest <= args.last_aggregate_bits <= 8):
         p.error(f"--last-aggregate-bits: {lowest}..8 bits (1 only with --signed-grid midrise), "
                 "for --method int or degree")
+    _check(p, args)
     return args
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    opts = Options.from_args(args)
-    dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
-                             download=False)
-    data = dataset[0]
+    data, num_classes = training.load_data(args.dataset, args.root, "bits_pareto.py")
     fp32 = []
     for seed in range(args.seeds):
         torch.manual_seed(seed)
-        model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
-        fp32.append(train(model, data, args.epochs, None, f"FP32 seed {seed}", opts=opts)[0])
+        model = training.make_model("gcn", data.num_features, num_classes)
+        result = training.fit(model, data, args.epochs, progress=False)
+        print(f"FP32 seed {seed}: {100 * result.test:.1f}", file=sys.stderr, flush=True)
+        fp32.append(result.test)
     results = []
     for target in args.target_bits:
         accs, reports, budget_met = [], [], []
         for seed in range(args.seeds):
             torch.manual_seed(seed)
-            model = train_cora.make_model("gcn", data.num_features, dataset.num_classes)
-            gm = fxquant.transform(model, mapping_for(args.method, target, data, opts),
-                                   lint="off")
-            if args.method in LSQ_METHODS and args.shared_step:
-                # the hidden output, rounded, then ReLU'd, is the next layer's input: one grid
-                fxquant.share_step(gm, "conv2_input_quant", "conv1_quant")
-            if args.shared_bits != "none":
-                share_tables(gm, args.shared_bits)
-            acc, report, met = train(gm, data, args.epochs, target,
-                                     f"{args.method} {target} bits seed {seed}", args.lsq_refit,
-                                     args.select == "budget", args.anneal, opts)
-            assert report is not None
-            accs.append(acc)
-            reports.append(report)
+            model = training.make_model("gcn", data.num_features, num_classes)
+            quant = prepare(args.method, target, data, model, args)
+            result = training.fit(quant.model, data, args.epochs, run=quant, progress=False)
+            met = result.within_budget and args.select == "budget"
+            print(f"{args.method} {target} bits seed {seed}: {100 * result.test:.1f}"
+                  + ("" if met or args.select != "budget" else " (over budget)"),
+                  file=sys.stderr, flush=True)
+            assert result.bits is not None
+            accs.append(result.test)
+            reports.append(result.bits)
             budget_met.append(met)
         results.append({
             "method": args.method, "target_bits": target,

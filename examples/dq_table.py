@@ -29,14 +29,15 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 import torch
-import torch_geometric.transforms as T
 
+import fxquant
 from fxquant.datasets import PLANETOID_NAMES
 
 try:  # imported as examples.dq_table (python -m, tests)
-    from examples import train_cora
+    from examples import train_cora, training
 except ModuleNotFoundError:  # run as python examples/dq_table.py: this folder is on sys.path
     import train_cora  # type: ignore[no-redef]
+    import training  # type: ignore[no-redef]
 
 SITES, Config = train_cora.SITES, train_cora.Config
 
@@ -67,15 +68,15 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
-    p.add_argument("--model", default="gcn", choices=list(train_cora.MODELS))
+    p.add_argument("--model", default="gcn", choices=list(training.MODELS))
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--protect", type=train_cora._protect, default=(0.0, 0.2),
+    p.add_argument("--protect", type=training.protect_arg, default=(0.0, 0.2),
                    metavar="P_MIN:P_MAX", help="Degree-Quant protection (default 0:0.2)")
     p.add_argument("--only", default=None,
                    help="comma list of row keys to run (FP32 always): " + ",".join(rows((0, 0))))
-    p.add_argument("--lsq-refit", type=train_cora._epochs, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=training.epochs_arg, default=0, metavar="N",
                    help="fit the LSQ rows' steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
     p.add_argument("--root", default=None)
@@ -89,6 +90,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.seeds < 1 or args.epochs < 1:
         p.error("--seeds and --epochs must be >= 1")
+    if args.plot and not args.from_json:
+        p.error("--plot draws earlier results: please pass --from-json FILE ... with it")
+    keys = rows((0.0, 0.0))
+    if args.only is not None:
+        wanted = [k.strip() for k in args.only.split(",") if k.strip()]
+        unknown = sorted(set(wanted) - set(keys))
+        if unknown or not wanted:
+            p.error(f"--only: unknown row keys {unknown}; keys: {list(keys)}")
+        if args.lsq_refit and not any(keys[k].range == "lsq" for k in wanted):
+            p.error("--lsq-refit refits learned steps; none of the --only rows has one, so it "
+                    "would be ignored")
     return args
 
 
@@ -99,7 +111,7 @@ def table(configs: list[Config], title: str) -> str:
              "| --- | --- | --- | --- |"]
     for c in configs:
         row = c.row()
-        lines.append(f"| {c.name} | {row[-2]} | {train_cora.paired(fp32, c)} | {row[-1]} |")
+        lines.append(f"| {c.name} | {row[-2]} | {training.paired(fp32.accs, c.accs)} | {row[-1]} |")
     return "\n".join(lines)
 
 
@@ -128,7 +140,7 @@ def plot(payloads: list[dict], path: str) -> None:
             diffs = [100 * (a - b) for a, b in zip(row["accs"], fp32, strict=False)]
             means.append(statistics.mean(diffs))
             sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
-            errs.append(train_cora._t95(len(diffs) - 1) * sd / len(diffs) ** 0.5
+            errs.append(training.t95(len(diffs) - 1) * sd / len(diffs) ** 0.5
                         if len(diffs) > 1 else 0.0)
         xs = [j + i * width for j in range(len(names))]
         ax.bar(xs, means, width, yerr=errs, capsize=2,
@@ -217,22 +229,17 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
         return configs
     table_rows = rows(args.protect)
     wanted = set(table_rows) if not args.only else {"fp32", *(k.strip() for k in args.only.split(","))}
-    unknown = wanted - set(table_rows)
-    if unknown:
-        raise SystemExit(f"dq_table.py: unknown row keys {sorted(unknown)}; keys: {list(table_rows)}")
     configs = [c for k, c in table_rows.items() if k in wanted]
-    dataset = train_cora.load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
-                                        download=False)
-    data = dataset[0]
-    device = torch.device("cpu")
+    data, num_classes = training.load_data(args.dataset, args.root, "dq_table.py")
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for cfg in configs:
-            model = train_cora.build(cfg, data, dataset.num_classes, seed, args.model)
-            acc, times = train_cora.train_one(model, data, args.epochs, f"{cfg.name} seed {seed}",
-                                              device, args.lsq_refit)
-            cfg.accs.append(acc)
-            cfg.epoch_ms.extend(times)
-            print(f"seed {seed} {cfg.name}: {100 * acc:.1f}", file=sys.stderr, flush=True)
+            model = train_cora.build(cfg, data, num_classes, seed, args.model)
+            run = fxquant.recipes.QuantTraining(model, refit_epochs=args.lsq_refit) \
+                if isinstance(model, torch.fx.GraphModule) else None
+            result = training.fit(model, data, args.epochs, run=run, desc=f"{cfg.name} seed {seed}")
+            cfg.accs.append(result.test)
+            cfg.epoch_ms.extend(result.epoch_ms)
+            print(f"seed {seed} {cfg.name}: {100 * result.test:.1f}", file=sys.stderr, flush=True)
     print(table(configs, f"{args.model} on {args.dataset}"))
     if args.json:
         payload = {"args": vars(args), "model": args.model, "dataset": args.dataset,

@@ -1,9 +1,11 @@
 """Quick start: truncate the layer outputs of an unmodified GCN and train it a few steps.
 
-Run:  python examples/quickstart.py
+Needs no data (a random two-community graph). Run:  python examples/quickstart.py
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +40,10 @@ def random_graph(num_nodes: int = 200, num_edges: int = 1000, seed: int = 0) -> 
     return Data(x=x, edge_index=torch.cat([edge_index, edge_index.flip(0)], dim=1), y=y)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     data = random_graph()
     model = GCN(16, 16, 2)
@@ -56,7 +61,7 @@ def main() -> None:
     print(fxquant.summary(gm))
 
     opt = torch.optim.Adam(gm.parameters(), lr=0.01)
-    for step in range(1, 51):
+    for step in range(1, args.steps + 1):
         opt.zero_grad()
         loss = F.nll_loss(gm(data.x, data.edge_index), data.y)
         loss.backward()

@@ -28,44 +28,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
-import torch_geometric.transforms as T
 from tabulate import tabulate
-from torch_geometric.nn import GCNConv
-from torch_geometric.nn.models import GAT, GIN
+from torch_geometric.data import Data
 from tqdm import tqdm
 
 import fxquant
-from fxquant.datasets import PLANETOID_NAMES, load_planetoid
-from fxquant.formats import IntFormat, TopN, parse
+from fxquant.datasets import PLANETOID_NAMES
+from fxquant.formats import IntFormat, parse
+
+try:  # imported as examples.train_cora (python -m, tests)
+    from examples import training
+except ModuleNotFoundError:  # run as a script: this folder is on sys.path
+    import training  # type: ignore[no-redef]
 
 ROUNDINGS = ("toward_zero", "nearest", "stochastic")
-SITES = ("input", "weight", "message", "aggregate", "output")
-MODELS = ("gcn", "gin", "gat")
-
-
-class GCN(torch.nn.Module):
-    """PyG's examples/gcn.py model, unchanged."""
-
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.conv1 = GCNConv(in_channels, hidden_channels, cached=True)
-        self.conv2 = GCNConv(hidden_channels, out_channels, cached=True)
-
-    def forward(self, x, edge_index, edge_weight=None):
-        x = F.dropout(x, p=0.5, training=self.training)
-        x = self.conv1(x, edge_index, edge_weight).relu()
-        x = F.dropout(x, p=0.5, training=self.training)
-        x = self.conv2(x, edge_index, edge_weight)
-        return x
+SITES, MODELS = training.SITES, training.MODELS
 
 
 @dataclass
@@ -121,15 +104,6 @@ class Config:
                 f"{mean:.1f} +- {std:.1f}", f"{statistics.median(self.epoch_ms):.1f}"]
 
 
-def make_model(kind: str, in_channels: int, num_classes: int) -> torch.nn.Module:
-    """The untouched FP32 model: PyG's gcn.py GCN, or PyG's GIN / GAT."""
-    if kind == "gcn":
-        return GCN(in_channels, 16, num_classes)
-    if kind == "gin":
-        return GIN(in_channels, 16, num_layers=2, out_channels=num_classes, dropout=0.5)
-    return GAT(in_channels, 8, num_layers=2, out_channels=num_classes, heads=8, dropout=0.5)
-
-
 def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
     """The quantization points of one configuration, at every site it names."""
     mapping = fxquant.QuantMapping()
@@ -159,106 +133,18 @@ def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
 def build(cfg: Config, data, num_classes: int, seed: int, model_kind: str = "gcn"
           ) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = make_model(model_kind, data.num_features, num_classes)
+    model = training.make_model(model_kind, data.num_features, num_classes)
     if cfg.number is None:
         return model
-    if cfg.super_nodes is not None and model_kind != "gcn" and not cfg.layers:
-        raise SystemExit("--super-nodes names conv1/conv2 of the GCN; with --model gin/gat "
-                         "please also pass --layers convs.0,convs.1")
     return fxquant.transform(model, mapping_for(cfg, data))
 
 
-def _param_groups(model: torch.nn.Module) -> list[dict]:
-    """gcn.py's weight decay on the first layer only; for the zoo models on all. Never on
-    the quantizers' own parameters (learned steps, per-node bit-widths): decay would pull
-    a log-step toward a step of 1."""
-    quant = {id(p) for m in model.modules() if isinstance(m, fxquant.QuantPoint)
-             for p in m.parameters()}
-    first = getattr(model, "conv1", None)
-    decayed = [p for p in (first if first is not None else model).parameters()
-               if id(p) not in quant]
-    mine = {id(p) for p in decayed}
-    rest = [p for p in model.parameters() if id(p) not in mine]
-    return [{"params": decayed, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0.0}]
-
-
-def train_one(model: torch.nn.Module, data, epochs: int, desc: str, device: torch.device,
-              lsq_refit: int = 0):
-    """PyG's gcn.py loop; returns (test accuracy at the best validation epoch, epoch times).
-    Learned steps are fitted again on each of the first ``lsq_refit`` epochs
-    (:func:`fxquant.refit_steps`)."""
-    model.to(device)
-    optimizer = torch.optim.Adam(_param_groups(model), lr=0.01)
-    best_val = test_acc = 0.0
-    times = []
-    bar = tqdm(range(epochs), desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
-    for epoch in bar:
-        start = time.perf_counter()
-        model.train()
-        if 0 < epoch < lsq_refit:  # (the first epoch fits them anyway)
-            fxquant.refit_steps(model)
-        optimizer.zero_grad()
-        out = model(data.x, data.edge_index)
-        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(1000 * (time.perf_counter() - start))
-        model.eval()
-        with torch.no_grad():
-            pred = model(data.x, data.edge_index).argmax(dim=-1)
-        val = (pred[data.val_mask] == data.y[data.val_mask]).float().mean().item()
-        if val > best_val:
-            best_val = val
-            test_acc = (pred[data.test_mask] == data.y[data.test_mask]).float().mean().item()
-        bar.set_postfix(val=f"{val:.3f}", test=f"{test_acc:.3f}")
-    return test_acc, times
-
-
-def _epochs(text: str) -> int:
-    """A count of epochs, 0 or more (``--lsq-refit``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of epochs (0 or more), got {text!r}")
-    return value
-
-
-def _number(text: str) -> int | str:
-    """An int of kept bits (1..32) or a format name that fxquant knows."""
-    text = text.strip()
-    try:
-        value: int | str = int(text)
-    except ValueError:
-        value = text
-    try:
-        parsed = parse(value if isinstance(value, str) else f"top{value}")
-    except (ValueError, TypeError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if isinstance(parsed, TopN) and not 1 <= parsed.bits <= 32:
-        raise argparse.ArgumentTypeError(f"bit widths must be in 1..32, got {text!r}")
-    return value
-
-
 def _number_list(text: str) -> list[int | str]:
-    return [_number(t) for t in text.split(",") if t.strip()]
+    return [training.number_arg(t) for t in text.split(",") if t.strip()]
 
 
 def _names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
-
-
-def _sites(text: str) -> list[str]:
-    names = _names(text)
-    if names == ["all"]:
-        return list(SITES)
-    unknown = [n for n in names if n not in SITES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown site(s) {unknown}; choose from {list(SITES)} "
-                                         "or 'all'")
-    return [s for s in SITES if s in names]
 
 
 def _range(text: str) -> str:
@@ -266,18 +152,6 @@ def _range(text: str) -> str:
         return fxquant.QuantConfig("int8", scale="tensor", range=text).range
     except (TypeError, ValueError) as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _protect(text: str) -> tuple[float, float]:
-    low, sep, high = text.partition(":")
-    try:
-        pair = (float(low), float(high))
-    except ValueError:
-        pair = (-1.0, -1.0)
-    if not sep or not 0 <= pair[0] <= pair[1] <= 1:
-        raise argparse.ArgumentTypeError(f"expected P_MIN:P_MAX with 0 <= P_MIN <= P_MAX <= 1, "
-                                         f"got {text!r}")
-    return pair
 
 
 def _super_nodes(text: str) -> tuple[float, int | str]:
@@ -288,7 +162,7 @@ def _super_nodes(text: str) -> tuple[float, int | str]:
         parsed = -1.0
     if not sep or not 0 < parsed <= 1:
         raise argparse.ArgumentTypeError(f"expected FRACTION:BITS like 0.1:8, got {text!r}")
-    return parsed, _number(number)
+    return parsed, training.number_arg(number)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -297,7 +171,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--bits", type=int, default=None,
                       help="keep the top BITS of each float32 pattern (default 16)")
-    what.add_argument("--format", default=None, type=_number,
+    what.add_argument("--format", default=None, type=training.number_arg,
                       help="round to a number format instead: e4m3, e5m2, e3m2, e2m3, e2m1, eXmY, "
                            "or integers: int8, int4, uint8, int8:asym, ...")
     p.add_argument("--scale", default="tensor", choices=["tensor", "row", "none", "tensor-pow2",
@@ -305,15 +179,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="scaling for formats (default: tensor; block32: OCP MX)")
     p.add_argument("--range", default="minmax", type=_range, metavar="{minmax,percentile:Q,lsq}",
                    help="where a scale's range comes from (default: minmax)")
-    p.add_argument("--lsq-refit", type=_epochs, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=training.epochs_arg, default=0, metavar="N",
                    help="with --range lsq: fit the learned steps again on each of the first N "
                         "epochs (fxquant.refit_steps), then learn them (default: first only)")
-    p.add_argument("--momentum", type=float, default=None,
+    p.add_argument("--momentum", type=training.fraction_arg, default=None,
                    help="formats with --scale tensor: running range for eval")
-    p.add_argument("--sites", type=_sites, default=["output"], metavar="SITES",
+    p.add_argument("--sites", type=training.sites_arg, default=["output"], metavar="SITES",
                    help="comma list of output,input,weight,message,aggregate, or all "
                         "(default: output)")
-    p.add_argument("--protect", type=_protect, default=None, metavar="P_MIN:P_MAX",
+    p.add_argument("--protect", type=training.protect_arg, default=None, metavar="P_MIN:P_MAX",
                    help="Degree-Quant protection: nodes stay at full precision in training "
                         "with a probability from P_MIN to P_MAX, growing with in-degree")
     p.add_argument("--model", default="gcn", choices=list(MODELS),
@@ -355,7 +229,60 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--range lsq learns the step of an integer format; please use --format int4 ...")
     if args.protect is not None and args.sites == ["weight"]:
         p.error("--protect needs a site that belongs to nodes (input, message, aggregate, output)")
+    _check_combinations(p, args, numbers)
     return args
+
+
+def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
+                        numbers: list[int | str]) -> None:
+    """Flags that would be ignored or fail only after training has started: a usage error
+    naming the flag, before any work."""
+    if args.from_json:
+        given = [flag for flag, value, default in (
+            ("--bits", args.bits, None), ("--format", args.format, None),
+            ("--sweep", args.sweep, None), ("--sites", args.sites, ["output"]),
+            ("--momentum", args.momentum, None), ("--protect", args.protect, None),
+            ("--layers", args.layers, None), ("--super-nodes", args.super_nodes, None),
+            ("--range", args.range, "minmax"), ("--lsq-refit", args.lsq_refit, 0))
+            if value != default]
+        if given:
+            p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
+                    "ignored; please drop them")
+        return
+    formats = [parse(n) for n in numbers if isinstance(n, str)]
+    if args.momentum is not None:
+        if not formats:
+            p.error("--momentum keeps a running range for a scaled format; with --bits (top-N "
+                    "truncation) it would be ignored. Please drop --momentum or use --format.")
+        if args.scale not in ("tensor", "tensor-pow2") or args.range == "lsq":
+            why = "a learned step (--range lsq)" if args.range == "lsq" else f"--scale {args.scale}"
+            p.error(f"--momentum keeps a running per-tensor range; {why} has none, so it would be "
+                    "ignored. Please drop --momentum or use --scale tensor.")
+    if args.scale == "none" and args.range != "minmax":
+        p.error(f"--range {args.range} sets the range of a scale; with --scale none there is "
+                "none. Please pass --scale tensor (or row).")
+    if args.scale != "tensor" and not formats:
+        p.error(f"--scale {args.scale} applies to formats; with --bits (top-N truncation) it "
+                "would be ignored. Please drop --scale or use --format.")
+    if args.lsq_refit and args.range != "lsq":
+        p.error("--lsq-refit refits learned steps; without --range lsq there are none, so it "
+                "would be ignored. Please drop it or pass --range lsq.")
+    if args.super_nodes is not None and args.model != "gcn" and not args.layers:
+        p.error("--super-nodes names conv1/conv2 of the GCN; with --model gin/gat please also "
+                "pass --layers convs.0,convs.1")
+    # Everything else a configuration can get wrong, on a stand-in of the same model.
+    graph = Data(edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), num_nodes=4)
+    model = training.make_model(args.model, 8, 3)
+    for cfg in configs_for(args)[1:]:
+        try:
+            mapping = mapping_for(cfg, graph)
+        except fxquant.FxquantError as e:
+            p.error(f"--format/--bits, --scale, --range, --momentum, --protect, --super-nodes: {e}")
+        try:
+            fxquant.transform(model, mapping, lint="off")
+        except fxquant.FxquantError as e:
+            flag = "--layers" if args.layers else "--sites"
+            p.error(f"{flag}: {e}")
 
 
 def configs_for(args: argparse.Namespace) -> list[Config]:
@@ -450,25 +377,6 @@ def load_results(paths: Sequence[str]) -> list[Config]:
     return configs
 
 
-def paired(fp32: Config, cfg: Config) -> str:
-    """Mean difference to FP32 over the seeds both ran, and its 95% interval (t)."""
-    n = min(len(fp32.accs), len(cfg.accs))
-    if cfg is fp32 or n < 2:
-        return "-"
-    diffs = [100 * (q - f) for q, f in zip(cfg.accs[:n], fp32.accs[:n], strict=True)]
-    mean = statistics.mean(diffs)
-    half = _t95(n - 1) * statistics.stdev(diffs) / n**0.5
-    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
-
-
-def _t95(dof: int) -> float:
-    """Two-sided 95% quantile of Student's t (the table's values; 1.96 beyond 30)."""
-    table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-             10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 24: 2.06,
-             29: 2.05}
-    return next((v for k, v in sorted(table.items()) if dof <= k), 1.96)
-
-
 def report(configs: list[Config], args: argparse.Namespace) -> None:
     headers = ["config", "bits", "rounding", "scale", "sites", "protect", "grad", "test acc (%)",
                "vs FP32 (pt, 95% CI)", "median epoch (ms)"]
@@ -476,7 +384,7 @@ def report(configs: list[Config], args: argparse.Namespace) -> None:
     rows = []
     for c in configs:
         row = c.row()
-        row.insert(-1, paired(fp32, c) if fp32 is not None else "-")
+        row.insert(-1, training.paired(fp32.accs, c.accs) if fp32 is not None else "-")
         rows.append(row)
     print(tabulate(rows, headers=headers, tablefmt="github"))
     for rounding in ROUNDINGS:
@@ -498,23 +406,12 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
         return configs
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
-    try:
-        dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
-                                 download=False)
-    except (FileNotFoundError, ValueError) as e:
-        where = args.root or os.environ.get("FXQUANT_DATA") or "(neither --root nor FXQUANT_DATA set)"
-        why = str(e) if isinstance(e, ValueError) or "lacks" in str(e) else "no raw files there"
-        raise SystemExit(
-            f"train_cora.py: cannot load {args.dataset} from {where}: {why}.\nPlease pass "
-            f"--root DIR or set FXQUANT_DATA to a folder holding "
-            f"{args.dataset}/raw/ind.{args.dataset.lower()}.* (x, tx, allx, y, ty, ally, graph, "
-            "test.index: PyG's Planetoid raw files)."
-        ) from None
-    data = dataset[0].to(device)
+    data, num_classes = training.load_data(args.dataset, args.root, "train_cora.py")
+    data = data.to(device)
     configs = configs_for(args)
 
     example = next(c for c in configs if c.number is not None)
-    gm = build(example, data, dataset.num_classes, seed=0, model_kind=args.model)
+    gm = build(example, data, num_classes, seed=0, model_kind=args.model)
     print(f"{args.dataset}: {data.num_nodes} nodes, {data.num_edges} edges, device {device}, "
           f"model {args.model}")
     print(f"\nTransformed graph ({example.name}):\n"
@@ -522,13 +419,20 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
     print("Lint of the transformed graph on the real data:\n"
           + str(fxquant.lint(gm, data.x, data.edge_index)) + "\n")
 
+    runs = tqdm(total=len(configs) * args.seeds, desc="runs", unit="run", file=sys.stderr,
+                dynamic_ncols=True)
     for cfg in configs:
         for seed in range(args.seeds):
-            model = build(cfg, data, dataset.num_classes, seed, args.model)
+            model = build(cfg, data, num_classes, seed, args.model)
             desc = f"{cfg.name} {cfg.rounding_label} seed {seed}"
-            acc, times = train_one(model, data, args.epochs, desc, device, args.lsq_refit)
-            cfg.accs.append(acc)
-            cfg.epoch_ms.extend(times)
+            run = fxquant.recipes.QuantTraining(model, refit_epochs=args.lsq_refit) \
+                if isinstance(model, torch.fx.GraphModule) else None
+            result = training.fit(model, data, args.epochs, run=run, desc=desc, device=device)
+            cfg.accs.append(result.test)
+            cfg.epoch_ms.extend(result.epoch_ms)
+            runs.update()
+            runs.write(f"{desc}: test {100 * result.test:.1f}%", file=sys.stderr)
+    runs.close()
 
     report(configs, args)
     if args.json:
@@ -539,6 +443,20 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
             json.dump(payload, f, indent=1)
         print(f"results written to {args.json}")
     return configs
+
+
+# Names other scripts imported from this module before the shared training module existed.
+GCN, _param_groups, _t95 = training.GCN, training.param_groups, training.t95
+
+
+def train_one(model: torch.nn.Module, data: Data, epochs: int, desc: str, device: torch.device,
+              lsq_refit: int = 0) -> tuple[float, list[float]]:
+    """The test accuracy at the best validation epoch and the epoch times
+    (:func:`training.fit`)."""
+    run = fxquant.recipes.QuantTraining(model, refit_epochs=lsq_refit) \
+        if isinstance(model, torch.fx.GraphModule) else None
+    result = training.fit(model, data, epochs, run=run, desc=desc, device=device)
+    return result.test, result.epoch_ms
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -51,11 +52,12 @@ import fxquant
 from fxquant.datasets import PLANETOID_NAMES, load_planetoid
 
 try:  # imported as examples.train_ddp (python -m, tests)
-    from examples import train_cora
+    from examples import training
 except ModuleNotFoundError:  # run as a script (torchrun examples/train_ddp.py)
-    import train_cora  # type: ignore[no-redef]
+    import training  # type: ignore[no-redef]
 
-SITES, _number, _sites = train_cora.SITES, train_cora._number, train_cora._sites
+SITES = training.SITES
+SCALES = ("tensor", "tensor-pow2", "row", "row-pow2", "block32", "none")
 
 EXTENSION_HINT = ("--loader neighbor needs PyG's neighbour sampler: pip install --no-build-isolation "
                   "torch-scatter torch-sparse (or pip install fxquant[scale]), or use --loader khop")
@@ -77,23 +79,53 @@ class GCN(nn.Module):
         return self.conv2(x, edge_index)
 
 
+def _momentum(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else training.fraction_arg(text)
+
+
+def _dropout(text: str) -> float:
+    return training.fraction_arg(text)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def build_config(args: argparse.Namespace) -> fxquant.QuantConfig:
+    """Every site's config: kept bits, or a format with ``--scale`` and ``--momentum``."""
+    formatted = isinstance(args.format, str)
+    scale = None if args.scale == "none" else args.scale
+    return fxquant.QuantConfig(args.format, args.rounding, scale=scale if formatted else None,
+                               momentum=args.momentum if formatted else None)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--root", default=None, help="Planetoid data (default: FXQUANT_DATA)")
-    p.add_argument("--format", type=_number, default="int8",
+    p.add_argument("--format", type=training.number_arg, default="int8",
                    help="kept bits or a format for every site (default int8)")
-    p.add_argument("--scale", default="tensor")
-    p.add_argument("--momentum", type=float, default=0.1,
-                   help="running range (synchronized across ranks); default 0.1")
+    p.add_argument("--scale", default="tensor", choices=SCALES,
+                   help="scaling for formats (default tensor)")
+    p.add_argument("--momentum", type=_momentum, default=0.1,
+                   help="running per-tensor range (synchronized across ranks), or 'none' for "
+                        "the current batch's range; --scale row/block32 need 'none' "
+                        "(default 0.1)")
     p.add_argument("--rounding", default="nearest", choices=["nearest", "stochastic", "toward_zero"])
-    p.add_argument("--sites", type=_sites, default=["output"], help=f"comma list of {SITES} or all")
+    p.add_argument("--sites", type=training.sites_arg, default=["output"],
+                   help=f"comma list of {SITES} or all (default output)")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=32, help="seed nodes per rank and step")
     p.add_argument("--loader", choices=["khop", "neighbor"], default="khop")
     p.add_argument("--num-neighbors", default="10,10")
-    p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--dropout", type=_dropout, default=0.5, help="(default 0.5)")
+    p.add_argument("--lr", type=_positive, default=0.01, help="Adam's learning rate (default 0.01)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="torch.compile the model under DDP")
     p.add_argument("--emulate-world", type=int, default=1, metavar="N",
@@ -105,6 +137,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.emulate_world < 1:
         p.error("--epochs, --batch-size and --emulate-world must be >= 1")
+    formatted = isinstance(args.format, str)
+    if args.momentum is not None and formatted and args.scale not in ("tensor", "tensor-pow2"):
+        p.error(f"--momentum {args.momentum:g} keeps a running per-tensor range; --scale "
+                f"{args.scale} has none. Please pass --momentum none with --scale {args.scale}.")
+    try:
+        build_config(args)
+    except fxquant.FxquantError as e:
+        p.error(f"--format/--scale/--momentum/--rounding: {e}")
     try:
         args.num_neighbors = [int(n) for n in args.num_neighbors.split(",")]
     except ValueError:
@@ -138,9 +178,7 @@ def build(args: argparse.Namespace, data: Data, num_classes: int) -> torch.nn.Mo
     """The transformed model, identical on every rank (built from ``--seed``)."""
     torch.manual_seed(args.seed)
     model = GCN(data.num_features, 16, num_classes, args.dropout)
-    config = fxquant.QuantConfig(args.format, args.rounding,
-                                 scale=args.scale if isinstance(args.format, str) else None,
-                                 momentum=args.momentum if isinstance(args.format, str) else None)
+    config = build_config(args)
     mapping = fxquant.QuantMapping()
     for site in args.sites:
         mapping.set_global(config, site=site)

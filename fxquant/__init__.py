@@ -18,9 +18,12 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 (import it before ``torch.load`` of a saved one).
 """
 
-from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
+from fxquant import (
+    _safe_path,  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
+    recipes,
+)
 from fxquant.errors import FxquantError, warn_renamed
-from fxquant.formats import Format, TopN
+from fxquant.formats import Format, IntFormat, TopN
 from fxquant.fx import GNNTracer, TraceError, trace
 from fxquant.linter import (
     Finding,
@@ -37,9 +40,11 @@ from fxquant.pipeline import transform
 from fxquant.quant import (
     BitReport,
     NodeBits,
+    NodeOverride,
     QuantConfig,
     QuantMapping,
     QuantPoint,
+    Site,
     bit_penalty,
     bit_report,
     load,
@@ -64,15 +69,18 @@ __all__ = [
     "FxquantError",
     "GNNTracer",
     "Grad",
+    "IntFormat",
     "LintError",
     "LintReport",
     "NodeBits",
+    "NodeOverride",
     "QuantConfig",
     "QuantMapping",
     "QuantPoint",
     "Rounding",
     "Scale",
     "ShapeSpec",
+    "Site",
     "TopN",
     "TraceError",
     "bit_penalty",
@@ -83,6 +91,7 @@ __all__ = [
     "load",
     "quantization_points",
     "quantize",
+    "recipes",
     "refit_steps",
     "save",
     "share_bits",

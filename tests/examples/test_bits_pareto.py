@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from examples import bits_pareto
+from examples import bits_pareto, training
+from fxquant.recipes import QuantTraining
 from tests.support.data import needs_data
 
 pytestmark = needs_data
@@ -17,10 +18,16 @@ FIELDS = {"method", "target_bits", "avg_bits", "input_bits", "avg_bits_with_inpu
 
 
 def _cora():
-    from fxquant.datasets import load_planetoid
+    return training.load_data("Cora", None, "test")[0]
 
-    return load_planetoid("Cora", None, transform=bits_pareto.T.NormalizeFeatures(),
-                          download=False)[0]
+
+def _train(gm, data, epochs, target, within_budget=False, anneal=0):
+    """(test accuracy, bits, within budget) of bits_pareto's training of ``gm``."""
+    run = QuantTraining(gm, target_bits=target, anneal_every=anneal,
+                        anneal_bits=bits_pareto.ANNEAL_BITS,
+                        select="budget" if within_budget else "best-val")
+    result = training.fit(gm, data, epochs, run=run, progress=False)
+    return result.test, result.bits, result.within_budget and within_budget
 
 
 def _spy_bit_report(monkeypatch) -> list:
@@ -35,7 +42,7 @@ def _spy_bit_report(monkeypatch) -> list:
         calls.append((inputs, report.avg_bits))
         return report
 
-    monkeypatch.setattr(fxquant, "bit_report", spy)
+    monkeypatch.setattr(fxquant.recipes, "bit_report", spy)
     return calls
 
 
@@ -79,16 +86,16 @@ def test_bits_are_those_of_the_best_validation_epoch(monkeypatch):
     real = fxquant.bit_report
     calls = _spy_bit_report(monkeypatch)
     torch.manual_seed(0)
-    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    model = training.make_model("gcn", data.num_features, 7)
     gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.6, data), lint="off")
-    _, report, met = bits_pareto.train(gm, data, 30, 2.6, "test")
+    _, report, met = _train(gm, data, 30, 2.6)
     assert met is False  # no budget asked for
     assert calls and all(inputs == () for inputs, _ in calls)  # counted, not run again
     assert report.avg_bits == calls[-1][1]
     final = real(gm, data.x, data.edge_index).avg_bits
     assert final < calls[0][1]  # the bits did fall: the epoch matters
-    fp32 = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
-    assert bits_pareto.train(fp32, data, 2, None, "fp32")[1] is None
+    fp32 = training.make_model("gcn", data.num_features, 7)
+    assert _train(fp32, data, 2, None)[1] is None
 
 
 @pytest.mark.parametrize("target", [2.6, 3.4])
@@ -102,9 +109,9 @@ def test_select_within_budget_reports_an_epoch_that_meets_it(monkeypatch, target
     data = _cora()
     calls = _spy_bit_report(monkeypatch)
     torch.manual_seed(0)
-    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    model = training.make_model("gcn", data.num_features, 7)
     gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.6, data), lint="off")
-    _, report, met = bits_pareto.train(gm, data, 30, target, "test", within_budget=True)
+    _, report, met = _train(gm, data, 30, target, within_budget=True)
     seen = [bits for _, bits in calls]
     assert len(seen) >= 30  # every epoch counted
     assert met == any(b <= target for b in seen) == (target == 3.4)
@@ -133,7 +140,7 @@ def test_hub_messages_rule_and_last_aggregate_bits(quantile):
     opts = bits_pareto.Options(signed_grid="midrise", degree_rule="hub-messages",
                                last_aggregate_bits=4, hub_quantile=quantile)
     torch.manual_seed(0)
-    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    model = training.make_model("gcn", data.num_features, 7)
     gm = fxquant.transform(model, bits_pareto.mapping_for("degree", 2.0, data, opts), lint="off")
     report = fxquant.bit_report(gm, data.x, data.edge_index)
     sites = {(s.layer, s.site): s for s in report.sites}
@@ -159,7 +166,7 @@ def test_anneal_starts_two_bits_above_and_drops_one_every_e_epochs():
     data = _cora()
     opts = bits_pareto.Options(signed_grid="midrise", degree_rule="hub-messages")
     torch.manual_seed(0)
-    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+    model = training.make_model("gcn", data.num_features, 7)
     gm = fxquant.transform(model, bits_pareto.mapping_for("degree", 2.0, data, opts), lint="off")
     point = gm.get_submodule("conv1_message_quant")
     final = point.row_bits_table.clone()
@@ -167,7 +174,7 @@ def test_anneal_starts_two_bits_above_and_drops_one_every_e_epochs():
     point.register_forward_pre_hook(
         lambda m, args: seen.append(float((m.row_bits_table - final).mean())) if m.training
         else None)
-    _, report, met = bits_pareto.train(gm, data, 5, 2.0, "test", within_budget=True, anneal=2)
+    _, report, met = _train(gm, data, 5, 2.0, within_budget=True, anneal=2)
     assert seen == [2.0, 2.0, 1.0, 1.0, 0.0]
     assert torch.equal(point.row_bits_table, final)
     assert met and report.avg_bits < 2.0  # --select budget: the annealing epochs do not compete
@@ -206,11 +213,9 @@ def test_shared_bits_one_table_per_layer_or_model(how, tables, tmp_path):
     import fxquant
 
     data = _cora()
-    model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
-    opts = bits_pareto.Options(shared_bits=how)
-    gm = fxquant.transform(model, bits_pareto.mapping_for("learned", 2.0, data, opts),
-                           lint="off")
-    bits_pareto.share_tables(gm, how)
+    model = training.make_model("gcn", data.num_features, 7)
+    args = bits_pareto.parse_args(["--method", "learned", "--shared-bits", how])
+    gm = bits_pareto.prepare("learned", 2.0, data, model, args).model
     points = [m for m in gm.modules() if isinstance(m, fxquant.QuantPoint)
               and m.row_bits is not None]
     assert len(points) == 6 and len({id(m.row_bits) for m in points}) == tables
@@ -235,7 +240,7 @@ def test_select_budget_judges_fixed_bits_too():
     data = _cora()
     for target, within in ((3.0, False), (3.1, True)):
         torch.manual_seed(0)
-        model = bits_pareto.train_cora.make_model("gcn", data.num_features, 7)
+        model = training.make_model("gcn", data.num_features, 7)
         gm = fxquant.transform(model, bits_pareto.mapping_for("int", target, data), lint="off")
-        _, report, met = bits_pareto.train(gm, data, 2, target, "test", within_budget=True)
+        _, report, met = _train(gm, data, 2, target, within_budget=True)
         assert met is within and report.avg_bits == pytest.approx(3.0, abs=1e-3)

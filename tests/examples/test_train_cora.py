@@ -9,7 +9,7 @@ import torch
 import torch_geometric.transforms as T
 
 import fxquant
-from examples import train_cora
+from examples import train_cora, training
 from fxquant.datasets import load_planetoid
 from tests.support.data import needs_data
 
@@ -27,7 +27,7 @@ def test_transformed_gcn_learns_cora(cora):
     cfg = train_cora.Config("top-10", 10, "nearest")
     model = train_cora.build(cfg, data, cora.num_classes, seed=0)
     assert len(fxquant.summary(model).splitlines()) == 4
-    acc, _ = train_cora.train_one(model, data, 20, "test", torch.device("cpu"))
+    acc = training.fit(model, data, 20, desc="test").test
     assert acc > 0.6
     model.train()
     model.zero_grad()
@@ -105,8 +105,8 @@ def test_sites_contract_smoke(tmp_path, capsys):
 
 
 def test_lsq_refit_refits_the_steps_on_the_first_epochs(monkeypatch):
-    """train_one(lsq_refit=N) calls fxquant.refit_steps before training forwards 2..N (the
-    first fits the steps anyway), and never after."""
+    """--lsq-refit N (QuantTraining(refit_epochs=N)) calls fxquant.refit_steps before
+    training forwards 2..N (the first fits the steps anyway), and never after."""
     from torch_geometric.data import Data
     torch.manual_seed(0)
     n = 30
@@ -125,8 +125,9 @@ def test_lsq_refit_refits_the_steps_on_the_first_epochs(monkeypatch):
         calls.append(len(forwards))
         return real(gm)
 
-    monkeypatch.setattr(fxquant, "refit_steps", spy)
-    train_cora.train_one(model, data, 6, "test", torch.device("cpu"), lsq_refit=3)
+    monkeypatch.setattr(fxquant.recipes, "refit_steps", spy)
+    run = fxquant.recipes.QuantTraining(model, refit_epochs=3)
+    training.fit(model, data, 6, run=run, desc="test")
     assert calls == [1, 2]  # after the 1st and 2nd training forwards, before the next
 
 
@@ -211,11 +212,11 @@ def test_no_weight_decay_on_quantizer_parameters(kind):
     every parameter is in exactly one group."""
     import fxquant
 
-    model = train_cora.make_model(kind, 8, 3)
+    model = training.make_model(kind, 8, 3)
     mapping = fxquant.QuantMapping().set_global(
         fxquant.QuantConfig("int4", scale="tensor", range="lsq"), site="output")
     gm = fxquant.transform(model, mapping, lint="off")
-    groups = train_cora._param_groups(gm)
+    groups = fxquant.recipes.QuantTraining(gm).param_groups(training.param_groups(gm))
     quant = {id(p) for m in gm.modules() if isinstance(m, fxquant.QuantPoint)
              for p in m.parameters()}
     assert quant

@@ -1,0 +1,244 @@
+"""What the experiment drivers share: data, models, the training loop, paired statistics
+and the command-line value parsers.
+
+``train_cora.py``, ``bits_pareto.py``, ``dq_table.py`` and ``train_ddp.py`` import this
+module; it holds the one full-batch training loop (:func:`fit`), which follows PyG's
+``examples/gcn.py`` (Adam, lr 0.01, weight decay 5e-4 on the first layer, test accuracy
+at the reported epoch) and lets a :class:`fxquant.recipes.QuantTraining` do what a
+quantization method needs around it (step refits, annealing, a bit penalty, the epoch
+chosen under a bit budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch_geometric.transforms as T
+from torch_geometric.data import Data
+from torch_geometric.nn import GCNConv
+from torch_geometric.nn.models import GAT, GIN
+from tqdm import tqdm
+
+import fxquant
+from fxquant.datasets import load_planetoid
+from fxquant.formats import TopN, parse
+from fxquant.recipes import QuantTraining
+
+__all__ = [
+    "GCN",
+    "MODELS",
+    "SITES",
+    "Result",
+    "epochs_arg",
+    "fit",
+    "load_data",
+    "make_model",
+    "number_arg",
+    "paired",
+    "param_groups",
+    "protect_arg",
+    "sites_arg",
+    "t95",
+]
+
+SITES = ("input", "weight", "message", "aggregate", "output")
+MODELS = ("gcn", "gin", "gat")
+
+
+class GCN(torch.nn.Module):
+    """PyG's examples/gcn.py model, unchanged."""
+
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.conv1 = GCNConv(in_channels, hidden_channels, cached=True)
+        self.conv2 = GCNConv(hidden_channels, out_channels, cached=True)
+
+    def forward(self, x, edge_index, edge_weight=None):
+        x = F.dropout(x, p=0.5, training=self.training)
+        x = self.conv1(x, edge_index, edge_weight).relu()
+        x = F.dropout(x, p=0.5, training=self.training)
+        x = self.conv2(x, edge_index, edge_weight)
+        return x
+
+
+def make_model(kind: str, in_channels: int, num_classes: int) -> torch.nn.Module:
+    """The untouched FP32 model: PyG's gcn.py GCN, or PyG's GIN / GAT (two layers, hidden
+    16; GAT 8 x 8 heads; dropout 0.5)."""
+    if kind == "gcn":
+        return GCN(in_channels, 16, num_classes)
+    if kind == "gin":
+        return GIN(in_channels, 16, num_layers=2, out_channels=num_classes, dropout=0.5)
+    return GAT(in_channels, 8, num_layers=2, out_channels=num_classes, heads=8, dropout=0.5)
+
+
+def load_data(name: str, root: str | None, script: str) -> tuple[Data, int]:
+    """The Planetoid graph (row-normalized features) and its number of classes; a missing
+    dataset is one clear message (``SystemExit``) naming ``--root`` and ``FXQUANT_DATA``."""
+    try:
+        dataset = load_planetoid(name, root, transform=T.NormalizeFeatures(), download=False)
+    except (FileNotFoundError, ValueError) as e:
+        where = root or os.environ.get("FXQUANT_DATA") or "(neither --root nor FXQUANT_DATA set)"
+        why = str(e) if isinstance(e, ValueError) or "lacks" in str(e) else "no raw files there"
+        raise SystemExit(
+            f"{script}: cannot load {name} from {where}: {why}.\nPlease pass "
+            f"--root DIR or set FXQUANT_DATA to a folder holding "
+            f"{name}/raw/ind.{name.lower()}.* (x, tx, allx, y, ty, ally, graph, "
+            "test.index: PyG's Planetoid raw files)."
+        ) from None
+    return dataset[0], dataset.num_classes
+
+
+def param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """gcn.py's weight decay: 5e-4 on the first layer (``conv1``), none elsewhere; for
+    models without ``conv1`` (PyG's zoo) on every parameter."""
+    first = getattr(model, "conv1", None)
+    decayed = list((first if first is not None else model).parameters())
+    mine = {id(p) for p in decayed}
+    rest = [p for p in model.parameters() if id(p) not in mine]
+    return [{"params": decayed, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0.0}]
+
+
+@dataclass
+class Result:
+    """One training run: the test accuracy at the reported epoch and what it cost."""
+
+    test: float
+    bits: fxquant.BitReport | None
+    within_budget: bool
+    epoch_ms: list[float] = field(default_factory=list)
+
+
+def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining | None = None,
+        desc: str = "", device: torch.device | None = None, progress: bool = True) -> Result:
+    """PyG's gcn.py loop around ``run`` (default: a plain :class:`QuantTraining` of
+    ``model``): the test accuracy at the reported epoch (the best validation epoch, or the
+    best within the bit budget), that epoch's bits, and each epoch's training time."""
+    device = device or torch.device("cpu")
+    run = run or QuantTraining(model)  # type: ignore[arg-type]
+    model.to(device)
+    optimizer = torch.optim.Adam(run.param_groups(param_groups(model)), lr=0.01)
+    times = []
+    bar = tqdm(range(epochs), desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True,
+               disable=not progress)
+    for epoch in bar:
+        start = time.perf_counter()
+        model.train()
+        run.start_epoch(epoch)
+        optimizer.zero_grad()
+        out = model(data.x, data.edge_index)
+        loss = run.loss(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]))
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(1000 * (time.perf_counter() - start))
+        model.eval()
+        with torch.no_grad():
+            pred = model(data.x, data.edge_index).argmax(dim=-1)
+        val = float((pred[data.val_mask] == data.y[data.val_mask]).float().mean())
+        test = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
+        run.observe(val, test=test)
+        best = run.best
+        bar.set_postfix(val=f"{val:.3f}", test=f"{best.metrics['test'] if best else 0.0:.3f}")
+    best = run.best
+    quantized = any(isinstance(m, fxquant.QuantPoint) for m in model.modules())
+    bits = best.bits if best is not None else None
+    if quantized and bits is None:  # no epoch scored above 0: the final model's bits
+        bits = fxquant.bit_report(model, data.x, data.edge_index)
+    return Result(best.metrics["test"] if best is not None else 0.0, bits,
+                  best.within_budget if best is not None else False, times)
+
+
+def paired(reference: list[float], other: list[float]) -> str:
+    """Mean difference ``other - reference`` (in points) over the seeds both ran, and its
+    95% interval (t); ``-`` with fewer than two."""
+    n = min(len(reference), len(other))
+    if other is reference or n < 2:
+        return "-"
+    diffs = [100 * (q - f) for q, f in zip(other[:n], reference[:n], strict=True)]
+    mean = statistics.mean(diffs)
+    half = t95(n - 1) * statistics.stdev(diffs) / n**0.5
+    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
+
+
+def t95(dof: int) -> float:
+    """Two-sided 95% quantile of Student's t (the table's values; 1.96 beyond 30)."""
+    table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+             10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 24: 2.06,
+             29: 2.05}
+    return next((v for k, v in sorted(table.items()) if dof <= k), 1.96)
+
+
+# -- command-line values -----------------------------------------------------------------
+
+
+def epochs_arg(text: str) -> int:
+    """A count of epochs, 0 or more (``--lsq-refit``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of epochs (0 or more), got {text!r}")
+    return value
+
+
+def number_arg(text: str) -> int | str:
+    """An int of kept bits (1..32) or a format name that fxquant knows."""
+    text = text.strip()
+    try:
+        value: int | str = int(text)
+    except ValueError:
+        value = text
+    try:
+        parsed = parse(value if isinstance(value, str) else f"top{value}")
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if isinstance(parsed, TopN) and not 1 <= parsed.bits <= 32:
+        raise argparse.ArgumentTypeError(f"bit widths must be in 1..32, got {text!r}")
+    return value
+
+
+def sites_arg(text: str) -> list[str]:
+    """A comma list of sites, or ``all``."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if names == ["all"]:
+        return list(SITES)
+    unknown = [n for n in names if n not in SITES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown site(s) {unknown}; choose from {list(SITES)} "
+                                         "or 'all'")
+    return [s for s in SITES if s in names]
+
+
+def protect_arg(text: str) -> tuple[float, float]:
+    """``P_MIN:P_MAX`` with ``0 <= P_MIN <= P_MAX <= 1``."""
+    low, sep, high = text.partition(":")
+    try:
+        pair = (float(low), float(high))
+    except ValueError:
+        pair = (-1.0, -1.0)
+    if not sep or not 0 <= pair[0] <= pair[1] <= 1:
+        raise argparse.ArgumentTypeError(f"expected P_MIN:P_MAX with 0 <= P_MIN <= P_MAX <= 1, "
+                                         f"got {text!r}")
+    return pair
+
+
+def fraction_arg(text: str) -> float:
+    """A number in [0, 1) (``--momentum``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value

@@ -1,0 +1,264 @@
+"""Per-node bit-width recipes: :class:`HubMessages` (fixed, from in-degree) and
+:class:`LearnedBits` (learned under a budget)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from torch.fx import GraphModule, Node
+
+from fxquant.errors import FxquantValueError
+from fxquant.fx.selectors import layer_name
+from fxquant.quant import NodeBits, QuantConfig, QuantMapping, quantize, share_bits
+from fxquant.recipes.core import SELECTIONS, Recipe, check_count, check_positive
+from fxquant.recipes.graph import (
+    gnn_layers,
+    input_after_relu,
+    is_raw_input,
+    num_nodes,
+    output_feeds_relu,
+    points_of,
+    tie_steps,
+)
+
+__all__ = ["HubMessages", "LearnedBits"]
+
+#: the activation sites (no weights) of the bit recipes
+_ACTIVATION_SITES = ("input", "message", "aggregate", "output")
+
+
+@dataclass(frozen=True)
+class _BitsRecipe(Recipe):
+    """Shared by the per-node bit recipes: every activation site of every GNN layer on an
+    integer grid with a learned step, the raw input features on ``input_format`` (not
+    counted in ``avg_bits``), the logits in float32 unless ``quantize_logits``."""
+
+    target_bits: float = 2.0
+    midrise: bool = True
+    shared_step: bool = True
+    input_format: str | None = "uint1:row"
+    quantize_logits: bool = False
+    select: str = "budget"
+    refit_epochs: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive(self.target_bits, "target_bits")
+        check_count(self.refit_epochs, "refit_epochs")
+        if self.select not in SELECTIONS:
+            raise FxquantValueError(f"select={self.select!r} is not one of {list(SELECTIONS)}")
+        if self.input_format is not None:
+            number, _, scale = self.input_format.partition(":")
+            QuantConfig(number, scale=scale or None)  # a clear error here, not in prepare
+
+    def _grid(self, unsigned: bool) -> tuple[str, int]:
+        """The integer kind (``"uint"``, ``"int"``, ``"int...:midrise"``) and its lowest
+        bit-width."""
+        if unsigned:
+            return "uint8", 1
+        return ("int8:midrise", 1) if self.midrise else ("int8", 2)
+
+    def site(self, data: Any, unsigned: bool, message: bool = False,
+             bits: int | None = None) -> QuantConfig:
+        raise NotImplementedError
+
+    def mapping(self, gm: GraphModule, data: Any = None) -> QuantMapping:
+        layers = gnn_layers(gm)
+        mapping = QuantMapping()
+        for site in _ACTIVATION_SITES:  # a layer's input after a ReLU is non-negative
+            mapping.set_global(self.site(data, site == "input", message=site == "message"),
+                               site=site)
+        self.extra_entries(mapping, layers, data)
+        for layer in layers:
+            name = layer_name(layer)
+            if not input_after_relu(gm, layer):
+                mapping.set_name(name, self.site(data, False), site="input")
+            if layer is not layers[-1] and output_feeds_relu(gm, layer):
+                # a ReLU zeroes what an unsigned grid clamps
+                mapping.set_name(name, self.site(data, True), site="output")
+        first, last = layer_name(layers[0]), layer_name(layers[-1])
+        if is_raw_input(layers[0], gm):
+            if self.input_format is None:
+                mapping.set_name(first, None, site="input")
+            else:
+                number, _, scale = self.input_format.partition(":")
+                mapping.set_name(first, QuantConfig(number, scale=scale or None), site="input")
+                _warn_if_inexact(data, number, scale or None, self.input_format)
+        if not self.quantize_logits:
+            mapping.set_name(last, None, site="output")
+        return mapping
+
+    def extra_entries(self, mapping: QuantMapping, layers: list[Node], data: Any) -> None:
+        """Entries a subclass adds between the global ones and the per-layer grids."""
+
+    def tie(self, gm: GraphModule) -> None:
+        if self.shared_step:
+            tie_steps(gm)
+
+
+def _warn_if_inexact(data: Any, number: str, scale: str | None, spec: str) -> None:
+    x = getattr(data, "x", None)
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() != 2 or x.is_meta:
+        return
+    rounded = quantize(x, number, scale=scale)
+    if not torch.equal(rounded, x):
+        err = float((rounded - x).abs().max())
+        warnings.warn(f"the raw input features are not exact on input_format={spec!r} (largest "
+                      f"error {err:.3g}); that grid suits row-normalized bag-of-words features. "
+                      "Please pass input_format=None (float32) or a wider format, e.g. "
+                      "'int8:row'.", stacklevel=4)
+
+
+@dataclass(frozen=True)
+class HubMessages(_BitsRecipe):
+    """Fixed per-node bit-widths from in-degree: every activation site at
+    ``floor(target_bits)`` bits, except the messages into hubs (nodes whose in-degree lies
+    above the ``hub_quantile`` quantile), one bit fewer: a hub sums many messages, which
+    averages their rounding errors out. The last layer's aggregation (the logits before
+    the bias) gets ``last_aggregate_bits``. Nothing is stored for the widths: they follow
+    from the graph. In training the widths start ``anneal_bits`` above their final values
+    and drop by one every ``anneal_every`` epochs; the reported epoch is the best
+    validation epoch within the budget (``select="budget"``).
+
+    Args:
+        target_bits (float, optional): the budget, average bits per value. (default: 2.0)
+        hub_quantile (float, optional): in-degree quantile above which a node is a hub.
+            (default: 0.9: the top 10%)
+        last_aggregate_bits (int, optional): bits of the last layer's aggregation; None:
+            as the rest. (default: 4)
+        anneal_every (int, optional): epochs per annealing step; 0 is off. (default: 50)
+        anneal_bits (int, optional): bits above the final widths at the start. (default: 2)
+        midrise (bool, optional): signed sites on the mid-rise grid (levels ``k + 1/2``;
+            1 bit is the sign), else the symmetric one (2 bits at least). (default: True)
+        shared_step (bool, optional): a layer's input rounds with the previous layer's
+            output step where only a ReLU lies between (:func:`fxquant.share_step`).
+            (default: True)
+        input_format (str, optional): the raw input features' ``format[:scale]`` (exact
+            for row-normalized bag-of-words features; a warning says when not); None keeps
+            them float32. Not counted in ``avg_bits``. (default: ``"uint1:row"``)
+        quantize_logits (bool, optional): also round the last layer's output.
+            (default: False)
+        select (str, optional): ``"budget"`` or ``"best-val"``. (default: ``"budget"``)
+        refit_epochs (int, optional): refit the learned steps on the first epochs.
+            (default: 0)
+    """
+
+    name: ClassVar[str] = "hub-messages"
+    command: ClassVar[str] = (
+        "python examples/bits_pareto.py --method degree --degree-rule hub-messages "
+        "--target-bits 2 --signed-grid midrise --shared-step --anneal 50 "
+        "--last-aggregate-bits 4 --select budget")
+
+    hub_quantile: float = 0.9
+    last_aggregate_bits: int | None = 4
+    anneal_every: int = 50
+    anneal_bits: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (isinstance(self.hub_quantile, float | int) and 0 < self.hub_quantile < 1):
+            raise FxquantValueError(f"hub_quantile must lie in (0, 1), got {self.hub_quantile!r}")
+        lowest = 1 if self.midrise else 2
+        last = self.last_aggregate_bits
+        if last is not None and (isinstance(last, bool) or not isinstance(last, int)
+                                 or not lowest <= last <= 8):
+            raise FxquantValueError(f"last_aggregate_bits must be a whole number in {lowest}..8 "
+                                    f"(or None), got {last!r}")
+        check_count(self.anneal_every, "anneal_every")
+        check_count(self.anneal_bits, "anneal_bits")
+
+    def site(self, data: Any, unsigned: bool, message: bool = False,
+             bits: int | None = None) -> QuantConfig:
+        n = num_nodes(data, self.name)
+        number, lowest = self._grid(unsigned)
+        base = max(lowest, math.floor(self.target_bits)) if bits is None else bits
+        hub = max(lowest, base - 1) if message and bits is None else base
+        widths = NodeBits.by_degree(data.edge_index, n, [self.hub_quantile], [base, hub],
+                                    min_bits=lowest)
+        return QuantConfig(number, scale="tensor", range="lsq", node_bits=widths)
+
+    def extra_entries(self, mapping: QuantMapping, layers: list[Node], data: Any) -> None:
+        if self.last_aggregate_bits is not None:
+            mapping.set_name(layer_name(layers[-1]),
+                             self.site(data, False, bits=self.last_aggregate_bits),
+                             site="aggregate")
+
+    def training(self) -> dict[str, Any]:
+        return {"refit_epochs": self.refit_epochs, "anneal_every": self.anneal_every,
+                "anneal_bits": self.anneal_bits, "target_bits": self.target_bits,
+                "select": self.select}
+
+
+@dataclass(frozen=True)
+class LearnedBits(_BitsRecipe):
+    """Learned per-node bit-widths (A2Q-style, Zhu et al., ICLR 2023) with a learned step
+    per site, pulled toward ``target_bits`` by :func:`fxquant.bit_penalty` in the loss;
+    the widths learn at ``bits_lr``. The reported epoch is the best validation epoch within
+    the budget (``select="budget"``).
+
+    Args:
+        target_bits (float, optional): the budget, average bits per value. (default: 2.0)
+        penalty (float, optional): weight of the bit penalty. (default: 10.0)
+        bits_lr (float, optional): the widths' learning rate. (default: 0.01)
+        max_bits (int, optional): the widest allowed width. (default: 8)
+        shared_bits (str, optional): ``"none"`` (a table per site), ``"layer"`` (one per
+            layer) or ``"all"`` (one for the model; :func:`fxquant.share_bits`).
+            (default: ``"none"``)
+        midrise, shared_step, input_format, quantize_logits, select, refit_epochs: as
+            :class:`HubMessages`.
+    """
+
+    name: ClassVar[str] = "learned-bits"
+    command: ClassVar[str] = (
+        "python examples/bits_pareto.py --method learned --target-bits 2 --signed-grid midrise "
+        "--shared-step --select budget --penalty 10")
+
+    penalty: float = 10.0
+    bits_lr: float = 0.01
+    max_bits: int = 8
+    shared_bits: str = "none"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self.penalty, "penalty", zero=True)
+        check_positive(self.bits_lr, "bits_lr")
+        lowest = 1 if self.midrise else 2
+        if isinstance(self.max_bits, bool) or not isinstance(self.max_bits, int) \
+                or not lowest <= self.max_bits <= 8:
+            raise FxquantValueError(f"max_bits must be a whole number in {lowest}..8, got "
+                                    f"{self.max_bits!r}")
+        if self.shared_bits not in ("none", "layer", "all"):
+            raise FxquantValueError(f"shared_bits={self.shared_bits!r} is not one of "
+                                    "['none', 'layer', 'all']")
+
+    def site(self, data: Any, unsigned: bool, message: bool = False,
+             bits: int | None = None) -> QuantConfig:
+        n = num_nodes(data, self.name)
+        number, lowest = self._grid(unsigned)
+        if self.shared_bits != "none":  # a shared table has one range: the signed grid's
+            lowest = 1 if self.midrise else 2
+        widths = NodeBits.learned_init(n, init=min(float(self.max_bits), self.target_bits + 1.0),
+                                       min_bits=lowest, max_bits=self.max_bits)
+        return QuantConfig(number, scale="tensor", range="lsq", node_bits=widths)
+
+    def tie(self, gm: GraphModule) -> None:
+        super().tie(gm)
+        if self.shared_bits == "none":
+            return
+        groups: dict[str, list[str]] = {}
+        for name, point in points_of(gm):
+            if point.row_bits is not None:
+                groups.setdefault(point.layer if self.shared_bits == "layer" else "",
+                                  []).append(name)
+        for members in groups.values():
+            for name in members[1:]:
+                share_bits(gm, name, members[0])
+
+    def training(self) -> dict[str, Any]:
+        return {"refit_epochs": self.refit_epochs, "penalty": self.penalty,
+                "target_bits": self.target_bits, "bits_lr": self.bits_lr,
+                "select": self.select}

@@ -1,0 +1,279 @@
+"""The recipe machinery: :class:`Recipe`, the :class:`QuantTraining` a recipe prepares, and
+the :class:`Choice` of the epoch a run reports."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.fx import GraphModule
+from torch_geometric.data import Data
+
+from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.fx.tracer import trace
+from fxquant.pipeline import transform
+from fxquant.quant import BitReport, QuantMapping, QuantPoint, bit_penalty, bit_report, refit_steps
+
+__all__ = ["SELECTIONS", "Choice", "QuantTraining", "Recipe", "check_count", "check_positive",
+           "unique"]
+
+#: how a run chooses the epoch it reports
+SELECTIONS = ("best-val", "budget")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The epoch a training run reports.
+
+    Attributes:
+        epoch (int): its index (counted by :meth:`QuantTraining.observe`).
+        val (float): its validation score.
+        metrics (dict): what was passed to :meth:`QuantTraining.observe` with it (e.g. the
+            test accuracy).
+        bits (BitReport, optional): the bits of its evaluation forward.
+        within_budget (bool): whether its average bits met the recipe's target (always
+            ``True`` without a budget).
+    """
+
+    epoch: int
+    val: float
+    metrics: dict[str, float]
+    bits: BitReport | None
+    within_budget: bool
+
+
+class QuantTraining:
+    """A transformed model and what its training loop does around it.
+
+    :meth:`Recipe.prepare` returns one; ``model`` is the transformed model to train. The
+    loop calls :meth:`param_groups` once, :meth:`start_epoch` before each training epoch,
+    :meth:`loss` on each loss, and :meth:`observe` after each evaluation; :attr:`best`
+    is the epoch to report.
+
+    Args:
+        model (torch.fx.GraphModule): the transformed model.
+        refit_epochs (int, optional): fit the learned steps again on each of the first
+            ``refit_epochs`` epochs (:func:`fxquant.refit_steps`). (default: ``0``)
+        anneal_every (int, optional): fixed per-node bit-widths start ``anneal_bits`` above
+            their final widths and drop by one every ``anneal_every`` epochs; ``0`` is off.
+            (default: ``0``)
+        anneal_bits (int, optional): how many bits above. (default: ``2``)
+        penalty (float, optional): weight of :func:`fxquant.bit_penalty` in the loss (with
+            learned bit-widths and a ``target_bits``). (default: ``0.0``)
+        target_bits (float, optional): the bit budget: average bits per value as
+            :func:`fxquant.bit_report` counts them. (default: :obj:`None`)
+        bits_lr (float, optional): the learning rate of learned bit-widths. (default:
+            :obj:`None`: the optimizer's)
+        select (str, optional): ``"best-val"``: report the epoch with the best validation
+            score; ``"budget"``: the best among the epochs within ``target_bits`` (the best
+            overall, marked ``within_budget=False``, if none is). (default: ``"best-val"``)
+    """
+
+    def __init__(self, model: GraphModule, *, refit_epochs: int = 0, anneal_every: int = 0,
+                 anneal_bits: int = 2, penalty: float = 0.0, target_bits: float | None = None,
+                 bits_lr: float | None = None, select: str = "best-val") -> None:
+        check_count(refit_epochs, "refit_epochs")
+        check_count(anneal_every, "anneal_every")
+        check_count(anneal_bits, "anneal_bits")
+        check_positive(penalty, "penalty", zero=True)
+        if target_bits is not None:
+            check_positive(target_bits, "target_bits")
+        if bits_lr is not None:
+            check_positive(bits_lr, "bits_lr")
+        if select not in SELECTIONS:
+            raise FxquantValueError(f"select={select!r} is not one of {list(SELECTIONS)}")
+        if select == "budget" and target_bits is None:
+            raise FxquantValueError("select='budget' chooses the epoch under target_bits; "
+                                    "please give target_bits")
+        self.model = model
+        self.refit_epochs = refit_epochs
+        self.anneal_every = anneal_every
+        self.anneal_bits = anneal_bits
+        self.penalty = float(penalty)
+        self.target_bits = target_bits
+        self.bits_lr = bits_lr
+        self.select = select
+        points = [m for m in model.modules() if isinstance(m, QuantPoint)]
+        self._widths = unique(m.row_bits for m in points if m.row_bits is not None)
+        self._steps = unique(p for m in points for p in m.parameters()
+                              if all(p is not w for w in self._widths))
+        # fixed per-node bit-widths and their final values, for annealing
+        self._tables = [(m, m.row_bits_table.clone()) for m in points
+                        if m.row_bits_table is not None] if anneal_every else []
+        self._quantized = bool(points)
+        self._epoch = -1
+        self._observed = -1
+        self._best: dict[bool, Choice | None] = {False: None, True: None}
+
+    def __repr__(self) -> str:
+        parts = [f"{f}={getattr(self, f)!r}" for f in ("refit_epochs", "anneal_every",
+                                                        "penalty", "target_bits", "bits_lr",
+                                                        "select")]
+        return f"QuantTraining({', '.join(parts)})"
+
+    @property
+    def learns_bits(self) -> bool:
+        """Whether the model has learned per-node bit-widths."""
+        return bool(self._widths)
+
+    def param_groups(self, groups: Iterable[Any] | None = None) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups: ``groups`` (the model's own, as an optimizer
+        takes them: parameters or dicts; default one group of every parameter) without the
+        quantizers' parameters, which get groups of their own without weight decay (decay
+        would pull a log-step toward a step of 1); learned bit-widths at ``bits_lr``.
+
+        Example:
+            >>> from torch_geometric.nn.models import GCN
+            >>> from fxquant.recipes import HubMessages
+            >>> run = HubMessages(target_bits=2.0).prepare(GCN(4, 8, num_layers=2, out_channels=2),
+            ...                                             _tiny_graph())
+            >>> [len(g["params"]) for g in run.param_groups()]
+            [4, 5]
+        """
+        mine = {id(p) for p in (*self._steps, *self._widths)}
+        if groups is None:
+            groups = [{"params": list(self.model.parameters())}]
+        result: list[dict[str, Any]] = []
+        for group in groups:
+            if isinstance(group, dict):
+                params = group["params"]
+                params = [params] if isinstance(params, Tensor) else list(params)
+                result.append({**group, "params": [p for p in params if id(p) not in mine]})
+            elif isinstance(group, Tensor):
+                if id(group) not in mine:
+                    result.append({"params": [group]})
+            else:
+                raise FxquantTypeError(f"param_groups: groups must hold parameters or dicts "
+                                       f"with 'params', got {type(group).__name__}")
+        if self._steps:
+            result.append({"params": list(self._steps), "weight_decay": 0.0})
+        if self._widths:
+            group = {"params": list(self._widths), "weight_decay": 0.0}
+            if self.bits_lr is not None:
+                group["lr"] = self.bits_lr
+            result.append(group)
+        return [g for g in result if g["params"]]
+
+    def start_epoch(self, epoch: int | None = None) -> None:
+        """Before each training epoch (default: one more than the last call): anneal the
+        fixed per-node bit-widths, and mark the learned steps for a refit on the first
+        ``refit_epochs`` epochs (the first training batch fits them anyway)."""
+        self._epoch = self._epoch + 1 if epoch is None else epoch
+        if self._tables:
+            extra = max(0, self.anneal_bits - self._epoch // self.anneal_every)
+            with torch.no_grad():
+                for point, final in self._tables:
+                    rb = point.config.node_bits
+                    assert rb is not None and point.row_bits_table is not None
+                    point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
+        if 0 < self._epoch < self.refit_epochs:
+            refit_steps(self.model)
+
+    def loss(self, loss: Tensor) -> Tensor:
+        """``loss`` plus the weighted bit penalty of the last forward (learned bit-widths
+        with a target), else ``loss`` itself."""
+        if self.learns_bits and self.target_bits is not None and self.penalty:
+            return loss + self.penalty * bit_penalty(self.model, self.target_bits)
+        return loss
+
+    def observe(self, val: float, **metrics: float) -> bool:
+        """Record one evaluation, right after its forward (its bits are counted from it);
+        returns whether it is now :attr:`best`."""
+        self._observed += 1
+        constrained = self.select == "budget" and self._quantized
+        report = bit_report(self.model) if constrained else None
+        changed = False
+        for within in (False, True):
+            held = self._best[within]
+            if val <= (held.val if held is not None else 0.0):
+                continue
+            if within and not (constrained and report is not None
+                               and self.target_bits is not None
+                               and report.avg_bits <= self.target_bits):
+                continue
+            bits = report if report is not None else (
+                bit_report(self.model) if self._quantized else None)
+            self._best[within] = Choice(self._observed, float(val), dict(metrics), bits,
+                                        within or not constrained)
+            changed = True
+        return changed and self.best is not None and self.best.epoch == self._observed
+
+    @property
+    def best(self) -> Choice | None:
+        """The epoch to report (see ``select``), or :obj:`None` before any score above 0
+        (the first epoch with the best score wins a tie)."""
+        if self.select == "budget" and self._best[True] is not None:
+            return self._best[True]
+        return self._best[False]
+
+
+class Recipe:
+    """Base class of the recipes: a frozen dataclass of the recipe's settings that builds
+    a :class:`fxquant.QuantMapping` on a traced model and says what training does around
+    it. Subclasses set :attr:`name` and implement :meth:`mapping`; :meth:`tie`
+    and :meth:`training` are optional."""
+
+    #: the name :func:`get` knows it by
+    name: ClassVar[str] = ""
+    #: the command of the example that reproduces the recipe's published numbers
+    command: ClassVar[str] = ""
+
+    def mapping(self, gm: GraphModule, data: Any = None) -> QuantMapping:
+        """The mapping for the traced model ``gm`` (``data``: the graph, where the recipe
+        needs it, e.g. for in-degrees)."""
+        raise NotImplementedError
+
+    def tie(self, gm: GraphModule) -> None:
+        """Tie the transformed model's parameters (shared steps or bit-width tables)."""
+
+    def training(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`QuantTraining`."""
+        return {}
+
+    def prepare(self, model: nn.Module, data: Any = None, *, lint: str = "warn"
+                ) -> QuantTraining:
+        """Trace ``model``, transform it with :meth:`mapping`, tie its parameters, and
+        return the :class:`QuantTraining` to train it with. ``model`` is not changed.
+
+        Args:
+            model (torch.nn.Module): the unmodified model.
+            data (optional): the graph (``edge_index``, ``num_nodes``, ``x``) for recipes
+                that need it; in mini-batch training, the whole graph (global node ids).
+            lint (str, optional): as :func:`fxquant.transform`. (default: ``"warn"``)
+        """
+        gm = model if isinstance(model, GraphModule) else trace(model)
+        qgm = transform(gm, self.mapping(gm, data), lint=lint)
+        self.tie(qgm)
+        return QuantTraining(qgm, **self.training())
+
+
+
+def check_count(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FxquantValueError(f"{name} must be a whole number >= 0, got {value!r}")
+
+
+def check_positive(value: object, name: str, zero: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and (value >= 0 if zero else value > 0)
+    if not ok:
+        raise FxquantValueError(f"{name} must be a finite number {'>= 0' if zero else '> 0'}, "
+                                f"got {value!r}")
+
+
+def unique(tensors: Iterable[Tensor]) -> list[Tensor]:
+    seen: dict[int, Tensor] = {}
+    for t in tensors:
+        seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+
+def _tiny_graph() -> Data:
+    """A 6-node graph for the docstring examples."""
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 0, 0, 0]])
+    return Data(x=torch.full((6, 4), 0.25), edge_index=edge_index, num_nodes=6)

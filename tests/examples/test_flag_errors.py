@@ -1,0 +1,58 @@
+"""Every example script refuses, before any work, flags it would ignore or could not run:
+exit 2 with a message naming the flag."""
+
+import pytest
+
+from examples import bits_pareto, dq_table, train_cora, train_ddp
+
+CASES = [
+    (train_cora, ["--format", "int8", "--momentum", "1.5"], "--momentum"),
+    (train_cora, ["--format", "int4", "--scale", "none", "--range", "lsq"], "--range"),
+    (train_cora, ["--layers", "bogus"], "--layers"),
+    (train_cora, ["--bits", "10", "--momentum", "0.1"], "--momentum"),
+    (train_cora, ["--format", "int8", "--scale", "row", "--momentum", "0.1"], "--momentum"),
+    (train_cora, ["--format", "int4", "--range", "lsq", "--momentum", "0.1"], "--momentum"),
+    (train_cora, ["--bits", "10", "--scale", "row"], "--scale"),
+    (train_cora, ["--format", "int8", "--lsq-refit", "3"], "--lsq-refit"),
+    (train_cora, ["--model", "gin", "--super-nodes", "0.1:8"], "--super-nodes"),
+    (train_cora, ["--from-json", "x.json", "--bits", "8"], "--bits"),
+    (bits_pareto, ["--target-bits", "nan"], "--target-bits"),
+    (bits_pareto, ["--target-bits", "inf"], "--target-bits"),
+    (bits_pareto, ["--target-bits", "100"], "--target-bits"),
+    (bits_pareto, ["--method", "degree", "--target-bits", "12"], "--target-bits"),
+    (bits_pareto, ["--input-format", "bogus"], "--input-format"),
+    (bits_pareto, ["--penalty", "-5"], "--penalty"),
+    (bits_pareto, ["--method", "topn", "--lsq-refit", "2"], "--lsq-refit"),
+    (bits_pareto, ["--from-json", "x.json", "--method", "int"], "--method"),
+    (dq_table, ["--plot", "x.png"], "--plot"),
+    (dq_table, ["--only", "bogus"], "--only"),
+    (dq_table, ["--only", "int8", "--lsq-refit", "5"], "--lsq-refit"),
+    (train_ddp, ["--scale", "bogus"], "--scale"),
+    (train_ddp, ["--momentum", "1.5"], "--momentum"),
+    (train_ddp, ["--dropout", "1.5"], "--dropout"),
+    (train_ddp, ["--lr", "-1"], "--lr"),
+    (train_ddp, ["--scale", "row"], "--momentum"),
+    (train_ddp, ["--format", "int8", "--rounding", "toward_zero", "--scale", "block32",
+                 "--momentum", "none", "--sites", "bogus"], "--sites"),
+]
+
+
+@pytest.mark.parametrize(("script", "argv", "flag"), CASES,
+                         ids=[f"{s.__name__.split('.')[-1]} {' '.join(a)}" for s, a, _ in CASES])
+def test_bad_flags_exit_2_naming_the_flag(script, argv, flag, capsys):
+    """A usage error (exit 2) that names the flag, raised by the parser before any work."""
+    with pytest.raises(SystemExit) as exit_:
+        script.parse_args(argv)
+    assert exit_.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--scale", "row", "--momentum", "none"],
+                                  ["--scale", "block32", "--momentum", "none", "--format", "e2m1"],
+                                  ["--scale", "tensor"], []])
+def test_ddp_scales_can_run(argv):
+    """--momentum none turns the running range off, so every --scale can run; 0.1 stays the
+    default for --scale tensor."""
+    args = train_ddp.parse_args(argv)
+    config = train_ddp.build_config(args)
+    assert (config.momentum is None) == ("none" in argv)

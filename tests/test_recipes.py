@@ -1,0 +1,177 @@
+"""fxquant.recipes: each recipe builds its mapping on any PyG model, says what training does
+around it, and reproduces the accuracy of the example command it stands for."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from torch_geometric.data import Data
+from torch_geometric.nn.models import GAT, GCN, GraphSAGE
+
+import fxquant
+from examples import bits_pareto, cora_recipe, dq_table
+from fxquant.recipes import HubMessages, LearnedBits, LsqProtect, QuantTraining
+
+
+def graph(n=12, features=6, binary=True):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(n, features, generator=g) < 0.5).float() if binary else \
+        torch.randn(n, features, generator=g)
+    x = x / x.sum(1, keepdim=True).clamp(min=1)
+    edge_index = torch.randint(0, n, (2, 4 * n), generator=g)
+    return Data(x=x, edge_index=edge_index, y=torch.randint(0, 3, (n,), generator=g),
+                num_nodes=n)
+
+
+@pytest.mark.parametrize("name", fxquant.recipes.available())
+@pytest.mark.parametrize("zoo", [GCN, GraphSAGE, GAT])
+def test_every_recipe_runs_on_pyg_models(name, zoo):
+    """Each recipe transforms PyG's zoo models, trains a step, and leaves the model as is."""
+    data = graph()
+    torch.manual_seed(0)
+    model = zoo(6, 8, num_layers=2, out_channels=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run = fxquant.recipes.get(name).prepare(model, data, lint="off")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
+    run.model.train()
+    run.start_epoch()
+    out = run.model(data.x, data.edge_index)
+    run.loss(torch.nn.functional.cross_entropy(out, data.y)).backward()
+    optimizer.step()
+    run.model.eval()
+    with torch.no_grad():
+        run.model(data.x, data.edge_index)
+    run.observe(0.5, test=0.4)
+    assert run.best is not None and run.best.metrics == {"test": 0.4}
+
+
+def test_bit_recipes_read_the_graph():
+    """Unsigned grids where values are non-negative (after a ReLU), a shared step across the
+    ReLU, the raw features on the input format, float32 logits."""
+    run = HubMessages().prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(), lint="off")
+    points = {(p.layer, p.site.value): p for _, p in fxquant.quantization_points(run.model)}
+    assert points[("convs.0", "input")].config.format.spec() == "uint1"
+    assert points[("convs.0", "output")].config.format.spec() == "uint8"  # feeds the ReLU
+    assert points[("convs.1", "input")].config.format.spec() == "uint8"  # after the ReLU
+    assert points[("convs.0", "message")].config.format.spec() == "int8:midrise"
+    assert ("convs.1", "output") not in points
+    assert points[("convs.1", "input")].log_step is points[("convs.0", "output")].log_step
+    agg = points[("convs.1", "aggregate")].row_bits_table
+    assert agg is not None and bool((agg == 4).all())  # last_aggregate_bits
+
+
+def test_hub_messages_gives_hubs_messages_one_bit_fewer():
+    """Messages into the top in-degree decile get floor(B) - 1 bits, the rest floor(B)."""
+    data = graph(n=50)
+    run = HubMessages(target_bits=3.0, anneal_every=0).prepare(
+        GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
+    msg = dict(fxquant.quantization_points(run.model))["convs_0_message_quant"].row_bits_table
+    deg = torch.zeros(50).index_add_(0, data.edge_index[1], torch.ones(data.edge_index.shape[1]))
+    hubs = deg > torch.quantile(deg, 0.9)
+    assert bool((msg[hubs] == 2).all()) and bool((msg[~hubs] == 3).all())
+
+
+def test_annealing_starts_above_and_drops_one_bit_every_e_epochs():
+    """anneal_every=E: the fixed widths start anneal_bits above and drop by one every E."""
+    run = HubMessages(anneal_every=2, anneal_bits=2).prepare(
+        GCN(6, 8, num_layers=2, out_channels=3), graph(), lint="off")
+    table = dict(fxquant.quantization_points(run.model))["convs_0_aggregate_quant"].row_bits_table
+    final = table.clone()
+    seen = []
+    for epoch in range(6):
+        run.start_epoch(epoch)
+        seen.append(int((table - final).max()))
+    assert seen == [2, 2, 1, 1, 0, 0]
+
+
+def test_param_groups_keep_decay_off_the_quantizers_and_widths_at_their_rate():
+    """Steps and widths leave the user's groups for groups without weight decay."""
+    run = LearnedBits(bits_lr=0.05).prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(),
+                                            lint="off")
+    groups = run.param_groups([{"params": list(run.model.parameters()), "weight_decay": 5e-4}])
+    widths = [p for _, m in fxquant.quantization_points(run.model) if m.row_bits is not None
+              for p in [m.row_bits]]
+    assert groups[-1]["lr"] == 0.05 and groups[-1]["weight_decay"] == 0.0
+    assert {id(p) for p in groups[-1]["params"]} == {id(p) for p in widths}
+    assert groups[-2]["weight_decay"] == 0.0
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert not decayed & {id(p) for g in groups[1:] for p in g["params"]}
+    assert sum(len(g["params"]) for g in groups) == len(list(run.model.parameters()))
+
+
+def test_select_budget_reports_the_best_epoch_within_the_budget():
+    """select='budget': the best validation epoch whose bits meet the target wins; with none
+    within, the best overall, marked."""
+    gm = fxquant.transform(GCN(6, 8, num_layers=2, out_channels=3), bits=8, lint="off")
+    data = graph()
+    with torch.no_grad():
+        gm(data.x, data.edge_index)
+    run = QuantTraining(gm, target_bits=4.0, select="budget")
+    run.observe(0.9, test=0.1)
+    assert run.best is not None and run.best.within_budget is False  # 8 bits > 4
+    assert run.best.metrics["test"] == 0.1
+    tight = QuantTraining(gm, target_bits=8.0, select="budget")
+    tight.observe(0.5, test=0.2)
+    tight.observe(0.9, test=0.3)
+    tight.observe(0.9, test=0.4)  # a tie keeps the first
+    assert tight.best is not None and tight.best.metrics["test"] == 0.3 and tight.best.within_budget
+    assert QuantTraining(gm).best is None
+
+
+def test_recipe_errors_are_clear():
+    """Missing graph, a model without GNN layers, bad settings: errors naming the fix."""
+    with pytest.raises(fxquant.FxquantError, match="needs the graph"):
+        HubMessages().prepare(GCN(6, 8, num_layers=2, out_channels=3))
+    with pytest.raises(fxquant.FxquantError, match="calls none"):
+        LsqProtect().prepare(torch.nn.Sequential(torch.nn.Linear(3, 3)))
+    with pytest.raises(fxquant.FxquantError, match="shared_bits"):
+        LearnedBits(shared_bits="some")
+    with pytest.raises(fxquant.FxquantError, match="no setting"):
+        fxquant.recipes.get("mx", bits=4)
+    with pytest.raises(ValueError, match="protect"):
+        LsqProtect(protect=(0.5, 0.1))
+
+
+def test_inexact_raw_features_warn():
+    """Real-valued features are not exact on a 1-bit grid: a warning says what to pass."""
+    with pytest.warns(UserWarning, match="input_format=None"):
+        HubMessages().prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(binary=False),
+                              lint="off")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        HubMessages(input_format=None).prepare(GCN(6, 8, num_layers=2, out_channels=3),
+                                               graph(binary=False), lint="off")
+
+
+COMMANDS = {
+    "hub-messages": lambda out: bits_pareto.main([
+        "--method", "degree", "--degree-rule", "hub-messages", "--target-bits", "2",
+        "--signed-grid", "midrise", "--shared-step", "--anneal", "50", "--last-aggregate-bits",
+        "4", "--select", "budget", "--seeds", "1", "--epochs", "8", "--json", out]),
+    "learned-bits": lambda out: bits_pareto.main([
+        "--method", "learned", "--target-bits", "2", "--signed-grid", "midrise", "--shared-step",
+        "--select", "budget", "--penalty", "10", "--seeds", "1", "--epochs", "8", "--json", out]),
+    "lsq-protect": lambda out: dq_table.main(["--only", "int4-lsq-p", "--seeds", "1", "--epochs",
+                                              "8", "--json", out]),
+    "mx": lambda out: dq_table.main(["--only", "mxfp4", "--seeds", "1", "--epochs", "8",
+                                     "--json", out]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_recipe_reproduces_its_example_command(name, tmp_path):
+    """The recipe in a plain loop (examples/cora_recipe.py) gives the accuracy its example
+    command gives, for the same seed."""
+    assert sorted(COMMANDS) == fxquant.recipes.available()
+    out = str(tmp_path / "out.json")
+    COMMANDS[name](out)
+    with open(out) as f:
+        results = json.load(f)["results"]
+    expected = results[-1]["accs"][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = cora_recipe.main(["--recipe", name, "--epochs", "8", "--seed", "0"])
+    assert got == expected
