@@ -36,12 +36,12 @@ evaluation that gave the reported accuracy (the best validation epoch). Seeds ar
 paired: FP32 and every method of one seed start from the same weights.
 
     python examples/bits_pareto.py --method learned --target-bits 1.5,2,3,4 --seeds 5 \\
-        --dataset Cora --json docs/bits_cora_learned.json
+        --dataset Cora --json docs/results/bits_cora_learned.json
     python examples/bits_pareto.py --method degree --degree-rule hub-messages \\
         --target-bits 2 --signed-grid midrise --shared-step --anneal 50 \\
         --last-aggregate-bits 4 --select budget --seeds 5 --dataset Cora \\
-        --json docs/bits_cora_degree_hubs.json
-    python examples/bits_pareto.py --from-json docs/bits_cora_*.json --plot docs/bits_cora.png
+        --json docs/results/bits_cora_degree_hubs.json
+    python examples/bits_pareto.py --from-json docs/results/bits_cora_*.json --plot docs/results/bits_cora.png
 """
 
 from __future__ import annotations

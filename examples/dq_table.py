@@ -12,12 +12,12 @@ same initial weights, and the table reports each row's mean difference to FP32 w
 
 Run (data: ``FXQUANT_DATA`` or ``--root``):
 
-    python examples/dq_table.py --dataset Cora --model gcn --seeds 10 --json docs/dq_cora_gcn.json
-    python examples/dq_table.py --from-json docs/dq_cora_gcn.json      # table only
+    python examples/dq_table.py --dataset Cora --model gcn --seeds 10 --json docs/results/dq_cora_gcn.json
+    python examples/dq_table.py --from-json docs/results/dq_cora_gcn.json      # table only
     python examples/dq_table.py --dataset Cora --model gcn --seeds 5 --first-seed 10 \\
         --json more.json                                                 # more seeds
-    python examples/dq_table.py --from-json docs/dq_cora_gcn.json more.json \\
-        --json docs/dq_cora_gcn.json                                     # merged
+    python examples/dq_table.py --from-json docs/results/dq_cora_gcn.json more.json \\
+        --json docs/results/dq_cora_gcn.json                                     # merged
 """
 
 from __future__ import annotations
