@@ -7,7 +7,10 @@ as one leaf ``call_module`` node, like PyG's own tests do, and records where eac
 came from in ``node.meta["stack_trace"]``.
 
 Tracing runs the forward's Python while torch.fx patches ``nn.Module`` for the whole
-process, so it runs behind :data:`fxquant.fx.serial.PROCESS_LOCK`.
+process, so it runs behind :data:`fxquant.fx.serial.PROCESS_LOCK`. Buffers are read as
+graph values, so that updates a forward makes to them (``self.count += 1``, an EMA) are
+recorded and run when the traced model runs (:mod:`fxquant.fx.module_state`), and the
+model is put back as it was after every trace.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.graph_utils import attr_of, free_name
 from fxquant.fx.guards import FixedArguments
 from fxquant.fx.locations import traceback_location
+from fxquant.fx.module_state import ModuleState, Rebound, write_buffer
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.fx.standardize import functional_dropout_to_module
 
@@ -70,12 +74,16 @@ class _Proxy(torch.fx.Proxy):
 class GNNTracer(Tracer):
     """:class:`torch.fx.Tracer` that keeps PyG ``MessagePassing`` modules (and PyG's
     ``Linear``, a layer like ``torch.nn.Linear``) as leaves, records ``x[idx] = v`` as an
-    ``operator.setitem`` node, and stores NumPy scalars as Python numbers (so the generated
-    code runs).
+    ``operator.setitem`` node, reads buffers as graph values (``get_attr`` nodes, so that
+    ``self.ema.mul_(m)`` is recorded rather than run on the real buffer while tracing),
+    and stores NumPy scalars as Python numbers (so the generated code runs).
 
     Args:
         leaf_modules (iterable, optional): more modules to keep opaque, as classes or
             qualified names (``"encoder.block0"``). (default: :obj:`()`)
+        proxy_buffers (bool, optional): read buffers as graph values; :obj:`False` reads
+            their values (Python control flow on a buffer's value then works, frozen at
+            its value while tracing). (default: :obj:`True`)
 
     Example:
         >>> from torch_geometric.nn import GCNConv
@@ -90,8 +98,13 @@ class GNNTracer(Tracer):
         ['placeholder', 'placeholder', 'call_module', 'call_method', 'call_module', 'output']
     """
 
-    def __init__(self, leaf_modules: Iterable[LeafSpec] = ()) -> None:
+    #: a class attribute, so that a GraphModule re-traced when it is unpickled (torch.fx
+    #: re-traces with a subclass of the tracer that made it) reads buffers the same way
+    proxy_buffer_attributes = True
+
+    def __init__(self, leaf_modules: Iterable[LeafSpec] = (), proxy_buffers: bool = True) -> None:
         super().__init__()
+        self.proxy_buffer_attributes = proxy_buffers
         self.record_stack_traces = True
         specs = check_leaf_modules(leaf_modules)
         self._leaf_names = {s for s in specs if isinstance(s, str)}
@@ -201,11 +214,13 @@ def trace(
         # Tracing runs forward's Python: undo global switches it makes (set_detect_anomaly).
         anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
         grad_mode = torch.is_grad_enabled()
+        # every trace puts the model back as it was (modes are set and restored here)
+        state = ModuleState(model, keep=("training",))
         try:
             model.train(True)
-            train_graph, train_consts, fixed, unused = _trace(model, concrete_args, leaves)
+            train_graph, train_consts, fixed, unused = _trace(model, concrete_args, leaves, state)
             model.train(False)
-            eval_graph, eval_consts = _trace_once(model, fixed, leaves)
+            eval_graph, eval_consts = _trace_once(model, fixed, leaves, state)
         finally:
             for name, m in model.named_modules():
                 m.training = modes.get(name, m.training)
@@ -213,6 +228,7 @@ def trace(
             torch.set_grad_enabled(grad_mode)
     graph, consts = (train_graph, train_consts) if model.training else (eval_graph, eval_consts)
     gm = GraphModule({**_attributes(model, graph), **consts}, graph, type(model).__name__)
+    _keep_non_persistent(model, gm)
     gm.training = model.training
     functional_dropout_to_module(gm, train_graph, eval_graph)
     if concrete_args is None and fixed:
@@ -238,89 +254,154 @@ def _attributes(model: nn.Module, graph: Graph) -> dict[str, Any]:
     return found
 
 
+def _keep_non_persistent(model: nn.Module, gm: GraphModule) -> None:
+    """Buffers the model keeps out of its ``state_dict`` stay out of ``gm``'s (GraphModule
+    registers every tensor it copies as a persistent buffer)."""
+    for name, module in model.named_modules():
+        for key in getattr(module, "_non_persistent_buffers_set", ()):
+            target = f"{name}.{key}" if name else key
+            owner_name, _, field = target.rpartition(".")
+            owner = attr_of(gm, owner_name) if owner_name else gm
+            if isinstance(owner, nn.Module) and field in owner._buffers \
+                    and owner is not module:
+                owner.register_buffer(field, owner._buffers[field], persistent=False)
+
+
 def _trace_once(model: nn.Module, concrete_args: dict[str, Any] | None,
-                leaves: tuple[LeafSpec, ...]) -> tuple[Graph, dict[str, Any]]:
+                leaves: tuple[LeafSpec, ...], state: ModuleState) -> tuple[Graph, dict[str, Any]]:
     """One trace; returns the graph and the constants it captured.
 
+    Buffers are read as graph values, so that updates of them are recorded. Where that
+    fails (Python reads a buffer's value: ``if self.steps > 10:``) the model is traced
+    again reading buffer values, as constants; a forward that then updates a buffer is
+    refused, since the update could not be recorded.
+    """
+    try:
+        return _trace_with(model, concrete_args, leaves, state, proxy_buffers=True)
+    except Exception as first:
+        if next(model.buffers(), None) is None:
+            raise
+        try:
+            return _trace_with(model, concrete_args, leaves, state, proxy_buffers=False)
+        except _BuffersUpdated as e:
+            where = traceback_location(first)
+            at = f" at {where}" + (f" ({where.code!r})" if where.code else "") if where else ""
+            raise _StateAssigned(
+                f"forward updates buffer {', '.join(e.names)}, and its Python reads buffer "
+                f"values{at}: {type(first).__name__}: {first}. Symbolic tracing records "
+                "buffer updates only where buffers are used as tensors; please compute "
+                "both branches and select with torch.where(...), or keep the submodule "
+                "that holds the buffer opaque with leaf_modules=[...]") from first
+        except Exception:
+            raise first from None
+
+
+class _BuffersUpdated(RuntimeError):
+    """A trace that read buffers as constants saw forward update them."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(", ".join(names))
+        self.names = names
+
+
+def _trace_with(model: nn.Module, concrete_args: dict[str, Any] | None,
+                leaves: tuple[LeafSpec, ...], state: ModuleState,
+                proxy_buffers: bool) -> tuple[Graph, dict[str, Any]]:
+    """One trace with buffers read as graph values or not.
+
     torch.fx stores tensors created during tracing as attributes of the traced module
-    (``_tensor_constant0``, ...). They are taken back off the user's model here, so that
-    tracing leaves it as it was.
+    (``_tensor_constant0``, ...). They are taken back off the user's model here, and
+    ``state`` puts back everything else forward changed, so that tracing leaves the model
+    as it was.
     """
     before = set(vars(model))
-    state = [(name, m, dict(vars(m))) for name, m in model.named_modules()]
-    plain = [(f"{name}.{key}" if name else f"self.{key}", value, value.detach().clone())
-             for name, m in model.named_modules() for key, value in vars(m).items()
-             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)]
     try:
-        graph = GNNTracer(leaves).trace(model, concrete_args)
-        consts = _taken(model, before)
+        graph = GNNTracer(leaves, proxy_buffers=proxy_buffers).trace(model, concrete_args)
     finally:
-        _taken(model, before)
-        assigned = _restore_modules(state, root=model)
-        changed = []
-        for qualname, tensor, values in plain:
-            if not _same_values(tensor.detach(), values):
-                changed.append(qualname)
-                with torch.no_grad():
-                    tensor.copy_(values)
-    if changed:
+        consts = _taken(model, before)
+        changes = state.restore()
+    if changes.plain:
         raise _StateAssigned(
-            f"forward changes {', '.join(changed)} in place, a plain tensor attribute that "
-            "symbolic tracing reads as a constant (the change is lost); register it as a "
-            "buffer, self.register_buffer(name, tensor), so the graph reads and writes it")
-    if assigned:
+            f"forward changes {', '.join(changes.plain)} in place, a plain tensor attribute "
+            "that symbolic tracing reads as a constant (the change is lost); register it as "
+            "a buffer, self.register_buffer(name, tensor), so the graph reads and writes it")
+    if changes.assigned:
         raise _StateAssigned(
-            f"forward assigns {', '.join(assigned)} from traced values (e.g. `self.state += "
-            "x`), a change of module state that symbolic tracing cannot record; keep such "
-            "state in a buffer written under torch.no_grad(), or keep that submodule opaque "
-            "with leaf_modules=[...]")
+            f"forward assigns {', '.join(changes.assigned)} from traced values (e.g. "
+            "`self.state += x`), a change of module state that symbolic tracing cannot "
+            "record; keep such state in a buffer (self.register_buffer(name, tensor)), or "
+            "keep that submodule opaque with leaf_modules=[...]")
+    updated = [r.qualname for r in changes.rebound] + changes.written
+    if updated and not proxy_buffers:
+        raise _BuffersUpdated(updated)
+    if changes.written:
+        raise _StateAssigned(
+            f"forward changes {', '.join(changes.written)} in place through a path that "
+            "symbolic tracing does not see (e.g. self.buffers(), .data, a NumPy view), so "
+            "the change is lost; please update it through the attribute, e.g. "
+            "`self.buf.mul_(m)`, or keep that submodule opaque with leaf_modules=[...]")
+    _write_back(model, graph, changes.rebound, consts)
     return graph, consts
 
 
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal, NaN equal to NaN (a buffer of NaNs has not changed)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.is_floating_point() or a.is_complex():
-        return bool(((a == b) | (a.isnan() & b.isnan())).all())
-    return torch.equal(a, b)
+def _write_back(model: nn.Module, graph: Graph, rebound: list[Rebound],
+                consts: dict[str, Any]) -> None:
+    """For each buffer forward rebound (``self.count += 1``), a :func:`write_buffer` node
+    before the output writes the final value into the buffer; where the graph read the
+    buffer's old value, it reads a clone made at that point, so that the write changes
+    nothing autograd saved (the rebinding replaced the buffer, it did not change the old
+    tensor)."""
+    if not rebound:
+        return
+    names = {id(t): n for n, t in model.named_buffers()}
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    for r in rebound:
+        target = names.get(id(r.original), r.qualname)
+        if isinstance(r.value, torch.fx.Proxy) and r.value.node.graph is graph:
+            value = r.value.node
+        elif isinstance(r.value, torch.Tensor) and not isinstance(r.value, torch.fx.Proxy):
+            name = free_name(model, f"_{target.replace('.', '_')}_assigned")
+            while name in consts:
+                name += "_"
+            consts[name] = r.value
+            with graph.inserting_before(output):
+                value = graph.get_attr(name)
+        else:
+            raise _StateAssigned(
+                f"forward sets buffer {r.qualname} to {type(r.value).__name__}, which the "
+                "traced model cannot write into the buffer; please assign a tensor of the "
+                "buffer's shape and dtype")
+        readers = [n for n in graph.nodes if n.op == "get_attr" and n.target == target]
+        if value in readers:  # self.buf = self.buf
+            continue
+        for reader in readers:
+            if not reader.users:
+                continue
+            with graph.inserting_after(reader):
+                old = graph.call_method("clone", (reader,))
+            reader.replace_all_uses_with(old, delete_user_cb=lambda user, old=old: user is not old)
+        with graph.inserting_before(output):
+            holder = graph.get_attr(target)
+            graph.call_function(write_buffer, (holder, value))
+    graph.lint()
 
 
 class _StateAssigned(RuntimeError):
     """Forward rebinds a module attribute to a traced value (its own message says how)."""
 
 
-def _restore_modules(state: list[tuple[str, nn.Module, dict[str, Any]]],
-                     root: nn.Module) -> list[str]:
-    """Put back every attribute tracing rebound on the model's modules; the qualified names
-    of those it rebound to traced values (proxies)."""
-    assigned = []
-    for name, module, saved in state:
-        current = vars(module)
-        for key in [k for k in current if k not in saved]:
-            if module is root and key.startswith("_tensor_constant"):
-                continue  # taken off by _taken, as the graph's constants
-            del current[key]
-        for key, value in saved.items():
-            if current.get(key, value) is not value or key not in current:
-                if isinstance(current.get(key), torch.fx.Proxy):
-                    assigned.append(f"{name}.{key}" if name else f"self.{key}")
-                current[key] = value
-    return assigned
-
-
 _Traced = tuple[Graph, dict[str, Any], dict[str, Any] | None, frozenset[str]]
 
 
 def _trace(model: nn.Module, concrete_args: dict[str, Any] | None,
-           leaves: tuple[LeafSpec, ...]) -> _Traced:
+           leaves: tuple[LeafSpec, ...], state: ModuleState) -> _Traced:
     """Trace, fixing as few defaulted arguments as it takes.
 
     Returns the graph, its constants, the arguments fixed and those of them fixed only
     because the graph does not read them.
     """
     try:
-        graph, consts = _trace_once(model, concrete_args, leaves)
+        graph, consts = _trace_once(model, concrete_args, leaves, state)
         return graph, consts, concrete_args, frozenset()
     except Exception as first:
         defaults = _default_args(model) if concrete_args is None else {}
@@ -328,13 +409,13 @@ def _trace(model: nn.Module, concrete_args: dict[str, Any] | None,
             raise _trace_error(model, first) from first
         fixed = dict(defaults)
         try:
-            result = _trace_once(model, fixed, leaves)
+            result = _trace_once(model, fixed, leaves, state)
         except Exception:
             raise _trace_error(model, first) from first
         for name in defaults:
             trial = {k: v for k, v in fixed.items() if k != name}
             try:
-                result = _trace_once(model, trial, leaves)
+                result = _trace_once(model, trial, leaves, state)
             except Exception:
                 continue
             fixed = trial
@@ -347,7 +428,7 @@ def _trace(model: nn.Module, concrete_args: dict[str, Any] | None,
         extra = {k: v for k, v in defaults.items() if k in unused and k not in fixed}
         if extra:
             fixed = {k: v for k, v in defaults.items() if k in fixed or k in extra}
-            graph, consts = _trace_once(model, fixed, leaves)
+            graph, consts = _trace_once(model, fixed, leaves, state)
         return graph, consts, fixed, frozenset(extra)
 
 
