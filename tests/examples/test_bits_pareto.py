@@ -42,18 +42,19 @@ def _spy_bit_report(monkeypatch) -> list:
         calls.append((inputs, report.avg_bits))
         return report
 
-    monkeypatch.setattr(fxquant.recipes, "bit_report", spy)
+    monkeypatch.setattr(fxquant.recipes.core, "bit_report", spy)
     return calls
 
 
 @pytest.mark.parametrize("method", bits_pareto.METHODS)
 def test_json_contract(method, tmp_path, capsys):
     out = tmp_path / f"{method}.json"
+    refit = ["--lsq-refit", "2"] if method in bits_pareto.LSQ_METHODS else []
     bits_pareto.main(["--method", method, "--target-bits", "2,3", "--seeds", "1", "--epochs", "2",
-                      "--dataset", "Cora", "--json", str(out), "--lsq-refit", "2"])
+                      "--dataset", "Cora", "--json", str(out), *refit])
     payload = json.loads(out.read_text())
     assert [r["target_bits"] for r in payload["results"]] == [2.0, 3.0]
-    assert payload["lsq_refit"] == 2
+    assert payload["lsq_refit"] == (2 if refit else 0)
     assert payload["signed_grid"] == "symmetric" and payload["shared_step"] is False
     for result in payload["results"]:
         assert set(result) >= FIELDS
@@ -244,3 +245,25 @@ def test_select_budget_judges_fixed_bits_too():
         gm = fxquant.transform(model, bits_pareto.mapping_for("int", target, data), lint="off")
         _, report, met = _train(gm, data, 2, target, within_budget=True)
         assert met is within and report.avg_bits == pytest.approx(3.0, abs=1e-3)
+
+
+def test_recommended_runs_the_chosen_recipe_and_takes_no_other_flag(tmp_path, capsys):
+    """--method recommended: the chosen recipe with its chosen settings, today's JSON fields
+    plus the recipe that ran; a flag it would ignore is a usage error naming it."""
+    import fxquant
+
+    out = tmp_path / "recommended.json"
+    bits_pareto.main(["--method", "recommended", "--target-bits", "2", "--seeds", "1",
+                      "--epochs", "3", "--dataset", "Cora", "--json", str(out)])
+    payload = json.loads(out.read_text())
+    (result,) = payload["results"]
+    assert set(result) >= FIELDS | {"budget_met"} and result["method"] == "recommended"
+    name, settings = fxquant.recipes.RECOMMENDED
+    assert payload["recipe"]["name"] == name
+    assert all(payload["recipe"]["settings"][k] == v for k, v in settings.items())
+    assert payload["select"] == "budget" and payload["signed_grid"] == "midrise"
+    assert "recommended (" in capsys.readouterr().out
+    for flag in (["--penalty", "3"], ["--shared-step"], ["--anneal", "5"], ["--select", "budget"]):
+        with pytest.raises(SystemExit):
+            bits_pareto.parse_args(["--method", "recommended", *flag])
+        assert flag[0] in capsys.readouterr().err

@@ -125,7 +125,7 @@ def test_lsq_refit_refits_the_steps_on_the_first_epochs(monkeypatch):
         calls.append(len(forwards))
         return real(gm)
 
-    monkeypatch.setattr(fxquant.recipes, "refit_steps", spy)
+    monkeypatch.setattr(fxquant.recipes.core, "refit_steps", spy)
     run = fxquant.recipes.QuantTraining(model, refit_epochs=3)
     training.fit(model, data, 6, run=run, desc="test")
     assert calls == [1, 2]  # after the 1st and 2nd training forwards, before the next
