@@ -261,9 +261,14 @@ def _run(args: argparse.Namespace) -> LintReport:
             raise _UsageError("--check runs backward and needs example inputs (--input)")
         run = check if args.check else lint
         try:
-            return run(model, *(inputs or ()))
+            report = run(model, *(inputs or ()))
         except TraceError as e:
             raise _UsageError(f"{e}\nPass --input so the real forward runs instead.") from e
+        untraced = [f for f in report.by_rule("FXQ010") if f.node == "trace"]
+        if report.mode == "symbolic" and untraced:  # nothing could be linted at all
+            raise _UsageError(f"{untraced[0].message}\nPass --input so the real forward runs "
+                              "instead.")
+        return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

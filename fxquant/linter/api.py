@@ -8,14 +8,26 @@ from typing import Any
 from torch import nn
 from torch.fx import GraphModule
 
-from fxquant.errors import FxquantTypeError
-from fxquant.fx.tracer import LeafSpec, trace
+from fxquant.errors import FxquantError, FxquantTypeError
+from fxquant.fx.tracer import LeafSpec, TraceError, check_leaf_modules, trace
 from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.dynamic import lint_dynamic
+from fxquant.linter.recording import internal_failure
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.symbolic import ORIGINAL_KEY, lint_graph
 
-__all__ = ["lint"]
+__all__ = ["lint", "untraceable_note"]
+
+
+def untraceable_note(error: TraceError) -> Finding:
+    """FXQ010: without inputs, the model could not even be traced; nothing was linted."""
+    first = str(error).splitlines()[0] if str(error) else "TraceError"
+    return Finding(
+        "FXQ010", "trace", None,
+        f"the forward was not linted: without example inputs the model is traced "
+        f"symbolically, and tracing could not follow it ({first})",
+        "give the input shapes (fxquant.lint(model, fxquant.ShapeSpec((N, F))); in the CLI "
+        "--input x=N,F): the real forward then runs on fake tensors")
 
 
 def lint(
@@ -58,6 +70,7 @@ def lint(
     """
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"fxquant.lint expects a torch.nn.Module, got {type(model).__name__}")
+    check_leaf_modules(leaf_modules)
     if example_inputs:
         return lint_dynamic(model, example_inputs)
     report = LintReport(mode="symbolic")
@@ -73,8 +86,17 @@ def lint(
                 "remove it from forward; to debug, wrap one step in "
                 "`with torch.autograd.detect_anomaly():`"))
 
-        with watching_anomaly(found):
-            gm = trace(model, concrete_args, leaf_modules)
+        try:
+            with watching_anomaly(found):
+                gm = trace(model, concrete_args, leaf_modules)
+        except TraceError as e:  # a model tracing cannot follow is not an error in it
+            report.add(untraceable_note(e))
+            return report
+        except FxquantError:
+            raise
+        except Exception as e:  # fxquant's own failure is never the model's error
+            report.add(internal_failure(e, "symbolic trace"))
+            return report
         gm.meta[ORIGINAL_KEY] = model
     for finding in lint_graph(gm).findings:
         report.add(finding)

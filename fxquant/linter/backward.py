@@ -27,8 +27,9 @@ from torch import Tensor
 from torch.autograd.function import BackwardCFunction
 
 from fxquant.fx.locations import Location, is_internal
+from fxquant.linter.rules import out_of_place
 
-__all__ = ["GRADIENT_HINT", "GradientGuard", "GradientWrite", "custom_functions",
+__all__ = ["GradientGuard", "GradientWrite", "custom_functions", "gradient_hint",
            "gradient_writes"]
 
 
@@ -190,7 +191,11 @@ def _def_line(function: type) -> Location | None:
     return Location(path, start) if path is not None else None
 
 
-#: How to write a gradient computation out of place.
-GRADIENT_HINT = ("compute a new tensor from the gradient instead of changing it, e.g. "
-                 "`grad_input = grad_output * 2` (autograd may hand the same gradient tensor "
-                 "to other branches, which then see the change)")
+def gradient_hint(code: str) -> str:
+    """How to write the gradient write ``code`` into a new tensor: the same statement out
+    of place where it is an augmented assignment (``g *= 2`` -> ``g = g * 2``)."""
+    rewritten = out_of_place(code)
+    example = f"`{rewritten}`" if rewritten else "`grad = grad * 2` for `grad *= 2`"
+    return (f"compute a new tensor instead of changing the gradient received: {example} "
+            "(autograd may hand the same gradient tensor to other branches, which would "
+            "see the change)")

@@ -26,8 +26,8 @@ from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.linter.anomaly import watching_anomaly
-from fxquant.linter.backward import GRADIENT_HINT, GradientGuard, GradientWrite
-from fxquant.linter.dynamic import anomaly_finding
+from fxquant.linter.backward import GradientGuard, GradientWrite, gradient_hint
+from fxquant.linter.dynamic import anomaly_finding, plain_error
 from fxquant.linter.locate import first_line_after
 from fxquant.linter.recording import (
     LADDER,
@@ -165,16 +165,22 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
     first = LintReport(mode="check")
     run = protected_run(model, inputs, loss, rng, first)
     kept = first.findings
-    if run.error is not None and real_error is None:
+    if run.error is not None and (real_error is None or (
+            run.outputs is None and plain_error(model, inputs) is None)):
         # fxquant's recording failed where the plain forward and backward run: again with
         # fewer instruments, saying what they cannot check (never an FXQ009)
         error, tools = run.error, LADDER[0]
         for tools in LADDER[1:]:
             again = LintReport(mode="check")
             run = protected_run(model, inputs, loss, rng, again, tools)
-            if run.error is None or tools is LADDER[-1]:
+            # done when it runs, or when its forward runs and backward fails as the
+            # model's own backward does (then that failure is the model's: FXQ009 stays)
+            if run.error is None or (run.outputs is not None and real_error is not None) \
+                    or tools is LADDER[-1]:
                 break
-        kept = [f for f in [*first.findings, *again.findings] if f.rule != "FXQ009"]
+        model_failed = run.error is not None and real_error is not None and run.outputs is not None
+        kept = [f for f in first.findings if f.rule != "FXQ009"]
+        kept += [f for f in again.findings if f.rule != "FXQ009" or model_failed]
         kept.append(instrument_failure(LADDER[0], tools, error, "forward and backward"))
     for finding in kept:
         report.add(finding)
@@ -321,14 +327,14 @@ def _report_gradient_writes(run: ProtectedRun, report: LintReport, harmful: bool
                 f"`{write.code}` in the backward of `{write.function}` writes in place into "
                 "the gradient it receives; autograd handed that tensor to other branches too, "
                 "so their gradients change: backward runs but the gradients are wrong.",
-                GRADIENT_HINT))
+                gradient_hint(write.code)))
         else:
             report.add(Finding(
                 "FXQ015", write.function, write.where,
                 f"`{write.code}` in the backward of `{write.function}` writes in place into "
                 "the gradient it receives; here no other branch shares that tensor, so the "
                 "gradients are right, but a model that reuses the output would get wrong ones.",
-                GRADIENT_HINT))
+                gradient_hint(write.code)))
 
 
 def _locate_unseen(model: nn.Module, inputs: tuple[Any, ...], rng: Tensor,

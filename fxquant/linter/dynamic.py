@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from fxquant.errors import FxquantError
 from fxquant.fx.serial import PROCESS_LOCK
@@ -25,6 +27,7 @@ from fxquant.linter.recording import (
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.shapes import (
     NEEDS_VALUES,
+    ShapeSpec,
     fake_copy,
     from_shapes,
     needs_values_note,
@@ -36,7 +39,7 @@ from fxquant.linter.shapes import (
 )
 from fxquant.linter.state import clone_inputs, restored_state
 
-__all__ = ["anomaly_finding", "lint_dynamic"]
+__all__ = ["anomaly_finding", "lint_dynamic", "plain_error"]
 
 
 def anomaly_finding(rec: Recorder) -> Any:
@@ -80,14 +83,33 @@ def _lint_dynamic(model: nn.Module, example_inputs: tuple[Any, ...],
         except Exception as e:  # state fake tensors cannot stand for (a C++ object)
             return _on_random_data(model, example_inputs, report, needs_values_note(
                 e, "the model's state could not be made into fake tensors"))
+        # a forward that raises on fake tensors is tried on random data (if that is not
+        # too big to make): it may only need what fake tensors lack (`.numpy()`, values)
+        small = _elements(example_inputs) <= _RANDOM_DATA_LIMIT
         try:
             with mode, quiet():  # the fake copy is thrown away: only global state is restored
                 _lint_run(fake_model, fake_inputs, report, reraise=NEEDS_VALUES,
-                          restore=nn.Module())
+                          restore=nn.Module(), escalate=small)
         except NEEDS_VALUES as e:
             return _on_random_data(model, example_inputs, report, needs_values_note(e))
+        except Exception as e:
+            return _on_random_data(model, example_inputs, report, needs_values_note(
+                e, "the forward raised on fake tensors"))
         report.add(shapes_note())
         return report
+
+
+#: Input elements up to which a forward that fails on fake tensors is linted on random data.
+_RANDOM_DATA_LIMIT = 50_000_000
+
+
+def _elements(example_inputs: tuple[Any, ...]) -> int:
+    """How many elements random inputs of these shapes would hold."""
+    total = 0
+    for x in tree_leaves(example_inputs, is_leaf=lambda v: isinstance(v, ShapeSpec)):
+        shape = x.shape if isinstance(x, (ShapeSpec, torch.Tensor)) else ()
+        total += math.prod(shape)
+    return total
 
 
 def _on_random_data(model: nn.Module, example_inputs: tuple[Any, ...], report: LintReport,
@@ -101,12 +123,16 @@ def _on_random_data(model: nn.Module, example_inputs: tuple[Any, ...], report: L
 
 def _lint_run(model: nn.Module, example_inputs: tuple[Any, ...], report: LintReport,
               reraise: tuple[type[BaseException], ...] = (),
-              restore: nn.Module | None = None) -> LintReport:
+              restore: nn.Module | None = None, escalate: bool = False) -> LintReport:
     """One watched forward; where fxquant's own recording fails on a forward that runs
     without it, again with fewer instruments (:data:`LADDER`), saying what was not checked.
-    FXQ009 is reported only when the plain forward raises too."""
+    FXQ009 is reported only when the plain forward raises too (``escalate``: raise that
+    error instead, for the caller to try real data)."""
     found, error = _lint_once(model, example_inputs, LADDER[0], reraise, restore)
-    if error is not None and _plain_error(model, example_inputs, restore) is None:
+    plain = plain_error(model, example_inputs, restore) if error is not None else None
+    if escalate and isinstance(plain, Exception):
+        raise plain
+    if error is not None and plain is None:
         earlier = [f for f in found.findings if f.rule != "FXQ009"]
         for tools in LADDER[1:]:
             found, again = _lint_once(model, example_inputs, tools, reraise, restore)
@@ -146,9 +172,10 @@ def _lint_once(model: nn.Module, example_inputs: tuple[Any, ...], tools: Instrum
     return report, error
 
 
-def _plain_error(model: nn.Module, example_inputs: tuple[Any, ...],
-                 restore: nn.Module | None) -> BaseException | None:
-    """What the forward raises with no fxquant instrument at all (None: it runs)."""
+def plain_error(model: nn.Module, example_inputs: tuple[Any, ...],
+                restore: nn.Module | None = None) -> BaseException | None:
+    """What the forward raises with no fxquant instrument at all (None: it runs); the
+    model (or ``restore``) is put back afterwards."""
     with PROCESS_LOCK, restored_state(model if restore is None else restore):
         try:
             with torch.enable_grad(), warnings.catch_warnings():

@@ -60,7 +60,7 @@ from fxquant.fx.locations import (
     stack_trace_location,
     traceback_location,
 )
-from fxquant.linter.backward import GRADIENT_HINT, custom_functions, gradient_writes
+from fxquant.linter.backward import custom_functions, gradient_hint, gradient_writes
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace
 from fxquant.linter.sites import ModuleSite, container_site
@@ -291,6 +291,8 @@ class Recorder:
         self.modules: dict[str, nn.Module] = {}
         #: construction lines of library modules run by containers -> what ran there
         self.sites: dict[Location, ModuleSite] = {}
+        #: the same for modules whose construction line is unknown, by (call, node)
+        self.unlocated: dict[tuple[str, str], ModuleSite] = {}
 
     # where ------------------------------------------------------------------------------
 
@@ -473,7 +475,7 @@ class Recorder:
                          "place into the gradient it receives: autograd may hand the same "
                          "tensor to other branches, whose gradients then change silently "
                          "(fxquant.check runs backward and tells whether they do).",
-                         GRADIENT_HINT)
+                         gradient_hint(write.code))
 
     def report_zero_grad(self, out: Any) -> set[int]:
         """FXQ007 for each zero-derivative op between parameters and ``out``; their keys."""
@@ -555,6 +557,10 @@ class Recorder:
         code = where.code if where else func_name
         node = self.node_name(func_name)
         op = writes[0][0] if writes else ""
+        if where is None and self.module_names:  # a module a container runs, built unseen
+            site = container_site(self.boundary, self.module_names, self.modules)
+            if site is not None:
+                self.unlocated[(code, node)] = site
         written = [t for _, t, _ in writes]
         self.inplace_calls.append(InplaceCall(where, func_name, by_library))
         for _, t, grad_before in writes:
@@ -587,10 +593,14 @@ class Recorder:
 
     def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
                       op: str = "") -> None:
-        site = self.sites.get(where) if where is not None else None
+        site = self.sites.get(where) if where is not None else self.unlocated.get((code, node))
         what = site.describe() if site is not None else f"`{code}`"
         hint = hint_for_inplace(code, op)
-        if site is not None and site.fixed:
+        if site is not None and site.switched_at is not None:
+            hint = (f"`{site.switched_at.code}` makes this {site.kind} write in place: leave "
+                    f"{site.kind} out of it (inplace=False), so the container passes a new "
+                    "tensor on")
+        elif site is not None and site.fixed:
             hint = (f"build it with inplace=False: `{site.fixed}` (the container then passes "
                     "a new tensor on)")
         self.add("FXQ001", where, node,
@@ -949,9 +959,10 @@ def internal_failure(error: BaseException, what: str) -> Finding:
     """FXQ010: fxquant's own analysis raised (never the model's error); what it found
     before is kept."""
     first = str(error).splitlines()[0] if str(error) else ""
-    where = next((f"{f.filename}:{f.lineno}" for f in
-                  reversed(traceback.extract_tb(error.__traceback__))
-                  if f.filename.startswith(_OWN_FILES[0])), "")
+    package = os.path.dirname(_OWN_FILES[0].rstrip(os.sep)) + os.sep
+    where = next((f"{os.path.relpath(f.filename, os.path.dirname(package.rstrip(os.sep)))}:"
+                  f"{f.lineno}" for f in reversed(traceback.extract_tb(error.__traceback__))
+                  if f.filename.startswith(package)), "")
     return Finding(
         "FXQ010", "fxquant", None,
         f"fxquant's {what} stopped on an error of its own ({type(error).__name__}: "

@@ -97,3 +97,160 @@ class ParamWrite(nn.Module):
     def forward(self, x):
         self.w.mul_(2)
         return x * self.w
+
+
+class SparseResidual(nn.Module):
+    """A graph layer over a sparse adjacency buffer (COO, CSR or CSC) whose ReLU output is
+    then added to in place: ReLU saved it, backward fails."""
+
+    def __init__(self, layout=torch.sparse_coo):
+        super().__init__()
+        index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+        adj = torch.sparse_coo_tensor(index, torch.ones(4), (4, 4)).coalesce()
+        if layout == torch.sparse_csr:
+            adj = adj.to_sparse_csr()
+        elif layout == torch.sparse_csc:
+            adj = adj.to_sparse_csc()
+        self.register_buffer("adj", adj)
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        h += self.adj @ x
+        return h
+
+
+class SparseValuesScaled(SparseResidual):
+    """Legal, but writes into the sparse buffer's values: lint and check must put them back."""
+
+    def forward(self, x):
+        self.adj.values().mul_(2)
+        return torch.relu(self.lin(self.adj @ x))
+
+
+class MLP(nn.Sequential):
+    """An nn.Sequential subclass that appends ReLU(inplace=True) then Dropout(inplace=True)
+    in __init__: the Dropout writes into what the ReLU saved."""
+
+    def __init__(self, sizes=(3, 4, 2), inplace=True):
+        layers = []
+        for i in range(len(sizes) - 2):
+            a, b = sizes[i], sizes[i + 1]
+            layers.append(nn.Linear(a, b))
+            layers.append(nn.ReLU(inplace=inplace))
+            layers.append(nn.Dropout(0.5, inplace=inplace))
+        layers.append(nn.Linear(sizes[-2], sizes[-1]))
+        super().__init__(*layers)
+
+
+class UsesMLP(nn.Module):
+    """The same container, called from a forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = MLP()
+
+    def forward(self, x):
+        return self.mlp(x) * 2
+
+
+class SwitchedInplace(nn.Module):
+    """Modules built out of place, switched to in-place by a loop at the end of __init__."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Dropout(0.5), nn.Linear(4, 1))
+        for m in self.modules():
+            if isinstance(m, (nn.ReLU, nn.Dropout)):
+                m.inplace = True
+
+    def forward(self, x):
+        return self.block(x)
+
+
+def numpy_threshold(y):
+    arr = y.detach().numpy()
+    arr[arr < 0.5] = 0.0
+    return y
+
+
+class NumpyGate(nn.Module):
+    """A sigmoid thresholded through a NumPy view: sigmoid's saved output changes unseen."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.out = nn.Linear(3, 1)
+
+    def forward(self, x):
+        y = torch.sigmoid(self.lin(x))
+        y = numpy_threshold(y)
+        return self.out(y)
+
+
+class AddOne(torch.autograd.Function):
+    """A custom Function whose backward adds one to its incoming gradient in place."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad
+        g += 1
+        return g
+
+
+class SharedGradient(nn.Module):
+    """AddOne's output is added to another branch: both get the same gradient tensor."""
+
+    def __init__(self, shared=True):
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 1)
+        self.shared = shared
+
+    def forward(self, x):
+        other = self.b(x)
+        y = AddOne.apply(self.a(x))
+        if self.shared:
+            return self.head(y + other)
+        return self.head(y) + self.head(other)
+
+
+class NoHooksBlock(nn.Module):
+    """Legal code that switches saved-tensor hooks off for a block (fxquant's hooks fail)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        with torch.autograd.graph.disable_saved_tensors_hooks("no hooks in this block"):
+            h = self.lin(x) * 2
+        return torch.exp(h)
+
+
+class CountsAndBreaks(nn.Module):
+    """A zero counter buffer, an EMA read after its update, a buffer the forward never
+    touches, a non-persistent one, and an in-place bug (exp saved y)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("n", torch.zeros((), dtype=torch.long))
+        self.register_buffer("ema", torch.zeros(3))
+        self.register_buffer("version", torch.zeros(()))
+        self.register_buffer("scratch", torch.zeros(3), persistent=False)
+
+    def forward(self, x):
+        self.n += 1
+        h = self.lin(x)
+        with torch.no_grad():
+            self.ema += 0.5 * (h.mean(0) - self.ema)
+        self.scratch.copy_(h[0].detach())
+        y = torch.exp(h - self.ema)
+        y += 1
+        return y

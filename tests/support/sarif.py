@@ -12,6 +12,10 @@ def validate_sarif(log: dict, expected_results: int) -> None:
     rule_ids = [r["id"] for r in driver["rules"]]
     assert all(r["shortDescription"]["text"] for r in driver["rules"])
     assert len(run["results"]) == expected_results
+    for invocation in run.get("invocations", []):  # a partial check's notification
+        assert isinstance(invocation["executionSuccessful"], bool)
+        for note in invocation.get("toolExecutionNotifications", []):
+            assert note["message"]["text"] and note["level"] in {"error", "warning", "note"}
     for result in run["results"]:
         assert result["ruleId"] in rule_ids and rule_ids[result["ruleIndex"]] == result["ruleId"]
         assert result["level"] in {"error", "warning", "note", "none"}
