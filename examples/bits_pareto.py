@@ -24,7 +24,12 @@ budget of ``--target-bits`` B, for everything else:
   they hold a quarter of Cora's messages;
 - ``learned``: A2Q-style learned bit-widths per node (with one learned step per site),
   pulled toward B by ``fxquant.bit_penalty`` added to the loss; a table per site, or one
-  per layer or for the whole model (``--shared-bits``, ``fxquant.share_bits``).
+  per layer or for the whole model (``--shared-bits``, ``fxquant.share_bits``);
+- ``recommended``: ``fxquant.recipes.get("recommended")``, the per-node bit-width recipe
+  chosen on the validation accuracy of Cora and CiteSeer jointly, with its chosen settings
+  (``benchmarks/select_bits.py``); it takes no flag but ``--target-bits``, ``--dataset``,
+  ``--seeds``, ``--epochs``, ``--root`` and ``--json``, and its JSON says which recipe
+  and settings ran (``recipe``).
 
 Integer grids are unsigned at the layers' inputs (non-negative after ReLU) and at the
 hidden layer's output (it feeds the ReLU, which zeroes what an unsigned grid clamps), and
@@ -68,7 +73,7 @@ try:  # imported as examples.bits_pareto (python -m, tests)
 except ModuleNotFoundError:  # run as a script: this folder is on sys.path
     import training  # type: ignore[no-redef]
 
-METHODS = ("topn", "format", "int", "degree", "learned")
+METHODS = ("topn", "format", "int", "degree", "learned", "recommended")
 LSQ_METHODS = ("int", "degree", "learned")  # integer grids with a learned step
 SITES = ("input", "message", "aggregate", "output")
 #: minifloats by value bits, for the ``format`` method
@@ -78,6 +83,9 @@ DEGREE_RULES = ("hubs-more", "hub-messages")
 SHARED_BITS = ("none", "layer", "all")
 #: fixed per-node bit-widths start this many bits above their final widths (``--anneal``)
 ANNEAL_BITS = 2
+#: the flags ``--method recommended`` takes (it runs its recipe's chosen settings)
+RECOMMENDED_FLAGS = ("method", "target_bits", "seeds", "dataset", "epochs", "root", "json",
+                     "from_json", "plot")
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,9 @@ def prepare(method: str, target: float, data: Any, model: torch.nn.Module,
     """The transformed model and what its training does around it: the hub-messages rule
     and learned bit-widths are fxquant's recipes; the other methods a mapping of their own
     (:func:`mapping_for`) with the same training options."""
+    if method == "recommended":
+        return fxquant.recipes.get("recommended", target_bits=target).prepare(model, data,
+                                                                               lint="off")
     opts = Options.from_args(args)
     common = {"target_bits": target, "midrise": opts.signed_grid == "midrise",
               "shared_step": args.shared_step, "input_format": opts.input_format,
@@ -235,6 +246,13 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
                     "ignored; please drop them")
         return
+    if args.method == "recommended":
+        defaults = p.parse_args([])
+        given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+                 if name not in RECOMMENDED_FLAGS and value != getattr(defaults, name)]
+        if given:
+            p.error(f"{', '.join(given)}: --method recommended runs its chosen settings, so "
+                    "these would be ignored; please drop them")
     number, _, scale = args.input_format.partition(":")
     try:
         fxquant.QuantConfig(number, scale=scale or None)
@@ -353,9 +371,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model = training.make_model("gcn", data.num_features, num_classes)
             quant = prepare(args.method, target, data, model, args)
             result = training.fit(quant.model, data, args.epochs, run=quant, progress=False)
-            met = result.within_budget and args.select == "budget"
+            budgeted = args.select == "budget" or args.method == "recommended"
+            met = result.within_budget and budgeted
             print(f"{args.method} {target} bits seed {seed}: {100 * result.test:.1f}"
-                  + ("" if met or args.select != "budget" else " (over budget)"),
+                  + ("" if met or not budgeted else " (over budget)"),
                   file=sys.stderr, flush=True)
             assert result.bits is not None
             accs.append(result.test)
@@ -369,19 +388,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "histogram": reports[0].histogram, "accs": accs, "fp32_accs": fp32,
             "budget_met": budget_met,
         })
-    return {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
-            "epochs": args.epochs, "lsq_refit": args.lsq_refit,
-            "penalty": args.penalty, "select": args.select, "signed_grid": args.signed_grid,
-            "shared_step": args.shared_step, "max_bits": args.max_bits,
-            "shared_bits": args.shared_bits, "bits_lr": args.bits_lr,
-            "degree_rule": args.degree_rule, "hub_quantile": args.hub_quantile,
-            "anneal": args.anneal,
-            "last_aggregate_bits": args.last_aggregate_bits,
-            "torch": torch.__version__, "fp32_accs": fp32, "results": results}
+    payload = {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
+               "epochs": args.epochs, "lsq_refit": args.lsq_refit,
+               "penalty": args.penalty, "select": args.select, "signed_grid": args.signed_grid,
+               "shared_step": args.shared_step, "max_bits": args.max_bits,
+               "shared_bits": args.shared_bits, "bits_lr": args.bits_lr,
+               "degree_rule": args.degree_rule, "hub_quantile": args.hub_quantile,
+               "anneal": args.anneal,
+               "last_aggregate_bits": args.last_aggregate_bits,
+               "torch": torch.__version__, "fp32_accs": fp32, "results": results}
+    if args.method == "recommended":  # what ran is the recipe's, not the flags' defaults
+        recipe = fxquant.recipes.get("recommended")
+        settings = {f.name: getattr(recipe, f.name) for f in fields(recipe)  # type: ignore[arg-type]
+                    if f.name != "target_bits"}
+        payload.update(recipe={"name": recipe.name, "settings": settings},
+                       select=recipe.select, shared_step=recipe.shared_step,
+                       signed_grid="midrise" if recipe.midrise else "symmetric",
+                       lsq_refit=recipe.refit_epochs)
+        for key in ("max_bits", "shared_bits", "bits_lr", "hub_quantile"):
+            if key in settings:
+                payload[key] = settings[key]
+        if "anneal_every" in settings:
+            payload["anneal"] = settings["anneal_every"]
+        if "last_aggregate_bits" in settings:
+            payload["last_aggregate_bits"] = settings["last_aggregate_bits"]
+        payload["penalty"] = settings.get("penalty", 0.0)
+    return payload
 
 
 def _label(payload: dict[str, Any], method: str) -> str:
     """The curve's name: the method, and the grid options when not the defaults."""
+    if method == "recommended":
+        return f"recommended ({payload.get('recipe', {}).get('name', '?')}, within budget)"
     grid = payload.get("signed_grid", "symmetric")  # files from before the option: symmetric
     extra = [grid] if grid != "symmetric" else []
     if payload.get("shared_step") and method in LSQ_METHODS:

@@ -175,3 +175,104 @@ def test_recipe_reproduces_its_example_command(name, tmp_path):
         warnings.simplefilter("ignore")
         got = cora_recipe.main(["--recipe", name, "--epochs", "8", "--seed", "0"])
     assert got == expected
+
+
+def _budget_run(target=2.0, n=40, **settings):
+    data = graph(n=n)
+    torch.manual_seed(0)
+    recipe = fxquant.recipes.BudgetBits(target_bits=target, anneal_every=0, **settings)
+    return recipe.prepare(GCN(6, 8, num_layers=2, out_channels=3), data, lint="off"), data
+
+
+def _train_epochs(run, data, epochs, lr=0.01, after=None):
+    """The training loop's calls, with the counted bits of each epoch's evaluation."""
+    optimizer = torch.optim.Adam(run.param_groups(), lr=lr)
+    counted = []
+    for epoch in range(epochs):
+        run.model.train()
+        run.start_epoch(epoch)
+        optimizer.zero_grad()
+        out = run.model(data.x, data.edge_index)
+        run.loss(torch.nn.functional.cross_entropy(out, data.y)).backward()
+        if after is not None:
+            after(run)
+        optimizer.step()
+        counted.append(fxquant.bit_report(run.model, data.x, data.edge_index).avg_bits)
+    return counted
+
+
+@pytest.mark.parametrize("target", [1.5, 2.0, 2.7])
+@pytest.mark.parametrize("shared_bits", ["none", "all"])
+def test_budget_bits_land_at_or_under_the_budget(target, shared_bits):
+    """Projected learned widths: every epoch's counted average is within the budget and
+    fills it (within what one node's width is worth), whatever the loss asks."""
+    run, data = _budget_run(target, shared_bits=shared_bits, bits_lr=0.5)
+    counted = _train_epochs(run, data, 8)
+    assert all(c <= target for c in counted[1:])  # from the first projection on
+    assert all(c >= target - 0.25 for c in counted[1:])
+    widths = [m.row_bits for _, m in fxquant.quantization_points(run.model)
+              if m.row_bits is not None]
+    assert len({id(w) for w in widths}) == (1 if shared_bits == "all" else len(widths))
+
+
+def test_budget_bits_hold_against_a_loss_that_wants_every_width_up():
+    """A gradient pushing every width up (the loss's pull, at any strength) cannot take
+    the count over the budget: the projection takes back what the step adds."""
+    run, data = _budget_run(2.0, bits_lr=3.0)
+
+    def every_width_up(run):
+        for _, m in fxquant.quantization_points(run.model):
+            if m.row_bits is not None:
+                m.row_bits.grad = -torch.ones_like(m.row_bits)
+
+    counted = _train_epochs(run, data, 5, after=every_width_up)
+    assert min(counted[1:]) >= 1.75 and max(counted[1:]) <= 2.0
+
+
+def test_budget_bits_step_size_is_their_own():
+    """Projected widths are not in the model's optimizer: the model's learning rate does
+    not move them, their own step size does."""
+    moves = []
+    for lr in (1e-4, 1e-1):
+        run, data = _budget_run(2.0, bits_lr=0.05)
+        assert not any(p is m.row_bits for g in run.param_groups() for p in g["params"]
+                       for _, m in fxquant.quantization_points(run.model))
+        before = [m.row_bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
+                  if m.row_bits is not None]
+        _train_epochs(run, data, 3, lr=lr)
+        after = [m.row_bits.detach() for _, m in fxquant.quantization_points(run.model)
+                 if m.row_bits is not None]
+        moves.append([float((a - b).abs().max()) for a, b in zip(after, before, strict=True)])
+    assert moves[0] == pytest.approx(moves[1], abs=0.2)
+
+
+def test_budget_projection_counts_as_the_bit_report():
+    """The projection's own count of the widths is the bit report's, to float32 rounding."""
+    run, data = _budget_run(2.0)
+    _train_epochs(run, data, 3)
+    run.model.train()
+    out = run.model(data.x, data.edge_index)
+    run.loss(torch.nn.functional.cross_entropy(out, data.y))
+    assert run._budget.count() == pytest.approx(fxquant.bit_report(run.model).avg_bits, abs=1e-5)
+
+
+def test_budget_annealing_and_infeasible_budgets():
+    """The budget starts anneal_bits above and drops one bit every anneal_every epochs; a
+    budget below the narrowest widths warns and leaves them at their floor."""
+    data = graph(n=40)
+    run = fxquant.recipes.BudgetBits(target_bits=2.0, anneal_every=2, anneal_bits=2).prepare(
+        GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
+    seen = []
+    for epoch in range(6):
+        run.start_epoch(epoch)
+        seen.append(run.budget_now())
+    assert seen == [4.0, 4.0, 3.0, 3.0, 2.0, 2.0]
+    run, data = _budget_run(0.5)
+    with pytest.warns(UserWarning, match="below what the narrowest widths cost"):
+        _train_epochs(run, data, 2)
+    assert all(bool((m.row_bits == 1).all()) for _, m in fxquant.quantization_points(run.model)
+               if m.row_bits is not None)
+    with pytest.raises(fxquant.FxquantError, match="init"):
+        fxquant.recipes.BudgetBits(init="hubs")
+    with pytest.raises(fxquant.FxquantError, match="project=True"):
+        QuantTraining(run.model, project=True)

@@ -25,7 +25,7 @@ Example:
     >>> import fxquant
     >>> from torch_geometric.nn.models import GCN
     >>> fxquant.recipes.available()
-    ['hub-messages', 'learned-bits', 'lsq-protect', 'mx']
+    ['budget-bits', 'hub-messages', 'learned-bits', 'lsq-protect', 'mx', 'recommended']
     >>> recipe = fxquant.recipes.get("mx", format="e2m1")
     >>> recipe
     MX(format='e2m1')
@@ -40,12 +40,14 @@ from dataclasses import fields
 from typing import Any
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
-from fxquant.recipes.bits import HubMessages, LearnedBits
+from fxquant.recipes.bits import BudgetBits, HubMessages, LearnedBits
 from fxquant.recipes.core import Choice, QuantTraining, Recipe
 from fxquant.recipes.uniform import MX, LsqProtect
 
 __all__ = [
     "MX",
+    "RECOMMENDED",
+    "BudgetBits",
     "Choice",
     "HubMessages",
     "LearnedBits",
@@ -56,13 +58,20 @@ __all__ = [
     "get",
 ]
 
-_RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (HubMessages, LearnedBits,
-                                                                LsqProtect, MX)}
+_RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (BudgetBits, HubMessages,
+                                                                LearnedBits, LsqProtect, MX)}
+
+
+#: the recipe ``get("recommended")`` builds: the per-node bit-width method chosen on the
+#: validation accuracy of Cora and CiteSeer jointly, and its chosen settings
+#: (``benchmarks/select_bits.py`` records every trial and makes the choice)
+RECOMMENDED: tuple[str, dict[str, Any]] = ("hub-messages", {})
 
 
 def available() -> list[str]:
-    """The names :func:`get` knows."""
-    return sorted(_RECIPES)
+    """The names :func:`get` knows (``"recommended"`` is the chosen per-node bit-width
+    recipe, :data:`RECOMMENDED`)."""
+    return sorted([*_RECIPES, "recommended"])
 
 
 def get(name: str, **settings: Any) -> Recipe:
@@ -75,8 +84,11 @@ def get(name: str, **settings: Any) -> Recipe:
         Traceback (most recent call last):
         ...
         fxquant.errors.FxquantValueError: unknown recipe 'hub-mesages'; recipes: \
-['hub-messages', 'learned-bits', 'lsq-protect', 'mx']
+['budget-bits', 'hub-messages', 'learned-bits', 'lsq-protect', 'mx', 'recommended']
     """
+    if name == "recommended":
+        name, chosen = RECOMMENDED
+        settings = {**chosen, **settings}
     cls = _RECIPES.get(name)
     if cls is None:
         raise FxquantValueError(f"unknown recipe {name!r}; recipes: {available()}")

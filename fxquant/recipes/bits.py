@@ -1,5 +1,6 @@
-"""Per-node bit-width recipes: :class:`HubMessages` (fixed, from in-degree) and
-:class:`LearnedBits` (learned under a budget)."""
+"""Per-node bit-width recipes: :class:`HubMessages` (fixed, from in-degree),
+:class:`LearnedBits` (learned, pulled toward a budget by a penalty) and :class:`BudgetBits`
+(learned, held within a budget by projection)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from fxquant.recipes.graph import (
     tie_steps,
 )
 
-__all__ = ["HubMessages", "LearnedBits"]
+__all__ = ["BudgetBits", "HubMessages", "LearnedBits"]
 
 #: the activation sites (no weights) of the bit recipes
 _ACTIVATION_SITES = ("input", "message", "aggregate", "output")
@@ -98,6 +99,19 @@ class _BitsRecipe(Recipe):
     def tie(self, gm: GraphModule) -> None:
         if self.shared_step:
             tie_steps(gm)
+
+
+def _share_tables(gm: GraphModule, shared_bits: str) -> None:
+    """One learned bit-width table per layer (``"layer"``) or for the model (``"all"``)."""
+    if shared_bits == "none":
+        return
+    groups: dict[str, list[str]] = {}
+    for name, point in points_of(gm):
+        if point.row_bits is not None:
+            groups.setdefault(point.layer if shared_bits == "layer" else "", []).append(name)
+    for members in groups.values():
+        for name in members[1:]:
+            share_bits(gm, name, members[0])
 
 
 def _warn_if_inexact(data: Any, number: str, scale: str | None, spec: str) -> None:
@@ -247,18 +261,110 @@ class LearnedBits(_BitsRecipe):
 
     def tie(self, gm: GraphModule) -> None:
         super().tie(gm)
-        if self.shared_bits == "none":
-            return
-        groups: dict[str, list[str]] = {}
-        for name, point in points_of(gm):
-            if point.row_bits is not None:
-                groups.setdefault(point.layer if self.shared_bits == "layer" else "",
-                                  []).append(name)
-        for members in groups.values():
-            for name in members[1:]:
-                share_bits(gm, name, members[0])
+        _share_tables(gm, self.shared_bits)
 
     def training(self) -> dict[str, Any]:
         return {"refit_epochs": self.refit_epochs, "penalty": self.penalty,
                 "target_bits": self.target_bits, "bits_lr": self.bits_lr,
                 "select": self.select}
+
+
+@dataclass(frozen=True)
+class BudgetBits(_BitsRecipe):
+    """Learned per-node bit-widths (A2Q-style, as :class:`LearnedBits`) that keep their
+    budget by themselves: after each move the widths are projected into ``target_bits``
+    (:class:`QuantTraining` with ``project=True``), so every epoch's counted average, as
+    :func:`fxquant.bit_report` counts it, is within the budget once annealing ends, whatever
+    the loss asks for; no penalty is needed. The widths learn with an Adam of their own at
+    ``bits_lr`` bits per step, apart from the model's optimizer and its learning rate. Only
+    the loss moves them up (a row's width gets gradient where its values are clipped), and
+    the projection takes the same amount off every width: the bits flow to the rows that
+    clip.
+
+    Args:
+        target_bits (float, optional): the budget, average bits per value. (default: 2.0)
+        bits_lr (float, optional): the widths' step size (Adam's learning rate), in bits
+            per step. (default: 0.05)
+        max_bits (int, optional): the widest allowed width; the narrowest is 1 (mid-rise
+            and unsigned grids) or 2. Each node's stored width costs
+            ``ceil(log2(max - min + 1))`` bits per table. (default: 4)
+        shared_bits (str, optional): ``"none"`` (a table per site), ``"layer"`` (one per
+            layer) or ``"all"`` (:func:`fxquant.share_bits`). (default: ``"none"``)
+        anneal_every (int, optional): the budget starts ``anneal_bits`` above
+            ``target_bits`` (the widths too) and drops by one every ``anneal_every`` epochs;
+            0 is off. (default: 50)
+        anneal_bits (int, optional): bits above the budget at the start. (default: 2)
+        init (str, optional): the widths start within half a bit of the start value, in an
+            order that decides which rows a budget between two whole widths rounds up:
+            ``"random"`` (a fixed pseudo-random order) or ``"degree"`` (message rows by their
+            target's in-degree, hubs lowest, as :class:`HubMessages`; other sites random).
+            (default: ``"random"``)
+        midrise, shared_step, input_format, quantize_logits, select, refit_epochs: as
+            :class:`HubMessages`.
+
+    Example:
+        >>> from torch_geometric.data import Data
+        >>> from torch_geometric.nn.models import GCN
+        >>> graph = Data(x=torch.full((6, 4), 0.25), num_nodes=6,
+        ...              edge_index=torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]]))
+        >>> run = BudgetBits(target_bits=2.0, anneal_every=0).prepare(
+        ...     GCN(4, 8, num_layers=2, out_channels=2), graph, lint="off")
+        >>> run.project, run.budget_now()
+        (True, 2.0)
+    """
+
+    name: ClassVar[str] = "budget-bits"
+    command: ClassVar[str] = (
+        "python examples/bits_pareto.py --method budget --target-bits 2 --signed-grid midrise "
+        "--shared-step --select budget")
+
+    bits_lr: float = 0.05
+    max_bits: int = 4
+    shared_bits: str = "none"
+    anneal_every: int = 50
+    anneal_bits: int = 2
+    init: str = "random"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self.bits_lr, "bits_lr")
+        if self.init not in ("random", "degree"):
+            raise FxquantValueError(f"init={self.init!r} is not one of ['random', 'degree']")
+        lowest = 1 if self.midrise else 2
+        if isinstance(self.max_bits, bool) or not isinstance(self.max_bits, int) \
+                or not lowest <= self.max_bits <= 8:
+            raise FxquantValueError(f"max_bits must be a whole number in {lowest}..8, got "
+                                    f"{self.max_bits!r}")
+        if self.shared_bits not in ("none", "layer", "all"):
+            raise FxquantValueError(f"shared_bits={self.shared_bits!r} is not one of "
+                                    "['none', 'layer', 'all']")
+        check_count(self.anneal_every, "anneal_every")
+        check_count(self.anneal_bits, "anneal_bits")
+
+    def site(self, data: Any, unsigned: bool, message: bool = False,
+             bits: int | None = None) -> QuantConfig:
+        n = num_nodes(data, self.name)
+        number, lowest = self._grid(unsigned)
+        if self.shared_bits != "none":  # a shared table has one range: the signed grid's
+            lowest = 1 if self.midrise else 2
+        start = self.target_bits + (self.anneal_bits if self.anneal_every else 1)
+        # a spread of half a bit orders the nodes, so that the projection can fill the
+        # budget between two whole widths (equal widths would all round alike)
+        if self.init == "degree" and message:  # messages into hubs lowest
+            degree = torch.zeros(n).index_add_(0, data.edge_index[1].cpu(),
+                                               torch.ones(data.edge_index.shape[1]))
+            order = degree.argsort(stable=True).argsort().float() / max(n - 1, 1)
+        else:
+            order = torch.rand(n, generator=torch.Generator().manual_seed(n))
+        bits = (start + 0.25 - 0.5 * order).clamp(lowest, self.max_bits)
+        widths = NodeBits(bits, learned=True, min_bits=lowest, max_bits=self.max_bits)
+        return QuantConfig(number, scale="tensor", range="lsq", node_bits=widths)
+
+    def tie(self, gm: GraphModule) -> None:
+        super().tie(gm)
+        _share_tables(gm, self.shared_bits)
+
+    def training(self) -> dict[str, Any]:
+        return {"refit_epochs": self.refit_epochs, "target_bits": self.target_bits,
+                "bits_lr": self.bits_lr, "select": self.select, "project": True,
+                "anneal_every": self.anneal_every, "anneal_bits": self.anneal_bits}

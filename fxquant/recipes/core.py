@@ -4,6 +4,7 @@ the :class:`Choice` of the epoch a run reports."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -52,7 +53,9 @@ class QuantTraining:
     :meth:`Recipe.prepare` returns one; ``model`` is the transformed model to train. The
     loop calls :meth:`param_groups` once, :meth:`start_epoch` before each training epoch,
     :meth:`loss` on each loss, and :meth:`observe` after each evaluation; :attr:`best`
-    is the epoch to report.
+    is the epoch to report. With ``project=True`` a loop that takes several optimizer steps
+    per epoch may also call :meth:`after_step` after each (otherwise the widths move once
+    per epoch, in :meth:`start_epoch`).
 
     Args:
         model (torch.fx.GraphModule): the transformed model.
@@ -71,11 +74,22 @@ class QuantTraining:
         select (str, optional): ``"best-val"``: report the epoch with the best validation
             score; ``"budget"``: the best among the epochs within ``target_bits`` (the best
             overall, marked ``within_budget=False``, if none is). (default: ``"best-val"``)
+        project (bool, optional): keep the learned bit-widths within the budget by
+            projection instead of a penalty: the widths leave the model's optimizer and are
+            moved by an Adam of their own at ``bits_lr`` bits per step (so their step size
+            does not depend on the model's learning rate); after each move, every width is
+            clamped to its allowed range and, where the counted average (as
+            :func:`fxquant.bit_report` counts it) all widths are shifted by one common
+            amount, up or down, to the largest count within the budget. The
+            budget starts ``anneal_bits`` above ``target_bits`` and drops by one every
+            ``anneal_every`` epochs (``anneal_every=0``: ``target_bits`` from the start).
+            (default: ``False``)
     """
 
     def __init__(self, model: GraphModule, *, refit_epochs: int = 0, anneal_every: int = 0,
                  anneal_bits: int = 2, penalty: float = 0.0, target_bits: float | None = None,
-                 bits_lr: float | None = None, select: str = "best-val") -> None:
+                 bits_lr: float | None = None, select: str = "best-val",
+                 project: bool = False) -> None:
         check_count(refit_epochs, "refit_epochs")
         check_count(anneal_every, "anneal_every")
         check_count(anneal_bits, "anneal_bits")
@@ -89,6 +103,9 @@ class QuantTraining:
         if select == "budget" and target_bits is None:
             raise FxquantValueError("select='budget' chooses the epoch under target_bits; "
                                     "please give target_bits")
+        if project and target_bits is None:
+            raise FxquantValueError("project=True keeps the learned bit-widths within "
+                                    "target_bits; please give target_bits")
         self.model = model
         self.refit_epochs = refit_epochs
         self.anneal_every = anneal_every
@@ -105,14 +122,18 @@ class QuantTraining:
         self._tables = [(m, m.row_bits_table.clone()) for m in points
                         if m.row_bits_table is not None] if anneal_every else []
         self._quantized = bool(points)
+        self.project = bool(project)
+        self._budget = _BudgetProjection(self._widths, points) if project and self._widths \
+            else None
         self._epoch = -1
         self._observed = -1
         self._best: dict[bool, Choice | None] = {False: None, True: None}
 
     def __repr__(self) -> str:
-        parts = [f"{f}={getattr(self, f)!r}" for f in ("refit_epochs", "anneal_every",
-                                                        "penalty", "target_bits", "bits_lr",
-                                                        "select")]
+        names = ("refit_epochs", "anneal_every", "penalty", "target_bits", "bits_lr", "select")
+        parts = [f"{f}={getattr(self, f)!r}" for f in names]
+        if self.project:
+            parts.append("project=True")
         return f"QuantTraining({', '.join(parts)})"
 
     @property
@@ -151,7 +172,7 @@ class QuantTraining:
                                        f"with 'params', got {type(group).__name__}")
         if self._steps:
             result.append({"params": list(self._steps), "weight_decay": 0.0})
-        if self._widths:
+        if self._widths and self._budget is None:  # projected widths move on their own
             group = {"params": list(self._widths), "weight_decay": 0.0}
             if self.bits_lr is not None:
                 group["lr"] = self.bits_lr
@@ -172,10 +193,34 @@ class QuantTraining:
                     point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
         if 0 < self._epoch < self.refit_epochs:
             refit_steps(self.model)
+        if self._budget is not None:
+            self._budget.step(self.bits_lr if self.bits_lr is not None else 0.01,
+                              self.budget_now())
+
+    def budget_now(self) -> float | None:
+        """The budget the projection keeps in the current epoch: ``target_bits`` plus what
+        annealing still adds (:obj:`None` without a target)."""
+        if self.target_bits is None:
+            return None
+        if not self.anneal_every:
+            return self.target_bits
+        return self.target_bits + max(0, self.anneal_bits - max(self._epoch, 0)
+                                      // self.anneal_every)
+
+    def after_step(self) -> None:
+        """After an optimizer step (optional; for loops with several steps per epoch): with
+        ``project=True``, move the learned bit-widths on the gradient of the last backward
+        and project them into the budget; otherwise nothing."""
+        if self._budget is not None:
+            self._budget.step(self.bits_lr if self.bits_lr is not None else 0.01,
+                              self.budget_now())
 
     def loss(self, loss: Tensor) -> Tensor:
         """``loss`` plus the weighted bit penalty of the last forward (learned bit-widths
-        with a target), else ``loss`` itself."""
+        with a target), else ``loss`` itself. With ``project=True`` it also records what one
+        bit of each node's width costs in the last forward's count (for the projection)."""
+        if self._budget is not None and self.model.training:
+            self._budget.measure(self.model)
         if self.learns_bits and self.target_bits is not None and self.penalty:
             return loss + self.penalty * bit_penalty(self.model, self.target_bits)
         return loss
@@ -185,7 +230,9 @@ class QuantTraining:
         returns whether it is now :attr:`best`."""
         self._observed += 1
         constrained = self.select == "budget" and self._quantized
-        report = bit_report(self.model) if constrained else None
+        beats = any(val > (held.val if held is not None else 0.0)
+                    for held in self._best.values())
+        report = bit_report(self.model) if constrained and beats else None
         changed = False
         for within in (False, True):
             held = self._best[within]
@@ -209,6 +256,103 @@ class QuantTraining:
         if self.select == "budget" and self._best[True] is not None:
             return self._best[True]
         return self._best[False]
+
+
+class _BudgetProjection:
+    """Learned bit-widths moved by an optimizer of their own and projected into a bit
+    budget (:class:`QuantTraining` with ``project=True``).
+
+    The count of :func:`fxquant.bit_report` is linear in the rounded widths: ``avg_bits =
+    fixed + sum over tables and nodes of cost[n] * round(clamp(width[n]))``, where
+    ``cost[n]`` is the share of the average that one bit of node ``n``'s width holds (its
+    rows times their values, over all counted values) and ``fixed`` is everything else
+    (fixed-width sites, scales, stored widths). :meth:`measure` reads both off the last
+    training forward through :func:`fxquant.bit_penalty`'s gradient, so shared tables,
+    message rows keyed by their target and the raw input's exclusion are counted exactly
+    as the report counts them; :meth:`project` then shifts every width by one common
+    amount to the largest count within the budget.
+    """
+
+    #: the projection aims this far under the budget (float32 sums of rounded widths)
+    MARGIN = 1e-4
+
+    def __init__(self, widths: list[Tensor], points: list[QuantPoint]) -> None:
+        self.widths = widths
+        ranges: dict[int, tuple[int, int]] = {}
+        for point in points:
+            rb = point.config.node_bits
+            if point.row_bits is None or rb is None:
+                continue
+            lo, hi = ranges.get(id(point.row_bits), (rb.min_bits, rb.max_bits))
+            ranges[id(point.row_bits)] = (max(lo, rb.min_bits), min(hi, rb.max_bits))
+        self.ranges = [ranges[id(w)] for w in widths]
+        self.optimizer = torch.optim.Adam(widths, lr=0.01)
+        self.costs: list[Tensor] | None = None
+        self.fixed = 0.0
+        self.infeasible = False
+
+    def measure(self, model: nn.Module) -> None:
+        """Each node's cost per bit and the fixed part of the last forward's count."""
+        reference = 1e-6  # any target below the count: the penalty's root is avg - reference
+        penalty = bit_penalty(model, reference)
+        distance = penalty.detach().sqrt().clamp(min=1e-12)
+        grads = torch.autograd.grad(penalty, self.widths, retain_graph=True, allow_unused=True)
+        self.costs = [(g / (2 * distance)).detach() if g is not None else torch.zeros_like(w)
+                      for g, w in zip(grads, self.widths, strict=True)]
+        learned = sum(float((c * self._rounded(w.detach(), r)).sum())
+                      for c, w, r in zip(self.costs, self.widths, self.ranges, strict=True))
+        self.fixed = float(distance) + reference - learned
+
+    @staticmethod
+    def _rounded(width: Tensor, allowed: tuple[int, int]) -> Tensor:
+        return width.clamp(*allowed).round()
+
+    def count(self, shift: float = 0.0) -> float:
+        """The counted average bits with every width lowered by ``shift``."""
+        assert self.costs is not None
+        return self.fixed + sum(float((c * self._rounded(w.detach() - shift, r)).sum())
+                                for c, w, r in zip(self.costs, self.widths, self.ranges,
+                                                   strict=True))
+
+    def step(self, lr: float, budget: float | None) -> None:
+        """Move the widths on their pending gradient (if any), then :meth:`project`."""
+        if self.costs is None:  # nothing measured yet: no forward has run
+            return
+        if any(w.grad is not None for w in self.widths):
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if budget is not None:
+            self.project(budget)
+
+    @torch.no_grad()
+    def project(self, budget: float) -> None:
+        """Shift every width by one common amount (up or down) to the largest count within
+        ``budget``, then clamp each to its range: bits a row's loss gradient gives up go to
+        every other row, and the count never exceeds the budget. The count falls
+        monotonically with the shift, so bisection finds it."""
+        goal = budget - self.MARGIN
+        # shifted by `low`, every width is at its ceiling; by `high`, at its floor (the
+        # shift acts before the clamp, so widths pushed past a bound keep their order)
+        low = min(float(w.min()) - hi for w, (_, hi) in zip(self.widths, self.ranges,
+                                                             strict=True)) - 1.0
+        high = max(float(w.max()) - lo for w, (lo, _) in zip(self.widths, self.ranges,
+                                                             strict=True)) + 1.0
+        if self.count(high) > goal:  # even every width at its floor is over the budget
+            if not self.infeasible:
+                warnings.warn(f"fxquant.recipes: the bit budget {budget:g} is below what the "
+                              f"narrowest widths cost ({self.count(high):.3f} bits per value); "
+                              "the widths stay at their floor", stacklevel=3)
+            self.infeasible = True
+        elif self.count(low) <= goal:  # every width at its ceiling fits
+            high = low
+        else:
+            for _ in range(50):
+                mid = (low + high) / 2
+                low, high = (low, mid) if self.count(mid) <= goal else (mid, high)
+        for w, allowed in zip(self.widths, self.ranges, strict=True):
+            w.sub_(high).clamp_(*allowed)
 
 
 class Recipe:

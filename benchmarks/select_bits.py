@@ -1,0 +1,175 @@
+"""Choose a per-node bit-width method on validation accuracy: Cora and CiteSeer jointly.
+
+    python -m benchmarks.select_bits --candidates hub,budget --seeds 0,1 --jobs 2
+    python -m benchmarks.select_bits --report            # the table and the choice
+
+Every trial (a candidate recipe with its settings, a dataset and a seed) trains PyG's
+gcn.py GCN with ``examples/training.py``'s loop, the same loop ``bits_pareto.py`` uses, and
+appends one JSON line to ``--trials`` (default ``docs/results/bits_selection_trials.jsonl``):
+the settings, the validation accuracy of the reported epoch, its counted ``avg_bits``,
+whether it met the budget, and its test accuracy, which is recorded for the audit and read
+by nothing here. The choice (``--report``): among the candidates whose every trial met the
+budget on every dataset, the highest mean validation accuracy, where the mean is taken over
+the datasets of the per-dataset means over seeds; candidates count only with the same seeds
+on both datasets.
+
+The raw input features are kept float32 in the trials (``input_format=None``): Cora's and
+CiteSeer's row-normalized features are exact on the recipes' ``uint1:row`` grid, so the
+rounded and float32 forwards are the same numbers, the raw input is not counted in
+``avg_bits`` either way, and the trials run faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TRIALS = ROOT / "docs" / "results" / "bits_selection_trials.jsonl"
+DATASETS = ("Cora", "CiteSeer")
+TARGET = 2.0
+
+#: name -> (recipe, settings); every candidate runs at ``target_bits=TARGET``
+CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
+    # the fixed in-degree rule as published for Cora
+    "hub": ("hub-messages", {}),
+    "hub-q0.8": ("hub-messages", {"hub_quantile": 0.8}),
+    "hub-q0.95": ("hub-messages", {"hub_quantile": 0.95}),
+    "hub-last5": ("hub-messages", {"last_aggregate_bits": 5}),
+    "hub-anneal25": ("hub-messages", {"anneal_every": 25}),
+    # learned widths held within the budget by projection
+    "budget": ("budget-bits", {}),
+    "budget-degree": ("budget-bits", {"init": "degree"}),
+    "budget-layer": ("budget-bits", {"shared_bits": "layer"}),
+    "budget-lr0.01": ("budget-bits", {"bits_lr": 0.01}),
+    "budget-lr0.2": ("budget-bits", {"bits_lr": 0.2}),
+    "budget-noanneal": ("budget-bits", {"anneal_every": 0}),
+    "budget-max8": ("budget-bits", {"max_bits": 8}),
+}
+
+
+def trial(name: str, dataset: str, seed: int, epochs: int) -> dict[str, Any]:
+    """Train one candidate on one dataset and seed; the row recorded for it."""
+    import torch
+
+    import fxquant
+
+    sys.path.insert(0, str(ROOT))
+    from examples import training
+
+    torch.set_num_threads(1)
+    recipe_name, settings = CANDIDATES[name]
+    data, num_classes = training.load_data(dataset, None, "select_bits")
+    torch.manual_seed(seed)
+    model = training.make_model("gcn", data.num_features, num_classes)
+    recipe = fxquant.recipes.get(recipe_name, target_bits=TARGET, input_format=None, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = recipe.prepare(model, data, lint="off")
+        start = time.process_time()
+        result = training.fit(run.model, data, epochs, run=run, progress=False)
+    best = run.best
+    assert result.bits is not None and best is not None
+    return {"candidate": name, "recipe": recipe_name, "settings": settings,
+            "target_bits": TARGET, "dataset": dataset, "seed": seed, "epochs": epochs,
+            "val": best.val, "avg_bits": result.bits.avg_bits,
+            "budget_met": bool(result.within_budget), "epoch": best.epoch,
+            "test": result.test, "cpu_s": round(time.process_time() - start, 1),
+            "torch": torch.__version__}
+
+
+def _run_one(job: tuple[str, str, int, int, str]) -> str:
+    name, dataset, seed, epochs, path = job
+    row = trial(name, dataset, seed, epochs)
+    line = json.dumps(row)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+    return line
+
+
+def load(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per candidate: per-dataset mean validation accuracy over the seeds both datasets
+    ran, whether every trial met the budget, and the joint mean (the selection score)."""
+    out = []
+    for name in dict.fromkeys(r["candidate"] for r in rows):
+        mine = [r for r in rows if r["candidate"] == name]
+        seeds = set.intersection(*({r["seed"] for r in mine if r["dataset"] == d}
+                                   for d in DATASETS))
+        if not seeds:
+            continue
+        used = [r for r in mine if r["seed"] in seeds]
+        per = {d: [r for r in used if r["dataset"] == d] for d in DATASETS}
+        val = {d: statistics.mean(r["val"] for r in per[d]) for d in DATASETS}
+        out.append({
+            "candidate": name, "recipe": mine[0]["recipe"], "settings": mine[0]["settings"],
+            "seeds": sorted(seeds), "val": val, "score": statistics.mean(val.values()),
+            "budget_met": all(r["budget_met"] for r in used),
+            "max_bits_seen": max(r["avg_bits"] for r in used),
+            "test": {d: statistics.mean(r["test"] for r in per[d]) for d in DATASETS},
+        })
+    return sorted(out, key=lambda s: (not s["budget_met"], -s["score"]))
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    summary = summarize(rows)
+    lines = ["| candidate | recipe settings | seeds | val Cora | val CiteSeer | score (val) "
+             "| every seed within budget | max avg_bits | (test Cora / CiteSeer, not used) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in summary:
+        lines.append(f"| {s['candidate']} | {s['recipe']} {s['settings'] or ''} | "
+                     f"{','.join(map(str, s['seeds']))} | {100 * s['val']['Cora']:.1f} | "
+                     f"{100 * s['val']['CiteSeer']:.1f} | {100 * s['score']:.2f} | "
+                     f"{'yes' if s['budget_met'] else 'no'} | {s['max_bits_seen']:.3f} | "
+                     f"{100 * s['test']['Cora']:.1f} / {100 * s['test']['CiteSeer']:.1f} |")
+    chosen = next((s for s in summary if s["budget_met"]), None)
+    lines.append("")
+    lines.append(f"chosen: {chosen['candidate'] if chosen else 'none'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--candidates", default=",".join(CANDIDATES))
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--trials", default=str(TRIALS))
+    p.add_argument("--report", action="store_true", help="no training: the table and choice")
+    args = p.parse_args(argv)
+    if args.report:
+        text = report(load(args.trials))
+        print(text)
+        return text
+    names = [n.strip() for n in args.candidates.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        p.error(f"unknown candidates {unknown}; known: {list(CANDIDATES)}")
+    done = {(r["candidate"], r["dataset"], r["seed"], r["epochs"])
+            for r in (load(args.trials) if os.path.exists(args.trials) else [])}
+    jobs = [(n, d, int(s), args.epochs, args.trials)
+            for s in args.seeds.split(",") for d in args.datasets.split(",") for n in names
+            if (n, d, int(s), args.epochs) not in done]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:
+        for line in pool.imap_unordered(_run_one, jobs):
+            print(line, flush=True)
+    return ""
+
+
+if __name__ == "__main__":
+    main()
