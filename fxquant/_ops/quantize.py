@@ -66,6 +66,7 @@ __all__ = [
     "ARGS",
     "SIGNATURE",
     "bounds_of",
+    "finite_bounds",
     "quantize_values",
     "round_float",
     "round_int",
@@ -235,10 +236,24 @@ def bounds_of(x: Tensor, per_row: bool, sync: bool = True) -> Tensor:
     zeros where there are none. With ``sync`` (eager, on the CPU) one read of the extremes
     decides whether the masked pass over non-finite values is needed; off the CPU, or
     compiled, it always runs."""
+    return finite_bounds(x, per_row, sync)[0]
+
+
+def finite_bounds(x: Tensor, per_row: bool, sync: bool = True) -> tuple[Tensor, Tensor]:
+    """:func:`bounds_of`, and whether there was any finite value (a bool, per row with
+    ``per_row``): a range fitted over time skips a batch that has none.
+
+    Example:
+        >>> finite_bounds(torch.tensor([1.0, float("nan"), -2.0]), per_row=False)
+        (tensor([-2.,  1.]), tensor(True))
+        >>> finite_bounds(torch.tensor([float("inf"), float("nan")]), per_row=False)
+        (tensor([0., 0.]), tensor(False))
+    """
     flat = x.reshape(x.shape[0], -1) if per_row else x.reshape(1, -1)
     if flat.shape[1] == 0:
         out = x.new_zeros((flat.shape[0], 2))
-        return out if per_row else out[0]
+        found = torch.zeros(flat.shape[0], dtype=torch.bool, device=x.device)
+        return (out, found) if per_row else (out[0], found[0])
     compute = _COMPUTE[x.dtype]
     flat = flat.to(compute)
     # per tensor: a whole-tensor reduction (over dim 1 of a (1, n) view, ATen's CPU
@@ -263,11 +278,14 @@ def bounds_of(x: Tensor, per_row: bool, sync: bool = True) -> Tensor:
         finite = torch.isfinite(flat)
         lo = torch.where(finite, flat, math.inf).amin(dim=dims).reshape(-1)
         hi = torch.where(finite, flat, -math.inf).amax(dim=dims).reshape(-1)
-    if not clean:  # no finite value: 0
-        lo = torch.where(torch.isfinite(lo), lo, 0.0)
-        hi = torch.where(torch.isfinite(hi), hi, 0.0)
+    if clean:
+        found = torch.ones(lo.shape, dtype=torch.bool, device=lo.device)
+    else:  # no finite value: lo is +inf there; the range is 0
+        found = torch.isfinite(lo)
+        lo = torch.where(found, lo, 0.0)
+        hi = torch.where(found, hi, 0.0)
     out = torch.stack([lo, hi], dim=1)
-    return out if per_row else out[0]
+    return (out, found) if per_row else (out[0], found[0])
 
 
 def _amax(bounds: Tensor) -> Tensor:

@@ -117,7 +117,7 @@ class ModuleState:
         >>> lin = nn.Linear(2, 2)
         >>> state = ModuleState(lin)
         >>> with torch.no_grad():
-        ...     lin.weight.add_(1)
+        ...     _ = lin.weight.add_(1)
         >>> state.restore().written
         ['weight']
     """

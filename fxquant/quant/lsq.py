@@ -15,7 +15,9 @@ Gradients (Esser et al., "Learned Step Size Quantization", ICLR 2020), with ``u 
   the values clamped at that bound.
 
 Each is summed down to its input's shape, so ``s``, ``qmin`` and ``qmax`` may be scalars
-or broadcast per row.
+or broadcast per row. A NaN value adds nothing to the gradients of ``s``, ``qmin`` and
+``qmax`` (it would make them NaN, and the step or bit-widths NaN for good); an infinite
+one counts as clipped.
 
 A mid-rise grid (``offset=0.5``, :class:`~fxquant.formats.IntFormat` ``midrise``) rounds
 to ``s * (round(clamp(x / s - 1/2, qmin, qmax)) + 1/2)``; with ``u = x / s - 1/2`` the
@@ -123,13 +125,13 @@ class _LsqRound(torch.autograd.Function):
             c = torch.clamp(u, lo_c, hi_c)
             outside = c != u
             grad_rows[sl].copy_(g_c).masked_fill_(outside, 0)
-            if want_lo or want_hi:  # outside the range, above it where u > 0
-                g_out = g_c.masked_fill(~outside, 0)
+            if want_lo or want_hi:  # outside the range, above it where u > 0 (NaN: neither)
+                g_out = g_c.masked_fill(~outside | (c != c), 0)
                 parts_out.append(_row_sums(g_out))
                 parts_hi.append(_row_sums(g_out.masked_fill_(u <= 0, 0)))
-            if want_s:  # d = round(u) - u inside, the bound's level outside
-                parts_s.append(_row_sums(
-                    c.round_().sub_(u.masked_fill_(outside, -ctx.offset)).mul_(g_c)))
+            if want_s:  # d = round(u) - u inside, the bound's level outside, 0 for NaN
+                parts_s.append(_row_sums(c.round_().nan_to_num_(nan=-ctx.offset).sub_(
+                    u.masked_fill_(outside, -ctx.offset)).mul_(g_c)))
         per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
         grad_s = grad_lo = grad_hi = None
         if want_s:

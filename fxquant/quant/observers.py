@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from fxquant._ops.quantize import bounds_of
+from fxquant._ops.quantize import finite_bounds
 from fxquant.errors import FxquantValueError
 
 __all__ = ["SAMPLE", "RangeObserver", "percentile_bounds"]
@@ -33,7 +33,8 @@ SAMPLE = 1 << 16
 
 
 def percentile_bounds(x: Tensor, q: float) -> Tensor:
-    """``(lo, hi)``: the ``100 - q`` and ``q`` percentiles of the finite values of ``x``.
+    """``(lo, hi)``: the ``100 - q`` and ``q`` percentiles of the finite values of ``x``
+    (zeros where there are none).
 
     Taken on an evenly strided sample of at most :data:`SAMPLE` values (deterministic: no
     random numbers are drawn), so an observer step costs less than one pass over ``x``.
@@ -43,14 +44,23 @@ def percentile_bounds(x: Tensor, q: float) -> Tensor:
         >>> percentile_bounds(x, 99.0)
         tensor([-0.9800,  0.9800])
     """
+    return _percentiles(x, q)[0]
+
+
+def _percentiles(x: Tensor, q: float) -> tuple[Tensor, Tensor]:
+    """:func:`percentile_bounds`, and whether the sample held a finite value."""
     flat = x.detach().reshape(-1)
+    if flat.numel() == 0:  # nanquantile refuses an empty tensor
+        return x.new_zeros(2, dtype=torch.float32), torch.zeros((), dtype=torch.bool,
+                                                                device=x.device)
     stride = max(1, math.ceil(flat.numel() / SAMPLE))
     sample = flat[::stride].float()
     # Non-finite values are left out (as NaN, which nanquantile skips): fixed shapes compile.
     sample = torch.where(torch.isfinite(sample), sample, math.nan)
     qs = torch.tensor([1.0 - q / 100.0, q / 100.0], dtype=sample.dtype, device=sample.device)
     bounds = torch.nanquantile(sample, qs, interpolation="lower")
-    return torch.where(torch.isnan(bounds), 0.0, bounds)
+    found = ~torch.isnan(bounds[0])
+    return torch.where(found, bounds, 0.0), found
 
 
 class RangeObserver(nn.Module):
@@ -100,21 +110,28 @@ class RangeObserver(nn.Module):
         self.calibrated = False
 
     def current(self, x: Tensor) -> Tensor:
-        """The range of ``x`` itself."""
+        """The range of the finite values of ``x`` itself (zeros where there are none)."""
+        return self._current(x)[0]
+
+    def _current(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The range, and whether ``x`` held a finite value to take it from."""
         if self.percentile is not None:
-            return percentile_bounds(x, self.percentile)
-        return bounds_of(x.detach(), self.per_row).float()
+            return _percentiles(x, self.percentile)
+        bounds, found = finite_bounds(x.detach(), self.per_row)
+        return bounds.float(), found
 
     def forward(self, x: Tensor) -> Tensor:
         if self.momentum is None:
             return self._synced(self.current(x))
         if not self.training:  # before any training batch: the current range, not (0, 0)
             return self.running if self.calibrated else self.current(x)
-        now = self._synced(self.current(x).to(self.running.dtype))
-        with torch.no_grad():
+        now, found = self._current(x)
+        now, found = self._synced_found(now.to(self.running.dtype), found)
+        with torch.no_grad():  # a batch without finite values leaves the running range
             blended = self.momentum * self.running + (1 - self.momentum) * now
-            self.running.copy_(torch.where(self.seen, blended, now))
-            self.seen.fill_(True)
+            self.running.copy_(torch.where(found, torch.where(self.seen, blended, now),
+                                           self.running))
+            self.seen.logical_or_(found)
         self.calibrated = True
         return now
 
@@ -124,16 +141,29 @@ class RangeObserver(nn.Module):
 
     def _synced(self, now: Tensor) -> Tensor:
         """The range over all ranks' batches (training, per tensor, distributed only)."""
+        return self._synced_found(now, None)[0]
+
+    def _synced_found(self, now: Tensor, found: Tensor | None) -> tuple[Tensor, Tensor]:
+        """:meth:`_synced`, leaving out ranks whose batch held no finite value (``found``
+        False), and whether any rank's did."""
+        yes = torch.ones((), dtype=torch.bool, device=now.device)
         if self.per_row or not self.training or not dist.is_available() \
                 or not dist.is_initialized() or dist.get_world_size() < 2:
-            return now
+            return now, yes if found is None else found
         if self.percentile is not None:
-            total = now.clone()
+            mine = yes.to(now.dtype) if found is None else found.to(now.dtype)
+            total = torch.cat([now * mine, mine.reshape(1)])
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
-            return total / dist.get_world_size()
-        flipped = torch.stack([-now[0], now[1]])  # one MAX gives min of lows, max of highs
+            return total[:2] / total[2].clamp(min=1), total[2] > 0
+        lo, hi = now[0], now[1]
+        if found is not None:  # no finite value: no say in the min and max
+            lo = torch.where(found, lo, math.inf)
+            hi = torch.where(found, hi, -math.inf)
+        flipped = torch.stack([-lo, hi])  # one MAX gives min of lows, max of highs
         dist.all_reduce(flipped, op=dist.ReduceOp.MAX)
-        return torch.stack([-flipped[0], flipped[1]])
+        out = torch.stack([-flipped[0], flipped[1]])
+        anywhere = torch.isfinite(out[0])
+        return torch.where(anywhere, out, 0.0), anywhere
 
     def extra_repr(self) -> str:
         parts = ["per_row" if self.per_row else "per tensor"]

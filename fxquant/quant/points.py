@@ -64,6 +64,20 @@ class _ClampInward(torch.autograd.Function):
         return torch.where(inward, grad, torch.zeros_like(grad)), None, None
 
 
+class _FiniteGrad(torch.autograd.Function):
+    """The identity, whose gradient is 0 where it is not finite: a learned step's
+    gradient summed over values of which one was NaN is NaN, and would make the step NaN
+    for good."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return torch.where(torch.isfinite(grad), grad, torch.zeros_like(grad))
+
+
 def _table(override: NodeOverride | None) -> Tensor | None:
     """A bool table over global node ids: True where the override applies."""
     if override is None:
@@ -73,6 +87,15 @@ def _table(override: NodeOverride | None) -> Tensor | None:
         return nodes.clone()
     size = (override.max_index + 1) if override.max_index is not None else 0
     return torch.zeros(size, dtype=torch.bool, device=nodes.device).index_fill(0, nodes, True)
+
+
+def _log_step_range(dtype: torch.dtype, top: float) -> tuple[float, float]:
+    """The ``log`` of the smallest and largest step a grid whose largest level is ``top``
+    may have on values of ``dtype``: steps stay positive (a step of 0 makes ``0 / s``
+    NaN) and ``s * top`` finite (an infinite step makes ``inf * 0`` NaN), whatever an
+    optimizer does to ``log_step``."""
+    info = torch.finfo(dtype if dtype.is_floating_point else torch.float32)
+    return math.log(info.tiny), math.log(info.max) - math.log(top + 1.0)
 
 
 def _code_range(bits: Any, number: IntFormat) -> tuple[Any, Any]:
@@ -288,9 +311,9 @@ class QuantPoint(nn.Module):
         c = self.config
         if rows is None and c.rounding is Rounding.NEAREST and c.grad is Grad.STE \
                 and c.grad_format is None:  # the common case: one fused function
-            return lsq_round(x, self.log_step.exp(), number.qmin, number.qmax, gain,
-                             number.offset)
-        s = self._scaled_step(gain)
+            return lsq_round(x, self._step(x.dtype, self._top()), number.qmin, number.qmax,
+                             gain, number.offset)
+        s = self._scaled_step(gain, x.dtype, self._top())
         y = torch.clamp(x / s, number.level(number.qmin), number.max_finite)
         codes = torch.ops.fxquant.quantize.default(y, rows=rows, numerics=NUMERICS, **self._args)
         return codes * s
@@ -301,10 +324,15 @@ class QuantPoint(nn.Module):
         rb = self.config.node_bits
         assert rb is not None
         nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
-        rows_range = x.detach().abs().flatten(1).amax(1) if x.dim() > 1 \
-            else x.detach().abs()
+        fits = self.seen_range is not None and self.training
+        magnitude = x.detach().abs()
+        if fits:  # the recorded ranges are fitted from finite values only (-inf: none)
+            magnitude = magnitude.nan_to_num_(nan=-math.inf, posinf=-math.inf)
+        rows_range = magnitude.flatten(1).amax(1) if x.dim() > 1 else magnitude
         if row_nodes is not None:  # per node: the max over its rows (its messages)
-            node_range = torch.zeros(num_nodes, dtype=rows_range.dtype, device=x.device)
+            empty = -math.inf if fits else 0.0  # a node without (finite) messages: unseen
+            node_range = torch.full((num_nodes,), empty, dtype=rows_range.dtype,
+                                    device=x.device)
             node_range = node_range.scatter_reduce(0, row_nodes, rows_range, "amax")
         else:
             node_range = rows_range
@@ -375,7 +403,7 @@ class QuantPoint(nn.Module):
                 self._init_step(x, lo, hi, number.offset)
             gain = 1.0 / math.sqrt(max(x.numel(), 1)
                                    * float((qmax.detach() + number.offset).mean()))
-            return lsq_round(x, self.log_step.exp(), qmin, qmax, gain,
+            return lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
                              number.offset).to(x.dtype)
         if self.config.scale.per_row:
             bounds = x.detach().abs().flatten(1).amax(1).view(shape)
@@ -389,13 +417,34 @@ class QuantPoint(nn.Module):
 
     @property
     def step(self) -> Tensor | None:
-        """The learned step ``exp(log_step)`` (``range="lsq"``), else None."""
-        return None if self.log_step is None else self.log_step.exp()
+        """The learned step ``exp(log_step)`` (``range="lsq"``), kept finite and positive
+        (see :meth:`_step`), else None."""
+        if self.log_step is None:
+            return None
+        return self._step(torch.float32, self._top())
 
-    def _scaled_step(self, gain: float) -> Tensor:
-        """The step, whose gradient is LSQ's scaled by ``gain`` (its value is unchanged)."""
+    def _top(self) -> float:
+        """The largest level of this point's grid (at ``max_bits`` with per-node bits)."""
+        number = self.config.format
+        assert isinstance(number, IntFormat)
+        rb = self.config.node_bits
+        if rb is None:
+            return float(number.max_finite)
+        return float(_code_range(float(rb.max_bits), number)[1]) + number.offset
+
+    def _step(self, dtype: torch.dtype, top: float) -> Tensor:
+        """``exp(log_step)``, clamped to the steps a grid whose largest level is ``top``
+        may have on ``dtype`` values (positive, ``s * top`` finite). The gradient reaches
+        ``log_step`` outside that range where a descent step moves it back in (a huge
+        learning rate must not leave it stuck)."""
         assert self.log_step is not None
-        s = self.log_step.exp()
+        lo, hi = _log_step_range(dtype, top)
+        return _ClampInward.apply(self.log_step, lo, hi).exp()
+
+    def _scaled_step(self, gain: float, dtype: torch.dtype, top: float) -> Tensor:
+        """The step, whose gradient is LSQ's scaled by ``gain`` (its value is unchanged)
+        and counts no non-finite value (a NaN among the values would make it NaN)."""
+        s = _FiniteGrad.apply(self._step(dtype, top))
         return (s - s * gain).detach() + s * gain
 
     def _init_step(self, x: Tensor, qmin: float, qmax: float, offset: float = 0.0) -> None:
@@ -412,20 +461,29 @@ class QuantPoint(nn.Module):
             v = x.detach().flatten().to(torch.float32)
             if v.numel() > INIT_SAMPLE:
                 v = v[:: -(-v.numel() // INIT_SAMPLE)]
-            amax = v.abs().amax() if v.numel() else v.new_ones(())
+            finite = torch.isfinite(v)  # fitted from the finite values only
+            v = torch.where(finite, v, 0.0)
+            amax = v.abs().amax() if v.numel() else v.new_zeros(())
+            found = finite.any().to(torch.float32) if v.numel() else v.new_zeros(())
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                dist.all_reduce(amax, op=dist.ReduceOp.MAX)
+                both = torch.stack([amax, found])
+                dist.all_reduce(both, op=dist.ReduceOp.MAX)
+                amax, found = both[0], both[1]
             amax = torch.where(amax > 0, amax, torch.ones_like(amax))
             steps = amax * torch.logspace(-3, 0, INIT_CANDIDATES, device=v.device)
             codes = torch.clamp(torch.round(v[None, :] / steps[:, None] - offset), qmin, qmax)
-            error = ((codes + offset) * steps[:, None] - v[None, :]).square().sum(1)
+            error = (((codes + offset) * steps[:, None] - v[None, :]).square()
+                     * finite[None, :]).sum(1)
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 dist.all_reduce(error, op=dist.ReduceOp.SUM)
             # index_select, not steps[argmin]: traceable without a data-dependent index
             best = steps.index_select(0, torch.argmin(error).reshape(1)).reshape(())
-            best = best.clamp(min=1e-8)
-            self.log_step.copy_(best.log().to(self.log_step.dtype))
-        self.step_ready = True
+            lo, hi = _log_step_range(x.dtype, float(max(abs(qmin), abs(qmax))) + abs(offset))
+            fitted = best.clamp(min=1e-8).log().clamp(lo, hi).to(self.log_step.dtype)
+            # a batch without finite values leaves the step as it was
+            self.log_step.copy_(torch.where(found > 0, fitted, self.log_step))
+        # ... and is fitted on the next batch (compiled code cannot branch on it)
+        self.step_ready = torch.compiler.is_compiling() or bool(found > 0)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)
