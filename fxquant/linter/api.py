@@ -40,8 +40,14 @@ def lint(
 
     With example inputs, one forward runs on copies of them (the model, global modes and
     the RNG are left as they were, also when it raises) and every in-place op, factory
-    call, ``.data`` access and anomaly switch is seen as it really happens. Without
-    example inputs the symbolic graph is linted and the report says what it could not see.
+    call, ``.data`` access and anomaly switch is seen as it really happens; example inputs
+    given as shapes (:class:`ShapeSpec`, ``meta`` tensors) run it on fake tensors. Without
+    example inputs only the symbolic graph is linted: a partial check, and the report
+    says so first (``report.partial``, the first line of ``str(report)``). An in-place
+    module that a container runs is named at the line that built it. Where fxquant's own
+    recording cannot follow a forward that runs without it, the forward is linted with
+    fewer instruments and an FXQ010 note says what was not checked; fxquant's own errors
+    are never reported as errors in the model.
 
     Args:
         model (torch.nn.Module or torch.fx.GraphModule): the model, unmodified.

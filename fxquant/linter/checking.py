@@ -42,6 +42,7 @@ from fxquant.linter.recording import (
     run_forward,
 )
 from fxquant.linter.report import Finding, LintReport
+from fxquant.linter.rules import strip_comment
 from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import clone_inputs, restored_state
 
@@ -110,11 +111,16 @@ def check(
 
     Reports, with the user's source lines: each in-place op that modified a tensor saved
     for backward (FXQ001, the culprit, with the op that saved it); a backward that runs but
-    gives other gradients than the forward's values imply (FXQ012: a write through
-    ``.data`` into a saved value, by parameter and line); every parameter whose gradient is
-    None or exactly zero (FXQ008); and what :func:`fxquant.lint` reports about the forward.
-    The model is left exactly as it was (see :mod:`fxquant.linter.state`), also when it
-    raises.
+    gives other gradients than the forward's values imply (FXQ012, at the write: through
+    ``.data`` or a ``.detach()`` alias; a custom Function's backward changing the gradient
+    it receives; a write no instrument sees, such as a NumPy view, found by watching the
+    user's lines, or else named by the op and line that saved the changed value), only
+    where the gradients reaching the changed elements are non-zero; every parameter whose
+    gradient is None or exactly zero (FXQ008); and what :func:`fxquant.lint` reports about
+    the forward. Where fxquant's recording fails on a model whose plain forward and
+    backward run, it checks again with fewer instruments and notes what it could not check
+    (FXQ010), never an FXQ009. The model is left exactly as it was (see
+    :mod:`fxquant.linter.state`), also when it raises.
 
     Args:
         model (torch.nn.Module): the model, unmodified.
@@ -287,7 +293,8 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
         if where is not None:
             report.add(Finding(
                 "FXQ012", first.op, where,
-                f"backward runs but gives wrong gradients for {names}: `{where.code}` changes "
+                f"backward runs but gives wrong gradients for {names}: `{strip_comment(where.code)}` "
+                f"changes "
                 f"the value that {saver} saved for backward, and autograd does not see it (its "
                 "version counter did not move: a NumPy view, a C extension or a kernel wrote "
                 "into the memory), so backward computes with the changed value.",

@@ -25,6 +25,7 @@ from fxquant.linter.recording import (
     run_forward,
 )
 from fxquant.linter.report import Finding, LintReport
+from fxquant.linter.rules import strip_comment
 from fxquant.linter.shapes import (
     NEEDS_VALUES,
     ShapeSpec,
@@ -46,7 +47,8 @@ def anomaly_finding(rec: Recorder) -> Any:
     """The callback :func:`watching_anomaly` calls: FXQ006 at the switching line."""
 
     def found(where: Any) -> None:
-        code = where.code if where is not None and where.code else "set_detect_anomaly"
+        code = strip_comment(where.code) if where is not None and where.code \
+            else "set_detect_anomaly"
         rec.add("FXQ006", where, rec.node_name("set_detect_anomaly"),
                 f"`{code}` switches anomaly detection on from forward: every step runs slower, "
                 "the mode stays on for the whole process, and it names the op that saved a "

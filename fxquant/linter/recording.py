@@ -62,7 +62,7 @@ from fxquant.fx.locations import (
 )
 from fxquant.linter.backward import custom_functions, gradient_hint, gradient_writes
 from fxquant.linter.report import Finding, LintReport
-from fxquant.linter.rules import hint_for_inplace
+from fxquant.linter.rules import hint_for_inplace, strip_comment
 from fxquant.linter.sites import ModuleSite, container_site
 from fxquant.linter.state import pop_saved_tensors_hooks_until
 
@@ -485,7 +485,7 @@ class Recorder:
                 origins |= self.get(t).zero_grad
         for key in sorted(origins):
             o = self.origins[key]
-            code = o.where.code if o.where else o.op
+            code = strip_comment(o.where.code) if o.where else o.op
             self.add("FXQ007", o.where, o.node,
                      f"`{code}` ({o.op}) has zero derivative almost everywhere and lies between "
                      "parameters and the output: parameters upstream receive zero gradient "
@@ -499,7 +499,7 @@ class Recorder:
         for key in factories - self.reported_factories:
             self.reported_factories.add(key)
             o = self.origins[key]
-            code = o.where.code if o.where else o.op
+            code = strip_comment(o.where.code) if o.where else o.op
             self.add("FXQ005", o.where, o.node,
                      f"`{code}` creates a tensor without device= ({o.op}); it meets data "
                      f"derived from the inputs{f' at {meet}' if meet else ''} and stays on "
@@ -554,7 +554,7 @@ class Recorder:
         writes autograd does not see (``grad_enabled``: the grad mode of the call;
         ``by_library``: torch itself made the call)."""
         writes, self.writes = self.writes, []
-        code = where.code if where else func_name
+        code = strip_comment(where.code) if where else func_name
         node = self.node_name(func_name)
         op = writes[0][0] if writes else ""
         if where is None and self.module_names:  # a module a container runs, built unseen
@@ -667,7 +667,7 @@ class _FunctionMode(TorchFunctionMode):
             out = func(*args, **kwargs)
             if isinstance(t, Tensor) and t.requires_grad:
                 where = rec.where()
-                code = where.code if where else ".data"
+                code = strip_comment(where.code) if where else ".data"
                 rec.add("FXQ004", where, rec.node_name("data"),
                         f"`{code}` uses `.data` of a tensor that requires grad: in-place writes "
                         "through it bypass autograd's version check and give silently wrong "
@@ -679,7 +679,7 @@ class _FunctionMode(TorchFunctionMode):
             t, new = args[0], args[1] if len(args) > 1 else None
             if isinstance(t, Tensor) and t.requires_grad and not _called_by_library():
                 where = rec.where()
-                code = where.code if where else ".data = ..."
+                code = strip_comment(where.code) if where else ".data = ..."
                 changed = None
                 if rec.copy_saved and isinstance(new, Tensor) and new.shape == t.shape:
                     changed = new.detach() != t.detach()
@@ -752,7 +752,7 @@ class _FunctionMode(TorchFunctionMode):
     def _report_refused_write(self, func: Any, e: RuntimeError) -> None:
         rec = self.rec
         where = rec.where()
-        code = where.code if where else _call_name(func)
+        code = strip_comment(where.code) if where else _call_name(func)
         first = str(e).splitlines()[0]
         rec.inplace_calls.append(InplaceCall(where, _call_name(func), False))
         if any(m in str(e) for m in _VIEW_ERRORS):
