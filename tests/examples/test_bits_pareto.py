@@ -24,7 +24,8 @@ def _cora():
 def _train(gm, data, epochs, target, within_budget=False, anneal=0):
     """(test accuracy, bits, within budget) of bits_pareto's training of ``gm``."""
     run = QuantTraining(gm, target_bits=target, anneal_every=anneal,
-                        anneal_bits=bits_pareto.ANNEAL_BITS,
+                        anneal_bits=bits_pareto.ANNEAL_BITS, penalty=bits_pareto.DEFAULTS.penalty,
+                        bits_lr=bits_pareto.DEFAULTS.bits_lr,
                         select="budget" if within_budget else "best-val")
     result = training.fit(gm, data, epochs, run=run, progress=False)
     return result.test, result.bits, result.within_budget and within_budget
@@ -55,7 +56,10 @@ def test_json_contract(method, tmp_path, capsys):
     payload = json.loads(out.read_text())
     assert [r["target_bits"] for r in payload["results"]] == [2.0, 3.0]
     assert payload["lsq_refit"] == (2 if refit else 0)
-    assert payload["signed_grid"] == "symmetric" and payload["shared_step"] is False
+    if method == "recommended":  # the recipe's own grid and step, not the flags' defaults
+        assert payload["signed_grid"] == "midrise" and payload["shared_step"] is True
+    else:
+        assert payload["signed_grid"] == "symmetric" and payload["shared_step"] is False
     for result in payload["results"]:
         assert set(result) >= FIELDS
         assert result["method"] == method and len(result["accs"]) == 1
