@@ -323,8 +323,8 @@ def transform(
     Returns:
         torch.fx.GraphModule: the model with a :class:`~fxquant.quant.points.QuantPoint`
         module called at each quantization point. It takes the model's arguments plus
-        ``node_ids=None``: a mini-batch passes its nodes' global ids there
-        (``gm(batch.x, batch.edge_index, node_ids=batch.n_id)``), so that per-node settings
+        ``node_ids=None``: a mini-batch passes its nodes' global ids there, of any integer
+        dtype (``gm(batch.x, batch.edge_index, node_ids=batch.n_id)``), so that per-node settings
         follow the nodes (see :mod:`fxquant.quant.nodes`).
 
     Example:

@@ -45,6 +45,7 @@ from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind, warn_
 from fxquant.formats import Format, IntFormat, Number, TopN, parse
 from fxquant.fx.selectors import layer_name, layer_names, matches
 from fxquant.modes import Grad, Rounding, Scale
+from fxquant.quant.nodes import as_index
 
 __all__ = [
     "NodeBits",
@@ -260,7 +261,7 @@ class NodeBits:
             raise FxquantValueError("NodeBits.by_degree: give increasing quantiles in (0, 1) and one "
                              f"more bit-width than quantiles; got {quantiles!r}, {bits!r}")
         degree = torch.zeros(num_nodes).index_add_(
-            0, edge_index[1].cpu(), torch.ones(edge_index.shape[1]))
+            0, as_index(edge_index[1].cpu()), torch.ones(edge_index.shape[1]))
         cuts = torch.quantile(degree, torch.tensor(list(quantiles), dtype=torch.float32))
         bucket = torch.bucketize(degree, cuts)  # above a quantile: strictly greater
         return cls(torch.tensor(list(bits), dtype=torch.float32)[bucket], False, min_bits,

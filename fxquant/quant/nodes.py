@@ -7,6 +7,11 @@ nodes with the transformed model's ``node_ids`` argument (PyG's ``batch.n_id``):
 
     out = gm(batch.x, batch.edge_index, node_ids=batch.n_id)
 
+Node ids may have any integer dtype (``uint8`` to ``int64``); a ``bool`` mask is refused
+there (it says which nodes, not which node each row is). Per-node overrides
+(``node_formats=``, :meth:`~fxquant.quant.config.QuantMapping.set_nodes`) take ids of any
+integer dtype or a bool mask over all nodes.
+
 The argument feeds one :class:`NodeIds` module on the GraphModule, which every quantization
 point reads (points inside layers too), so one tensor reaches all of them without changing
 any layer's signature. Under ``torch.compile(dynamic=True)`` it is a graph input like the
@@ -23,7 +28,7 @@ from torch_geometric.utils import degree
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 
-__all__ = ["NodeIds", "lookup", "set_node_ids", "top_degree_nodes"]
+__all__ = ["NodeIds", "as_index", "lookup", "set_node_ids", "top_degree_nodes"]
 
 
 class NodeIds(nn.Module):
@@ -43,20 +48,36 @@ def set_node_ids(context: NodeIds, ids: Tensor | None) -> Any:
     Traced symbolically (a GraphModule is re-traced when unpickled) it records itself."""
     if isinstance(ids, torch.fx.Proxy):
         return ids.tracer.create_proxy("call_function", set_node_ids, (context, ids), {})
+    if isinstance(ids, Tensor) and ids.dtype == torch.bool:
+        raise FxquantTypeError(
+            f"node_ids must be the global node id of each row (PyG's batch.n_id), got a bool "
+            f"tensor of shape {tuple(ids.shape)}: a mask says which nodes, not which node each "
+            "row is. Please pass mask.nonzero().view(-1) for the rows of the masked nodes.")
     if ids is not None and (not isinstance(ids, Tensor) or ids.dim() != 1
-                            or ids.is_floating_point() or ids.dtype == torch.bool
-                            or ids.is_complex()):
+                            or ids.is_floating_point() or ids.is_complex()):
         got = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, Tensor) \
             else type(ids).__name__
         raise FxquantTypeError(f"node_ids must be a 1-D integer tensor of global node ids (PyG's "
                         f"batch.n_id), got a {got}")
-    context.ids = ids
+    context.ids = None if ids is None else as_index(ids)
     return None
+
+
+def as_index(ids: Tensor) -> Tensor:
+    """Integer node ids of any dtype as ``int64`` (indexing reads a ``uint8`` tensor as a
+    mask, and ``int8``/``int16`` not at all); ``int64`` ids are returned as they are.
+
+    Example:
+        >>> as_index(torch.tensor([3, 200], dtype=torch.uint8))
+        tensor([  3, 200])
+    """
+    return ids if ids.dtype == torch.int64 else ids.to(torch.int64)
 
 
 def lookup(table: Tensor, ids: Tensor) -> Tensor:
     """``table[ids]``, with ids outside the table (nodes it never saw) mapped to
     ``table``'s zero value; no value check, so it compiles."""
+    ids = as_index(ids)
     size = table.shape[0]
     valid = (ids >= 0) & (ids < size)
     found = table[ids.clamp(0, max(size - 1, 0))] if size else torch.zeros(
@@ -106,7 +127,7 @@ def top_degree_nodes(
                          f"{num_nodes}")
     if num_nodes == 0:
         return torch.empty(0, dtype=torch.long, device=edge_index.device)
-    deg = degree(edge_index[1], num_nodes, dtype=torch.long)
+    deg = degree(as_index(edge_index[1]), num_nodes, dtype=torch.long)
     k = max(1, round(fraction * num_nodes))
     # A stable sort on -degree keeps lower ids first among equal degrees.
     order = torch.sort(-deg, stable=True).indices
