@@ -3,8 +3,8 @@
 
 Lint it from the shell: ``python -m fxquant lint examples/seed_model.py:seed``.
 
-Rewritten from ../shared/seeds/000_fce7cf8b2e8ec04e.txt and ../shared/FINDINGS.md: the
-report's ``float2bit``/``bit2float`` and the two helpers it calls (``integer2bit``,
+Rewritten from a user's report of a GCN with float -> bit-planes -> float rounding between
+layers: the report's ``float2bit``/``bit2float`` and the two helpers it calls (``integer2bit``,
 ``remainder2bit``: powers of two from ``torch.arange``, ``% 1`` and ``floor``). It is the
 baseline of ``benchmarks/bench_truncate.py`` and the model the lint tests run on. It has
 every problem fxquant exists to fix: ``out *= ...`` into a saved pow result (backward
@@ -81,7 +81,7 @@ class SeedGCN(torch.nn.Module):
     """The seed's 2-layer GCN: bit-plane round trips after each layer, super-node masking.
 
     Super nodes keep 12 bits (the seed keeps 2, which collapses values to ~2**-127 and makes
-    the next ``float2bit`` index out of range; see FINDINGS.md section 3).
+    the next ``float2bit`` index out of range).
     """
 
     def __init__(self, in_channels=4, hidden=8, out_channels=2, super_node=(0,)):

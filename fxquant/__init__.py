@@ -18,10 +18,11 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 (import it before ``torch.load`` of a saved one).
 """
 
-from fxquant import (
-    _safe_path,  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
-    recipes,
-)
+from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
+
+# isort: split
+from fxquant import recipes
+from fxquant._version import __version__ as __version__
 from fxquant.errors import FxquantError, warn_renamed
 from fxquant.formats import Format, IntFormat, TopN
 from fxquant.fx import GNNTracer, TraceError, trace
@@ -58,8 +59,6 @@ from fxquant.quant import (
     top_degree_nodes,
     truncate,
 )
-
-__version__ = "0.2.0"
 
 __all__ = [
     "BitReport",

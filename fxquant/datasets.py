@@ -118,7 +118,7 @@ def load_planetoid(
             it), or the cache folder lies inside the data root.
 
     Example:
-        >>> dataset = load_planetoid("Cora")  # with FXQUANT_DATA=../shared/datasets
+        >>> dataset = load_planetoid("Cora")  # FXQUANT_DATA holds the raw files, or a network
         >>> data = dataset[0]
         >>> data.num_nodes, int(data.train_mask.sum()), int(data.test_mask.sum())
         (2708, 140, 1000)

@@ -39,7 +39,7 @@ def test_readme_python_blocks_run():
     import fxquant
 
     blocks = _python_blocks()
-    assert len(blocks) >= 3
+    assert len(blocks) >= 2  # a quantization example and a lint example
     parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(
         optionflags=doctest.NORMALIZE_WHITESPACE)
     for i, block in enumerate(blocks):

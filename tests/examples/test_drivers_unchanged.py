@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.data import needs_data
+
 ROOT = Path(__file__).resolve().parents[2]
 #: the last commit with the drivers' own training loops
 BEFORE = "b5b51df"
@@ -61,6 +63,7 @@ def _numbers(payload: dict) -> list:
     return [*rows, payload.get("fp32_accs")]
 
 
+@needs_data
 @pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:3]))
 def test_same_accuracies_as_before_the_move(command, tmp_path):

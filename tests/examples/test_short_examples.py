@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from examples import cora_recipe, ddp, fix_inplace, per_node_bits, quickstart
+from tests.support.data import needs_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHORT = ["quickstart.py", "cora_recipe.py", "fix_inplace.py", "per_node_bits.py", "ddp.py"]
@@ -43,6 +44,7 @@ def test_per_node_bits_counts_and_learns(capsys):
     assert "rows per bit-width" in out and "a batch of 250 nodes" in out
 
 
+@needs_data
 def test_cora_recipe_reports_an_epoch(capsys):
     """A named recipe on Cora in a plain loop (2 epochs)."""
     acc = cora_recipe.main(["--epochs", "2", "--recipe", "mx"])
