@@ -99,3 +99,10 @@ def test_version_is_one_number_everywhere():
     assert re.search(r"^## (\S+)", changelog, re.M).group(1) == fxquant.__version__
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     assert (ROOT / "fxquant" / "py.typed").exists()
+
+
+def test_readme_api_table_lists_every_exported_name():
+    """The README's API table names each entry of fxquant.__all__."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## API"):text.index("## Documentation")]
+    assert not [n for n in fxquant.__all__ if not re.search(rf"\b{n}\b", table)]
