@@ -252,8 +252,10 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
         >>> bool(gm.get_submodule("_0_quant").row_bits.grad.gt(0).all())
         True
     """
-    if isinstance(target_bits, bool) or not isinstance(target_bits, int | float) or target_bits <= 0:
-        raise FxquantValueError(f"target_bits must be a positive number, got {target_bits!r}")
+    if isinstance(target_bits, bool) or not isinstance(target_bits, int | float) \
+            or not math.isfinite(target_bits) or target_bits <= 0:
+        raise FxquantValueError(f"fxquant.bit_penalty: target_bits must be a finite positive "
+                                f"number of bits (e.g. 2.0), got {target_bits!r}")
     total_values = 0
     fixed_bits = 0.0
     learned: list[Tensor] = []

@@ -176,6 +176,11 @@ def _parse_range(value: object) -> str:
 
 
 
+def _check_count(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FxquantValueError(f"{what} must be an int >= 0, got {value!r}")
+
+
 @dataclass(frozen=True, eq=False)
 class NodeBits:
     """A bit-width per node for an integer site, fixed or learned.
@@ -236,6 +241,10 @@ class NodeBits:
             raise FxquantValueError(f"NodeBits: need 1 <= min_bits <= max_bits <= 16, got "
                              f"{self.min_bits}..{self.max_bits}")
         bits = bits.detach().to(torch.float32).cpu().clone()
+        if bits.numel() and not bool(torch.isfinite(bits).all()):
+            node = int((~torch.isfinite(bits)).nonzero()[0, 0])
+            raise FxquantValueError(f"NodeBits: bit-widths must be finite numbers, got "
+                                    f"{float(bits[node])} for node {node}")
         if bits.numel() and (bool(bits.min() < self.min_bits) or bool(bits.max() > self.max_bits)):
             raise FxquantValueError(f"NodeBits: bit-widths must lie in {self.min_bits}..{self.max_bits}, "
                              f"got {float(bits.min()):g}..{float(bits.max()):g}")
@@ -247,6 +256,11 @@ class NodeBits:
     def learned_init(cls, num_nodes: int, init: float = 4.0, min_bits: int = 2,
                      max_bits: int = 8) -> NodeBits:
         """Learned bit-widths for ``num_nodes`` nodes, all starting at ``init``."""
+        _check_count(num_nodes, "NodeBits.learned_init: num_nodes")
+        if isinstance(init, bool) or not isinstance(init, (int, float)) \
+                or not math.isfinite(init):
+            raise FxquantValueError(f"NodeBits.learned_init: init must be a finite number of bits "
+                                    f"(e.g. 4.0), got {init!r}")
         return cls(torch.full((num_nodes,), float(init)), True, min_bits, max_bits)
 
     @classmethod
@@ -256,10 +270,16 @@ class NodeBits:
         ``quantiles[i]`` quantile (of all nodes' in-degrees) get ``bits[i + 1]``, the rest
         ``bits[0]``; e.g. ``quantiles=[0.9], bits=[2, 4]``: the top 10% by in-degree get 4
         bits. No table needs storing: the bits follow from the graph."""
+        _check_count(num_nodes, "NodeBits.by_degree: num_nodes")
+        if not (isinstance(edge_index, Tensor) and edge_index.dim() == 2
+                and edge_index.shape[0] == 2):
+            raise FxquantValueError("NodeBits.by_degree: edge_index must be a [2, num_edges] "
+                                    f"tensor, got {getattr(edge_index, 'shape', edge_index)!r}")
         if len(bits) != len(quantiles) + 1 or list(quantiles) != sorted(quantiles) \
-                or not all(0 < q < 1 for q in quantiles):
+                or not all(isinstance(q, (int, float)) and 0 < q < 1 for q in quantiles) \
+                or not all(isinstance(b, int) and not isinstance(b, bool) for b in bits):
             raise FxquantValueError("NodeBits.by_degree: give increasing quantiles in (0, 1) and one "
-                             f"more bit-width than quantiles; got {quantiles!r}, {bits!r}")
+                             f"more bit-width (an int) than quantiles; got {quantiles!r}, {bits!r}")
         degree = torch.zeros(num_nodes).index_add_(
             0, as_index(edge_index[1].cpu()), torch.ones(edge_index.shape[1]))
         cuts = torch.quantile(degree, torch.tensor(list(quantiles), dtype=torch.float32))

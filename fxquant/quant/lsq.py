@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fxquant.errors import FxquantValueError
+
 __all__ = ["lsq_round"]
 
 
@@ -169,6 +171,13 @@ def lsq_round(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
         >>> lsq_round(x, s, -1, 0, offset=0.5)  # 1 bit, mid-rise: the sign times s / 2
         tensor([ 0.2500, -0.2500,  0.2500], grad_fn=<_LsqRoundBackward>)
     """
+    for name, value in (("gain", gain), ("offset", offset)):
+        if isinstance(value, (torch.SymInt, torch.SymFloat)):
+            continue  # a size while compiling with dynamic shapes
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise FxquantValueError(f"lsq_round: {name} must be a finite number >= 0, got "
+                                    f"{value!r}")
     lo = qmin if isinstance(qmin, Tensor) else torch.tensor(float(qmin), device=x.device)
     hi = qmax if isinstance(qmax, Tensor) else torch.tensor(float(qmax), device=x.device)
     return _LsqRound.apply(x, s, lo, hi, gain, float(offset))

@@ -44,6 +44,8 @@ def percentile_bounds(x: Tensor, q: float) -> Tensor:
         >>> percentile_bounds(x, 99.0)
         tensor([-0.9800,  0.9800])
     """
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not 50 < q <= 100:
+        raise FxquantValueError(f"percentile_bounds: q must be a number in (50, 100], got {q!r}")
     return _percentiles(x, q)[0]
 
 
