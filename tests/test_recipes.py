@@ -10,8 +10,10 @@ from torch_geometric.data import Data
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 import fxquant
+from benchmarks import select_bits
 from examples import bits_pareto, cora_recipe, dq_table
 from fxquant.recipes import HubMessages, LearnedBits, LsqProtect, QuantTraining
+from tests.support.data import needs_data
 
 
 def graph(n=12, features=6, binary=True):
@@ -145,6 +147,13 @@ def test_inexact_raw_features_warn():
                                                graph(binary=False), lint="off")
 
 
+def _trial_as_json(out, candidate):
+    """One selection trial (Cora, seed 0, 8 epochs), written as bits_pareto writes JSON."""
+    row = select_bits.trial(candidate, "Cora", 0, 8)
+    with open(out, "w") as f:
+        json.dump({"results": [{"accs": [row["test"]]}]}, f)
+
+
 COMMANDS = {
     "hub-messages": lambda out: bits_pareto.main([
         "--method", "degree", "--degree-rule", "hub-messages", "--target-bits", "2",
@@ -153,6 +162,10 @@ COMMANDS = {
     "learned-bits": lambda out: bits_pareto.main([
         "--method", "learned", "--target-bits", "2", "--signed-grid", "midrise", "--shared-step",
         "--select", "budget", "--penalty", "10", "--seeds", "1", "--epochs", "8", "--json", out]),
+    "budget-bits": lambda out: _trial_as_json(out, "budget"),
+    "recommended": lambda out: bits_pareto.main([
+        "--method", "recommended", "--target-bits", "2", "--seeds", "1", "--epochs", "8",
+        "--json", out]),
     "lsq-protect": lambda out: dq_table.main(["--only", "int4-lsq-p", "--seeds", "1", "--epochs",
                                               "8", "--json", out]),
     "mx": lambda out: dq_table.main(["--only", "mxfp4", "--seeds", "1", "--epochs", "8",
@@ -160,6 +173,7 @@ COMMANDS = {
 }
 
 
+@needs_data
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_recipe_reproduces_its_example_command(name, tmp_path):

@@ -315,8 +315,8 @@ class BudgetBits(_BitsRecipe):
 
     name: ClassVar[str] = "budget-bits"
     command: ClassVar[str] = (
-        "python examples/bits_pareto.py --method budget --target-bits 2 --signed-grid midrise "
-        "--shared-step --select budget")
+        "python -m benchmarks.select_bits --candidates budget --datasets Cora,CiteSeer "
+        "--seeds 0,1")
 
     bits_lr: float = 0.05
     max_bits: int = 4

@@ -230,9 +230,7 @@ class QuantTraining:
         returns whether it is now :attr:`best`."""
         self._observed += 1
         constrained = self.select == "budget" and self._quantized
-        beats = any(val > (held.val if held is not None else 0.0)
-                    for held in self._best.values())
-        report = bit_report(self.model) if constrained and beats else None
+        report = bit_report(self.model) if constrained else None
         changed = False
         for within in (False, True):
             held = self._best[within]
