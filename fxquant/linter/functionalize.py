@@ -64,6 +64,7 @@ from fxquant.linter.state import (
     components,
     copy_model,
     held_tensors,
+    named_buffers,
     restored_state,
     snapshot,
 )
@@ -647,7 +648,7 @@ def _capture(model: nn.Module, example_inputs: tuple,
             if isinstance(value, Tensor) and not isinstance(value, nn.Parameter):
                 delattr(module, key)
                 module.register_buffer(key, value, persistent=False)
-    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    state = {**dict(model.named_parameters()), **dict(named_buffers(model))}
     names = list(state)
     layout: list[tuple[str, Any]] = []  # per input: ("tensor", None) / ("data", ...) / ("const", v)
     flat: list[Tensor] = []
@@ -846,7 +847,7 @@ def _plain_run(model: nn.Module, inputs: tuple, rng: Tensor
         before = _plain_attributes(model)
         with torch.no_grad():
             out = model(*clone_inputs(inputs))
-        buffers = {n: snapshot(b) for n, b in model.named_buffers()}
+        buffers = {n: snapshot(b) for n, b in named_buffers(model)}
         state = _changed(before, _plain_attributes(model))
     return tree_map_only(Tensor, lambda t: t.detach().clone(), out), buffers, state
 
@@ -930,11 +931,11 @@ def _carry_state(original: nn.Module, gm: GraphModule) -> None:
     persistence; constants the graph holds (a tensor the forward creates) are not saved:
     state dicts load both ways."""
     keys = set(original.state_dict())
-    for name, _ in list(gm.named_buffers()):
+    for name, _ in named_buffers(gm):
         if name not in keys:
             owner_name, _, attr = name.rpartition(".")
             gm.get_submodule(owner_name)._non_persistent_buffers_set.add(attr)
-    for name, value in [*original.named_parameters(), *original.named_buffers()]:
+    for name, value in [*original.named_parameters(), *named_buffers(original)]:
         owner_name, _, attr = name.rpartition(".")
         try:
             there = gm.get_submodule(owner_name)
@@ -984,7 +985,7 @@ def _verify(candidate: nn.Module, original: nn.Module, ref: _Reference, inputs: 
         flags = [t.requires_grad for t in got if isinstance(t, Tensor)]
         if ref.requires_grad is not None and flags != ref.requires_grad:
             return f"its outputs' requires_grad is {flags}, the original's {ref.requires_grad}"
-        buffers = dict(candidate.named_buffers())
+        buffers = dict(named_buffers(candidate))
         for name, value in ref.buffers.items():
             if name not in buffers:
                 return f"it has no buffer {name!r}"

@@ -64,7 +64,7 @@ from fxquant.linter.backward import custom_functions, gradient_hint, gradient_wr
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace, strip_comment
 from fxquant.linter.sites import ModuleSite, container_site
-from fxquant.linter.state import pop_saved_tensors_hooks_until
+from fxquant.linter.state import held_tensors, named_buffers, pop_saved_tensors_hooks_until
 
 __all__ = [
     "LADDER",
@@ -952,7 +952,8 @@ def model_tensors(model: nn.Module, inputs: Any) -> list[Tensor]:
         stores = getattr(obj, "stores", None)  # PyG Data / HeteroData
         if stores is not None:
             found += [v for s in stores for v in s.values() if isinstance(v, Tensor)]
-    return found + list(model.parameters()) + list(model.buffers())
+    buffers = [t for _, b in named_buffers(model) for t in held_tensors(b)]
+    return found + list(model.parameters()) + buffers
 
 
 def internal_failure(error: BaseException, what: str) -> Finding:

@@ -136,9 +136,22 @@ def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
                 module._parameters[name] = nn.Parameter(mode.from_tensor(p.detach(), static_shapes=True),
                                                         requires_grad=p.requires_grad)
         for name, b in list(module._buffers.items()):
-            if b is not None:
+            if isinstance(b, Tensor):
                 module._buffers[name] = mode.from_tensor(b, static_shapes=True)
+            elif b is not None:  # an object holding tensors (a SparseTensor): its copy's
+                _fake_attributes(b, mode, depth=3)
     return fake
+
+
+def _fake_attributes(obj: Any, mode: FakeTensorMode, depth: int) -> None:
+    """Replace the tensors ``obj`` (a copy) keeps in its attributes, ``depth`` levels down."""
+    if depth <= 0 or not hasattr(obj, "__dict__") or isinstance(obj, (nn.Module, type)):
+        return
+    for key, value in list(vars(obj).items()):
+        if isinstance(value, Tensor):
+            setattr(obj, key, mode.from_tensor(value, static_shapes=True))
+        elif value is not None:
+            _fake_attributes(value, mode, depth - 1)
 
 
 def from_shapes(inputs: tuple[Any, ...], mode: FakeTensorMode) -> tuple[Any, ...]:

@@ -38,7 +38,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 __all__ = ["clone_inputs", "components", "copy_model", "held_tensors", "mode_stacks_restored",
-           "restored_state", "snapshot"]
+           "named_buffers", "restored_state", "snapshot"]
 
 _MUTABLE = (dict, list, set)
 
@@ -263,6 +263,27 @@ def _same_bits(a: Tensor, b: Tensor) -> bool:
         return torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
                            b.contiguous().reshape(-1).view(torch.uint8))
     return torch.equal(a, b)
+
+
+def named_buffers(model: nn.Module) -> list[tuple[str, Any]]:
+    """``model.named_buffers()``, also for buffers torch cannot list: an object kept in
+    ``_buffers`` that is not a tensor (PyG's ``SparseTensor``, as its maintainer advises)
+    makes ``named_buffers`` fail on hashing it. Each buffer once, by identity.
+
+    Example:
+        >>> m = torch.nn.BatchNorm1d(2)
+        >>> [name for name, _ in named_buffers(m)]
+        ['running_mean', 'running_var', 'num_batches_tracked']
+    """
+    seen: set[int] = set()
+    found = []
+    for prefix, module in model.named_modules():
+        for name, value in module._buffers.items():
+            if value is None or id(value) in seen:
+                continue
+            seen.add(id(value))
+            found.append((f"{prefix}.{name}" if prefix else name, value))
+    return found
 
 
 def held_tensors(obj: Any) -> list[Tensor]:
