@@ -39,6 +39,11 @@ class NodeIds(nn.Module):
         super().__init__()
         self.ids: Tensor | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["ids"] = None  # the last forward's, not state: a copy does not carry them
+        return state
+
     def extra_repr(self) -> str:
         return "forward(..., node_ids=batch.n_id) names the global node of each row"
 

@@ -189,6 +189,17 @@ class QuantPoint(nn.Module):
         self.__dict__["raw_input"] = False  # rounds the model's own input (set by the pass)
         self._op, self._args = self._op_arguments()
 
+    #: what the last forward did (for the bit report and the penalty), not state: a copy
+    #: starts without it (the bit-widths hold the autograd graph of that forward, which
+    #: ``copy.deepcopy`` refuses to copy and pickling would carry along)
+    _TRANSIENT = ("last_row_bits", "last_rows")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        for key in self._TRANSIENT:
+            state[key] = None
+        return state
+
     def attach(self, context: NodeIds) -> None:
         """Read the global node ids of each forward's rows from ``context`` (see
         :mod:`fxquant.quant.nodes`); a reference, not a submodule."""
