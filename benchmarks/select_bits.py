@@ -2,6 +2,7 @@
 
     python -m benchmarks.select_bits --candidates hub,budget --seeds 0,1 --jobs 2
     python -m benchmarks.select_bits --report            # the table and the choice
+    python -m benchmarks.select_bits --merge A.json B.json --json OUT.json
 
 Every trial (a candidate recipe with its settings, a dataset and a seed) trains PyG's
 gcn.py GCN with ``examples/training.py``'s loop, the same loop ``bits_pareto.py`` uses, and
@@ -140,6 +141,46 @@ def report(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def merge(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``bits_pareto.py`` JSON from runs over consecutive seed ranges of one command
+    (``--first-seed``): each seed's runs depend on that seed alone, so the merge is what
+    the command over all the seeds writes; per-seed lists are joined in seed order and the
+    averages recomputed over the seeds."""
+    ordered = sorted(payloads, key=lambda p: p.get("first_seed", 0))
+    first = ordered[0]
+    fixed = ("dataset", "model", "epochs", "select", "signed_grid", "shared_step")
+    for p in ordered[1:]:
+        if any(p.get(k) != first.get(k) for k in fixed) or \
+                [r["target_bits"] for r in p["results"]] != \
+                [r["target_bits"] for r in first["results"]]:
+            raise ValueError("merge: these JSON files come from different commands")
+    start = first.get("first_seed", 0)
+    for p in ordered:
+        if p.get("first_seed", 0) != start:
+            raise ValueError(f"merge: seeds must follow on; expected first_seed {start}, got "
+                             f"{p.get('first_seed', 0)}")
+        start += len(p["fp32_accs"])
+    out = {k: v for k, v in first.items() if k not in ("results", "fp32_accs", "first_seed")}
+    out["fp32_accs"] = [a for p in ordered for a in p["fp32_accs"]]
+    if first.get("first_seed"):
+        out["first_seed"] = first["first_seed"]
+    out["merged_from"] = [{"first_seed": p.get("first_seed", 0), "seeds": len(p["fp32_accs"])}
+                          for p in ordered]
+    results = []
+    for i, row in enumerate(first["results"]):
+        rows = [p["results"][i] for p in ordered]
+        counts = [len(r["accs"]) for r in rows]
+        merged = dict(row)
+        for key in ("accs", "fp32_accs", "budget_met", "avg_bits_per_seed"):
+            if all(key in r for r in rows):
+                merged[key] = [v for r in rows for v in r[key]]
+        for key in ("avg_bits", "input_bits", "avg_bits_with_input"):
+            merged[key] = sum(r[key] * n for r, n in zip(rows, counts, strict=True)) / sum(counts)
+        results.append(merged)
+    out["results"] = results
+    return out
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--candidates", default=",".join(CANDIDATES))
@@ -149,7 +190,21 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--trials", default=str(TRIALS))
     p.add_argument("--report", action="store_true", help="no training: the table and choice")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="no training: join bits_pareto.py JSON files over consecutive seed "
+                        "ranges (--first-seed) into --json")
+    p.add_argument("--json", default=None, metavar="PATH", help="where --merge writes")
     args = p.parse_args(argv)
+    if args.merge:
+        if not args.json:
+            p.error("--merge writes to --json PATH; please give it")
+        payloads = []
+        for path in args.merge:
+            with open(path) as f:
+                payloads.append(json.load(f))
+        with open(args.json, "w") as f:
+            json.dump(merge(payloads), f, indent=1)
+        return args.json
     if args.report:
         text = report(load(args.trials))
         print(text)

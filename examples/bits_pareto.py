@@ -84,8 +84,8 @@ SHARED_BITS = ("none", "layer", "all")
 #: fixed per-node bit-widths start this many bits above their final widths (``--anneal``)
 ANNEAL_BITS = 2
 #: the flags ``--method recommended`` takes (it runs its recipe's chosen settings)
-RECOMMENDED_FLAGS = ("method", "target_bits", "seeds", "dataset", "epochs", "root", "json",
-                     "from_json", "plot")
+RECOMMENDED_FLAGS = ("method", "target_bits", "seeds", "first_seed", "dataset", "epochs",
+                     "root", "json", "from_json", "plot")
 
 
 @dataclass(frozen=True)
@@ -278,6 +278,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--method", choices=METHODS, default="learned")
     p.add_argument("--target-bits", type=_targets, default=[2.0])
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=0, metavar="S",
+                   help="run seeds S .. S + SEEDS - 1 (default 0); each seed's runs depend on "
+                        "that seed alone, so a run split over several commands gives the same "
+                        "numbers")
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--penalty", type=_non_negative, default=DEFAULTS.penalty,
@@ -333,6 +337,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.seeds < 1 or args.epochs < 1:
         p.error("--seeds and --epochs must be >= 1")
+    if args.first_seed < 0:
+        p.error("--first-seed must be >= 0")
     if (args.shared_bits != "none" or args.bits_lr != DEFAULTS.bits_lr) and args.method != "learned":
         p.error("--shared-bits and --bits-lr are for --method learned")
     if args.bits_lr <= 0:
@@ -357,7 +363,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     data, num_classes = training.load_data(args.dataset, args.root, "bits_pareto.py")
     fp32 = []
-    for seed in range(args.seeds):
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    for seed in seeds:
         torch.manual_seed(seed)
         model = training.make_model("gcn", data.num_features, num_classes)
         result = training.fit(model, data, args.epochs, progress=False)
@@ -366,7 +373,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     for target in args.target_bits:
         accs, reports, budget_met = [], [], []
-        for seed in range(args.seeds):
+        for seed in seeds:
             torch.manual_seed(seed)
             model = training.make_model("gcn", data.num_features, num_classes)
             quant = prepare(args.method, target, data, model, args)
@@ -386,7 +393,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "input_bits": statistics.mean(r.input_bits for r in reports),
             "avg_bits_with_input": statistics.mean(r.avg_bits_with_input for r in reports),
             "histogram": reports[0].histogram, "accs": accs, "fp32_accs": fp32,
-            "budget_met": budget_met,
+            "budget_met": budget_met, "avg_bits_per_seed": [r.avg_bits for r in reports],
         })
     payload = {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
                "epochs": args.epochs, "lsq_refit": args.lsq_refit,
@@ -397,6 +404,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                "anneal": args.anneal,
                "last_aggregate_bits": args.last_aggregate_bits,
                "torch": torch.__version__, "fp32_accs": fp32, "results": results}
+    if args.first_seed:
+        payload["first_seed"] = args.first_seed
     if args.method == "recommended":  # what ran is the recipe's, not the flags' defaults
         recipe = fxquant.recipes.get("recommended")
         settings = {f.name: getattr(recipe, f.name) for f in fields(recipe)  # type: ignore[arg-type]

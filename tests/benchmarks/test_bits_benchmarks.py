@@ -3,6 +3,7 @@ degree skew (tiny sizes; the numbers are the scripts' own)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from benchmarks import bench_heldout_bits, select_bits
@@ -59,3 +60,32 @@ def test_bench_heldout_bits_quick():
     """The held-out run trains FP32 and the recommended recipe on a generated graph."""
     body = bench_heldout_bits.main(["--quick", "--no-write"])
     assert "| 0.7 | 0.5 |" in body
+
+
+def test_merge_joins_consecutive_seed_ranges():
+    """Two runs of one bits_pareto command over seeds 0-1 and 2 give the three-seed JSON;
+    gaps or different commands are refused."""
+
+    def payload(first, accs, bits):
+        p = {"dataset": "Cora", "model": "gcn", "epochs": 200, "select": "budget",
+             "signed_grid": "midrise", "shared_step": True, "fp32_accs": [0.8] * len(accs),
+             "results": [{"method": "recommended", "target_bits": 2.0, "accs": accs,
+                          "fp32_accs": [0.8] * len(accs), "budget_met": [True] * len(accs),
+                          "avg_bits": bits, "input_bits": 1.0, "avg_bits_with_input": 1.5,
+                          "avg_bits_per_seed": [bits] * len(accs)}]}
+        if first:
+            p["first_seed"] = first
+        return p
+
+    merged = select_bits.merge([payload(2, [0.6], 1.9), payload(0, [0.7, 0.8], 1.6)])
+    (row,) = merged["results"]
+    assert row["accs"] == [0.7, 0.8, 0.6] and len(merged["fp32_accs"]) == 3
+    assert row["avg_bits"] == pytest.approx((2 * 1.6 + 1.9) / 3)
+    assert "first_seed" not in merged and merged["merged_from"][1] == {"first_seed": 2,
+                                                                       "seeds": 1}
+    with pytest.raises(ValueError, match="follow on"):
+        select_bits.merge([payload(0, [0.7], 1.6), payload(2, [0.6], 1.9)])
+    other = payload(1, [0.6], 1.9)
+    other["dataset"] = "CiteSeer"
+    with pytest.raises(ValueError, match="different commands"):
+        select_bits.merge([payload(0, [0.7], 1.6), other])

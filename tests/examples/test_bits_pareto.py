@@ -271,3 +271,18 @@ def test_recommended_runs_the_chosen_recipe_and_takes_no_other_flag(tmp_path, ca
         with pytest.raises(SystemExit):
             bits_pareto.parse_args(["--method", "recommended", *flag])
         assert flag[0] in capsys.readouterr().err
+
+
+def test_first_seed_runs_the_same_seeds_as_one_command(tmp_path):
+    """--first-seed S --seeds N gives seeds S.. exactly as a run from seed 0 gives them."""
+    both, last = tmp_path / "both.json", tmp_path / "last.json"
+    common = ["--method", "int", "--target-bits", "2", "--epochs", "2", "--dataset", "Cora"]
+    bits_pareto.main([*common, "--seeds", "2", "--json", str(both)])
+    bits_pareto.main([*common, "--seeds", "1", "--first-seed", "1", "--json", str(last)])
+    a, b = json.loads(both.read_text()), json.loads(last.read_text())
+    assert b["first_seed"] == 1 and "first_seed" not in a
+    assert b["fp32_accs"] == a["fp32_accs"][1:]
+    assert b["results"][0]["accs"] == a["results"][0]["accs"][1:]
+    assert b["results"][0]["avg_bits_per_seed"] == a["results"][0]["avg_bits_per_seed"][1:]
+    with pytest.raises(SystemExit):
+        bits_pareto.parse_args(["--first-seed", "-1"])
