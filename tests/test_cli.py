@@ -315,3 +315,16 @@ def test_without_inputs_the_output_says_first_that_the_check_was_partial(tmp_pat
     validate_sarif(log, expected_results=len(log["runs"][0]["results"]))
     assert main(["lint", f"{path}:Buggy", "--input", "x=4,3"]) == 1
     assert not capsys.readouterr().out.startswith("PARTIAL")
+
+
+def test_a_container_module_is_named_where_it_was_built_from_the_cli(capsys):
+    """The CLI loads the file by path (its classes are not in sys.modules): the Dropout a
+    Sequential runs is still named at its construction line."""
+    path = ROOT / "tests" / "linter" / "corpus" / "crash_23_feedforward_sequential_dropout_inplace.py"
+    culprit = next(i for i, line in enumerate(path.read_text().splitlines(), 1)
+                   if line.rstrip().endswith("# CULPRIT"))
+    assert main(["lint", f"{path}:make", "--format", "json"]) == 1
+    (error,) = [f for f in json.loads(capsys.readouterr().out)["findings"]
+                if f["severity"] == "error"]
+    assert (error["rule"], error["line"]) == ("FXQ001", culprit)
+    assert "inplace=False" in error["hint"]

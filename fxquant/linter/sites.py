@@ -167,11 +167,9 @@ def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
     for owner in _owners(name):
         holder = modules.get(owner)
         for cls in _user_classes(holder) if holder is not None else []:
-            source = _source(cls)
-            if source is None:
-                continue
-            call = call or source.call_of(kind)
-            switched = switched or source.switch
+            for source in _sources(cls):
+                call = call or source.call_of(kind)
+                switched = switched or source.switch
         if call is not None:
             break
     if call is not None:
@@ -244,13 +242,30 @@ def _inplace_argument(n: ast.Call, kind: type) -> int | str | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _source(cls: type) -> _Source | None:
-    """The parsed source of the user's class ``cls`` (None for library classes)."""
+def _sources(cls: type) -> tuple[_Source, ...]:
+    """The parsed source of the user's class ``cls`` (none for library classes): the class
+    as a whole, or, where Python cannot find it (a module loaded from a file path and
+    not registered, a notebook), each of its methods."""
     try:
-        path = inspect.getsourcefile(cls)
-        lines, start = inspect.getsourcelines(cls)
+        return tuple(s for s in [_parse(inspect.getsourcefile(cls),
+                                        *inspect.getsourcelines(cls))] if s is not None)
     except (OSError, TypeError):
-        return None
+        pass
+    found = []
+    for value in vars(cls).values():
+        function = getattr(value, "__func__", value)
+        if not inspect.isfunction(function):
+            continue
+        try:
+            parsed = _parse(inspect.getsourcefile(function), *inspect.getsourcelines(function))
+        except (OSError, TypeError):
+            continue
+        if parsed is not None:
+            found.append(parsed)
+    return tuple(found)
+
+
+def _parse(path: str | None, lines: list[str], start: int) -> _Source | None:
     if path is None or is_internal(path):
         return None
     text = textwrap.dedent("".join(lines))
