@@ -356,8 +356,8 @@ class BudgetBits(_BitsRecipe):
             order = degree.argsort(stable=True).argsort().float() / max(n - 1, 1)
         else:
             order = torch.rand(n, generator=torch.Generator().manual_seed(n))
-        bits = (start + 0.25 - 0.5 * order).clamp(lowest, self.max_bits)
-        widths = NodeBits(bits, learned=True, min_bits=lowest, max_bits=self.max_bits)
+        start_bits = (start + 0.25 - 0.5 * order).clamp(lowest, self.max_bits)
+        widths = NodeBits(start_bits, learned=True, min_bits=lowest, max_bits=self.max_bits)
         return QuantConfig(number, scale="tensor", range="lsq", node_bits=widths)
 
     def tie(self, gm: GraphModule) -> None:
