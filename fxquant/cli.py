@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxquant._version import __version__
 from fxquant.fx.tracer import TraceError
 from fxquant.linter import LintReport, check, lint
 
@@ -74,6 +75,7 @@ class _UsageError(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fxquant", description=_DESCRIPTION, epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fxquant {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     lint_cmd = sub.add_parser("lint", help="lint a model (imports and runs the file)",
                               description=_DESCRIPTION, epilog=_EPILOG,
@@ -81,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     lint_cmd.add_argument("target", metavar="TARGET", help="path/to/file.py:NAME")
     lint_cmd.add_argument("--input", action="append", default=[], metavar="NAME=SHAPE[:DTYPE]",
                           help="an example input for forward (repeat for several)")
-    lint_cmd.add_argument("--format", choices=["table", "json", "sarif"], default="table")
+    lint_cmd.add_argument("--format", choices=["table", "json", "sarif"], default="table",
+                          help="the report's form (default: table)")
     lint_cmd.add_argument("--output", metavar="FILE", default=None,
                           help="write the report to FILE instead of stdout")
     lint_cmd.add_argument("--check", action="store_true",
