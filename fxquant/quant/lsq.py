@@ -86,7 +86,7 @@ def _forward(x: Tensor, s: Tensor, lo: Tensor, hi: Tensor, out: Tensor, offset: 
 
 
 def _row_sums(t: Tensor) -> Tensor:
-    return t.reshape(t.shape[0], -1).sum(1)
+    return t.sum(tuple(range(1, t.dim()))) if t.dim() > 1 else t
 
 
 class _LsqRound(torch.autograd.Function):

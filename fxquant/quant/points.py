@@ -412,8 +412,8 @@ class QuantPoint(nn.Module):
                                    else self.row_bits_table).detach().mean())  # type: ignore[union-attr]
                 lo, hi = _code_range(min(max(mean_bits, rb.min_bits), rb.max_bits), number)
                 self._init_step(x, lo, hi, number.offset)
-            gain = 1.0 / math.sqrt(max(x.numel(), 1)
-                                   * float((qmax.detach() + number.offset).mean()))
+            levels = float((qmax.detach() + number.offset).mean()) if qmax.numel() else 1.0
+            gain = 1.0 / math.sqrt(max(x.numel(), 1) * levels)
             return lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
                              number.offset).to(x.dtype)
         if self.config.scale.per_row:
