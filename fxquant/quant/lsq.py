@@ -173,7 +173,7 @@ def lsq_round(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
     """
     for name, value in (("gain", gain), ("offset", offset)):
         if torch.compiler.is_compiling() or isinstance(value, (torch.SymInt, torch.SymFloat)):
-            break  # fxquant's own call (a size while compiling with dynamic shapes)
+            continue  # fxquant's own call (a size while compiling with dynamic shapes)
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value < 0:
             raise FxquantValueError(f"lsq_round: {name} must be a finite number >= 0, got "

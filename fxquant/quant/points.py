@@ -470,12 +470,13 @@ class QuantPoint(nn.Module):
         assert self.log_step is not None
         with torch.no_grad():
             v = x.detach().flatten().to(torch.float32)
-            if v.numel() > INIT_SAMPLE:
-                v = v[:: -(-v.numel() // INIT_SAMPLE)]
+            # a strided sample (stride 1: all of them); no branch on the size, which
+            # compiled code may only know from the data (messages after PyG's self-loops)
+            v = v[:: torch.sym_max(1, -(-v.numel() // INIT_SAMPLE))]
             finite = torch.isfinite(v)  # fitted from the finite values only
             v = torch.where(finite, v, 0.0)
-            amax = v.abs().amax() if v.numel() else v.new_zeros(())
-            found = finite.any().to(torch.float32) if v.numel() else v.new_zeros(())
+            amax = torch.cat([v.new_zeros(1), v.abs()]).amax()  # 0 for an empty batch
+            found = finite.any().to(torch.float32)
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 both = torch.stack([amax, found])
                 dist.all_reduce(both, op=dist.ReduceOp.MAX)

@@ -1,0 +1,81 @@
+"""torch.compile(fullgraph=True) of LSQ message points: the step is fitted inside the
+compiled graph under dynamic shapes, also where the number of messages is known only from
+the data (GCNConv's self-loops), and again after refit_steps when batch sizes change."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch_geometric.nn import GCNConv, SAGEConv
+
+import fxquant
+
+pytestmark = pytest.mark.slow  # every case compiles (tens of seconds)
+
+
+class Net(nn.Module):
+    def __init__(self, conv: type[nn.Module]):
+        super().__init__()
+        self.conv1, self.conv2 = conv(4, 8), conv(8, 3)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def _model(conv) -> torch.fx.GraphModule:
+    torch.manual_seed(0)
+    config = fxquant.QuantConfig("int4", scale="tensor", range="lsq")
+    mapping = fxquant.QuantMapping().set_global(config, site="message")
+    return fxquant.transform(Net(conv), mapping, lint="off")
+
+
+def _batches():
+    g = torch.Generator().manual_seed(0)
+    for n, e in ((10, 30), (14, 50), (23, 80)):
+        yield torch.randn(n, 4, generator=g) * n, torch.randint(0, n, (2, e), generator=g)
+
+
+def _steps(gm) -> list[torch.Tensor]:
+    return [m.step.detach() for m in gm.modules() if isinstance(m, fxquant.QuantPoint)]
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_steps_fit_in_a_compiled_forward_where_message_counts_are_data(dynamic):
+    """GCNConv adds self-loops, so compiled code knows the number of messages only from
+    the data: fitting the step there raised a data-dependent guard. Calibration forwards
+    (training mode, no gradient) after refit_steps, on batches of changing size, fit the
+    steps the eager model fits."""
+    gm = _model(GCNConv)
+    eager = copy.deepcopy(gm)
+    compiled = torch.compile(gm, fullgraph=True, dynamic=dynamic)
+    for x, edge_index in _batches():
+        fxquant.refit_steps(gm)
+        fxquant.refit_steps(eager)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, edge_index), eager(x, edge_index))
+        for got, want in zip(_steps(gm), _steps(eager), strict=True):
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("conv", [SAGEConv, GCNConv])
+def test_compiled_training_with_refit_and_changing_batch_sizes(conv):
+    """Training steps (forward and backward) of the compiled model with dynamic shapes,
+    refitting the steps on each batch, follow the eager model. (GCNConv: with torch's
+    common-subexpression pass off, which otherwise drops the size binding of its second
+    layer's self-loops from the backward graph: an inductor error in torch itself.)"""
+    gm = _model(conv)
+    eager = copy.deepcopy(gm)
+    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
+    with torch._functorch.config.patch(cse=conv is not GCNConv):
+        for x, edge_index in _batches():
+            for model, run in ((gm, compiled), (eager, eager)):
+                fxquant.refit_steps(model)
+                model.zero_grad()
+                run(x, edge_index).square().mean().backward()
+            for a, b in zip(gm.parameters(), eager.parameters(), strict=True):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+            for got, want in zip(_steps(gm), _steps(eager), strict=True):
+                torch.testing.assert_close(got, want)
