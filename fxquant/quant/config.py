@@ -176,6 +176,15 @@ def _parse_range(value: object) -> str:
 
 
 
+def _require(data: object, keys: tuple[str, ...], what: str) -> None:
+    """``data`` is a dict with ``keys``, or an error naming the first missing one."""
+    if not isinstance(data, dict):
+        raise FxquantTypeError(f"{what}.from_dict expects a dict, got {type(data).__name__}")
+    for key in keys:
+        if key not in data:
+            raise FxquantValueError(f"{what}.from_dict: no {key!r} entry in {data!r}")
+
+
 def _check_count(value: object, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise FxquantValueError(f"{what} must be an int >= 0, got {value!r}")
@@ -303,6 +312,8 @@ class NodeBits:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeBits:
+        """The table shape :meth:`to_dict` wrote (every width at ``min_bits``)."""
+        _require(data, ("num_nodes", "learned", "min_bits", "max_bits"), "NodeBits")
         return cls(torch.full((int(data["num_nodes"]),), float(data["min_bits"])),
                    bool(data["learned"]), int(data["min_bits"]), int(data["max_bits"]),
                    bool(data.get("stored", True)))
@@ -535,6 +546,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantConfig:
         """The config :meth:`to_dict` wrote."""
+        _require(data, ("format",), "QuantConfig")
         data = dict(data)
         if data.get("protect") is not None:
             data["protect"] = tuple(data["protect"])

@@ -101,29 +101,104 @@ def load(path: str | os.PathLike[str], model: nn.Module,
     if not isinstance(blob, dict) or blob.get("format") not in (FORMAT, FORMAT_SHARED):
         raise FxquantValueError(f"fxquant.load: {path} is not a file fxquant.save wrote "
                          f"(expected format {FORMAT!r} or {FORMAT_SHARED!r})")
-    points = json.loads(blob["points"])
-    trace = json.loads(blob["trace"])
-    state = blob["state_dict"]
+    file = _File(path)
+    points = file.json(blob, "points", list)
+    trace = file.json(blob, "trace", dict)
+    state = file.entry(blob, "state_dict", dict, "the file")
+    file.entry(trace, "concrete_args", (dict, type(None)), "its 'trace' entry")
+    for key in ("leaf_names", "leaf_classes"):
+        if not all(isinstance(v, str) for v in file.entry(trace, key, list, "its 'trace' entry")):
+            raise FxquantValueError(f"fxquant.load: {path}: {key!r} of its 'trace' entry must "
+                                    f"list names; {_EDITED}")
+    names = []
+    for i, p in enumerate(points):
+        where = f"point {i} of its 'points' entry"
+        file.entry(p, "name", str, where)
+        where = f"point {p['name']!r}"
+        for key in ("layer", "site"):
+            file.entry(p, key, str, where)
+        file.entry(p, "config", dict, where)
+        for key in ("override", "step_source", "bits_source"):  # optional (older files)
+            if p.get(key) is not None:
+                file.entry(p, key, str, where)
+        names.append(p["name"])
     mapping = QuantMapping()
     for p in points:
-        mapping.set_name(p["layer"], QuantConfig.from_dict(p["config"]), site=p["site"])
-        if p["override"] is not None:
-            mapping.set_nodes(p["layer"], state[f"{p['name']}.override_nodes"], p["override"],
-                              site=p["site"])
+        try:
+            config = QuantConfig.from_dict(p["config"])
+            mapping.set_name(p["layer"], config, site=p["site"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise FxquantValueError(f"fxquant.load: {path}: the config of point {p['name']!r} "
+                                    f"cannot be read ({type(e).__name__}: {e}); {_EDITED}") from e
+        if p.get("override") is not None:
+            nodes = file.entry(state, f"{p['name']}.override_nodes", torch.Tensor,
+                               "its 'state_dict' entry")
+            try:
+                mapping.set_nodes(p["layer"], nodes, p["override"], site=p["site"])
+            except (TypeError, ValueError) as e:
+                raise FxquantValueError(f"fxquant.load: {path}: the node override of point "
+                                        f"{p['name']!r} cannot be read ({e}); {_EDITED}") from e
     leaves = _leaf_specs(model, trace, leaf_modules)
     gm = transform(model, mapping, concrete_args=trace["concrete_args"], leaf_modules=leaves)
-    names = [name for name, _ in quantization_points(gm)]
-    if names != [p["name"] for p in points]:
+    traced = [name for name, _ in quantization_points(gm)]
+    if traced != names:
         raise FxquantValueError(f"fxquant.load: the model given traces to other quantization points "
-                         f"({names}) than the saved one ({[p['name'] for p in points]}); is it "
-                         "the same model class?")
+                         f"({traced}) than the saved one ({names}); is it the same model class?")
     for p in points:  # steps and bit-widths shared (absent from older files)
         if p.get("step_source") is not None:
             share_step(gm, p["name"], p["step_source"])
         if p.get("bits_source") is not None:
             share_bits(gm, p["name"], p["bits_source"])
-    gm.load_state_dict(state, strict=True)
+    expected = gm.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        raise FxquantValueError(
+            f"fxquant.load: the state in {path} does not fit the model"
+            + (f"; missing: {missing}" if missing else "")
+            + (f"; not in the model: {unexpected}" if unexpected else "") + f". {_EDITED}")
+    try:
+        gm.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise FxquantValueError(f"fxquant.load: the state in {path} does not fit the model "
+                                f"({e}); {_EDITED}") from e
     return gm
+
+
+_EDITED = ("the file was not written by this version of fxquant.save, or it was edited; "
+           "please save the model again with fxquant.save")
+
+
+class _File:
+    """Reads the entries of a file :func:`save` wrote; a missing or mistyped entry is an
+    error naming it (not a bare ``KeyError``)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+
+    def entry(self, container: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        if not isinstance(container, dict) or key not in container:
+            raise FxquantValueError(f"fxquant.load: {self.path}: {where} has no {key!r} entry; "
+                                    f"{_EDITED}")
+        value = container[key]
+        if not isinstance(value, kind):
+            raise FxquantValueError(f"fxquant.load: {self.path}: {key!r} of {where} is a "
+                                    f"{type(value).__name__}, not what fxquant.save writes; "
+                                    f"{_EDITED}")
+        return value
+
+    def json(self, blob: dict[str, Any], key: str, kind: type) -> Any:
+        text = self.entry(blob, key, str, "the file")
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise FxquantValueError(f"fxquant.load: {self.path}: its {key!r} entry is not JSON "
+                                    f"({e}); {_EDITED}") from e
+        if not isinstance(value, kind):
+            raise FxquantValueError(f"fxquant.load: {self.path}: its {key!r} entry is a "
+                                    f"{type(value).__name__}, not what fxquant.save writes; "
+                                    f"{_EDITED}")
+        return value
 
 
 def _leaf_specs(model: nn.Module, trace: dict[str, Any],
