@@ -96,7 +96,9 @@ def _same_bits(a: Tensor, b: Tensor) -> bool:
 
 
 def _layout(t: Tensor) -> tuple[Any, ...]:
-    if t.device.type == "meta" or t.layout != torch.strided:
+    if t.layout != torch.strided:  # sparse layouts have no strides (CSR/CSC) nor storage
+        return (tuple(t.shape), t.layout, t.dtype)
+    if t.device.type == "meta":
         return (tuple(t.shape), t.stride(), t.dtype)
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
             t.dtype)

@@ -127,7 +127,9 @@ def built_at(model: nn.Module, name: str) -> Location | None:
         >>> class Net(torch.nn.Sequential):
         ...     def __init__(self):
         ...         super().__init__(torch.nn.Linear(2, 2), torch.nn.ReLU(inplace=True))
-        >>> built_at(Net(), "1") is None  # a doctest's classes have no source file
+        >>> built_at(Net(), "1").line  # the line of ``super().__init__`` in Net's source
+        3
+        >>> built_at(Net(), "2") is None  # no such submodule
         True
     """
     modules = dict(model.named_modules())

@@ -200,8 +200,9 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
 
     Args:
         gm (torch.nn.Module): a model :func:`fxquant.transform` returned.
-        *example_inputs, **kwargs: its forward arguments (``node_ids=`` for a batch).
-            Without them, the counts of the last forward are reported.
+        *example_inputs: its forward's positional arguments. Without any arguments, the
+            counts of the last forward are reported.
+        **kwargs: its forward's keyword arguments (``node_ids=`` for a batch).
 
     Example:
         >>> import fxquant

@@ -214,7 +214,7 @@ class NodeBits:
 
     Bits are stored per **global node id** (``node_ids=`` of the transformed model in
     mini-batches). Nodes outside the table, and in eval learned nodes never seen in
-    training, take the bits of the seen node whose range (max |value| of its row) is
+    training, take the bits of the seen node whose range (``max |value|`` of its row) is
     nearest: A2Q's nearest-neighbour strategy for unseen nodes.
 
     Args:

@@ -40,14 +40,7 @@ def test_lint_check_and_shapes_find_the_bug_next_to_a_sparse_buffer(layout):
     assert model.adj is adj and _same(model.adj, values)
 
 
-_TRACE_CSR = pytest.mark.xfail(
-    reason="fxquant.trace reads the strides of every buffer (fxquant/fx/module_state.py), "
-           "which compressed sparse tensors do not have; make_fx cannot capture them either",
-    strict=False)
-
-
-@pytest.mark.parametrize("layout", [torch.sparse_coo, pytest.param(torch.sparse_csr, marks=_TRACE_CSR),
-                                    pytest.param(torch.sparse_csc, marks=_TRACE_CSR)], ids=str)
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr, torch.sparse_csc], ids=str)
 def test_functionalize_fixes_a_model_with_a_sparse_buffer(layout):
     model, x = SparseResidual(layout), torch.randn(4, 3)
     gm = fxquant.functionalize_inplace(model, x)
