@@ -24,7 +24,8 @@ from torch_geometric.data import Data
 
 import fxquant
 from benchmarks.common import machine, publish
-from examples.train_cora import GCN, train_one
+from examples import training
+from examples.training import GCN
 from fxquant.datasets import load_planetoid
 
 
@@ -112,9 +113,10 @@ def main(argv: list[str] | None = None) -> str:
         for kind in kinds:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                acc, t = train_one(build(kind, seed), data, epochs, f"{kind} seed {seed}", device)
-            per_seed[kind].append(statistics.median(t))
-            accs[kind].append(acc)
+                result = training.fit(build(kind, seed), data, epochs,
+                                      desc=f"{kind} seed {seed}", device=device)
+            per_seed[kind].append(statistics.median(result.epoch_ms))
+            accs[kind].append(result.test)
     epoch_ms = {k: statistics.median(v) for k, v in per_seed.items()}
     accuracy = {k: 100 * statistics.mean(v) for k, v in accs.items()}
 

@@ -445,19 +445,5 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
     return configs
 
 
-# Names other scripts imported from this module before the shared training module existed.
-GCN, _param_groups, _t95 = training.GCN, training.param_groups, training.t95
-
-
-def train_one(model: torch.nn.Module, data: Data, epochs: int, desc: str, device: torch.device,
-              lsq_refit: int = 0) -> tuple[float, list[float]]:
-    """The test accuracy at the best validation epoch and the epoch times
-    (:func:`training.fit`)."""
-    run = fxquant.recipes.QuantTraining(model, refit_epochs=lsq_refit) \
-        if isinstance(model, torch.fx.GraphModule) else None
-    result = training.fit(model, data, epochs, run=run, desc=desc, device=device)
-    return result.test, result.epoch_ms
-
-
 if __name__ == "__main__":
     main()

@@ -107,6 +107,24 @@ def _code_range(bits: Any, number: IntFormat) -> tuple[Any, Any]:
     return qmin, qmax
 
 
+def _row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
+    """``max |value|`` of each row of ``x`` (each value of a 1-d ``x``); with
+    ``finite_only``, of its finite values (``-inf`` for a row with none)."""
+    if x.dim() <= 1 or x.numel() == 0 or x.shape[1:].numel() == 0:
+        magnitude = x.abs()
+        if finite_only:
+            magnitude = magnitude.nan_to_num_(nan=-math.inf, posinf=-math.inf)
+        return magnitude.flatten(1).amax(1) if x.dim() > 1 else magnitude
+    flat = x.flatten(1)  # no |x| temporary (torch.aminmax is slower on CPU)
+    rows = torch.maximum(flat.amax(1), flat.amin(1).neg_())
+    if finite_only and not torch.compiler.is_compiling() and bool(torch.isfinite(rows).all()):
+        return rows
+    if finite_only:  # rows with a NaN or an infinity: their finite values only
+        magnitude = x.abs().nan_to_num_(nan=-math.inf, posinf=-math.inf)
+        return magnitude.flatten(1).amax(1)
+    return rows
+
+
 def _spec(number: Number | None) -> str:
     return "" if number is None else number.spec()
 
@@ -336,10 +354,7 @@ class QuantPoint(nn.Module):
         assert rb is not None
         nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
         fits = self.seen_range is not None and self.training
-        magnitude = x.detach().abs()
-        if fits:  # the recorded ranges are fitted from finite values only (-inf: none)
-            magnitude = magnitude.nan_to_num_(nan=-math.inf, posinf=-math.inf)
-        rows_range = magnitude.flatten(1).amax(1) if x.dim() > 1 else magnitude
+        rows_range = _row_magnitudes(x.detach(), finite_only=fits)
         if row_nodes is not None:  # per node: the max over its rows (its messages)
             empty = -math.inf if fits else 0.0  # a node without (finite) messages: unseen
             node_range = torch.full((num_nodes,), empty, dtype=rows_range.dtype,
@@ -365,8 +380,8 @@ class QuantPoint(nn.Module):
             else:
                 known = known & torch.isfinite(lookup(self.seen_range, nodes))
         bits = lookup(table, nodes)
-        nearest = self._nearest_seen(node_range, table)
-        bits = torch.where(known, bits, nearest)
+        if torch.compiler.is_compiling() or not bool(known.all()):
+            bits = torch.where(known, bits, self._nearest_seen(node_range, table))
         if self.row_bits is not None:
             bits = _ClampInward.apply(bits, rb.min_bits, rb.max_bits)
             bits = bits + (bits.round() - bits).detach()  # straight-through rounding

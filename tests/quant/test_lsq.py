@@ -16,25 +16,31 @@ def chain(x, s, qmin, qmax, gain):
 
 
 @pytest.mark.parametrize("chunk", [None, 50])
-@pytest.mark.parametrize("shape", [(64, 12), (40, 3, 5)])
+@pytest.mark.parametrize("shape", [(64, 12), (40, 3, 5), (300,)])
 @pytest.mark.parametrize("per_row", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_values_and_gradients_equal_the_chain(per_row, dtype, shape, chunk, monkeypatch):
+@pytest.mark.parametrize("data", ["activations", "features"])
+def test_values_and_gradients_equal_the_chain(per_row, dtype, shape, chunk, data, monkeypatch):
     """Scalar or per-row ranges (learned bit-widths) and steps, in one chunk of rows or
-    many (made small here)."""
+    many (made small here); activations that need a gradient, or mostly-zero features
+    that do not (rounded over their non-zero entries when large enough)."""
     from fxquant.quant import lsq
 
     if chunk is not None:
         monkeypatch.setattr(lsq, "CHUNK", chunk)
     torch.manual_seed(0)
     x = torch.randn(*shape, dtype=dtype) * 3
+    features = data == "features"
+    if features:
+        x = x * (torch.rand(*shape) < 0.1)
+        x.view(-1)[:3] = torch.tensor([-0.0, 0.0, 7.0])
     rows = (shape[0],) + (1,) * (len(shape) - 1)
     bits = torch.randint(2, 6, rows).to(dtype) if per_row else torch.tensor(3.0, dtype=dtype)
     step = 0.2 + torch.rand(rows, dtype=dtype) if per_row else torch.tensor(0.4, dtype=dtype)
     grad = torch.randn(*shape, dtype=dtype)
     results = []
     for fn in (lsq_round, chain):
-        xi = x.clone().requires_grad_()
+        xi = x.clone().requires_grad_(not features)
         s = step.clone().requires_grad_()
         b = bits.clone().requires_grad_()
         qmax = 2 ** (b - 1) - 1
@@ -43,8 +49,39 @@ def test_values_and_gradients_equal_the_chain(per_row, dtype, shape, chunk, monk
         results.append((y.detach(), xi.grad, s.grad, b.grad))
     for got, want in zip(results[0], results[1], strict=True):
         torch.testing.assert_close(got, want)
-    assert (results[0][1] == 0).any() and (results[0][1] != 0).any()  # both sides of the range
+    if not features:
+        assert (results[0][1] == 0).any() and (results[0][1] != 0).any()  # both sides
     assert results[0][3].abs().sum() > 0
+
+
+def test_features_are_rounded_over_their_non_zero_entries(monkeypatch):
+    """A large mostly-zero input without a gradient takes the non-zero entries' path, its
+    entries are found once while it is the same tensor, and found again after an
+    in-place change."""
+    from fxquant.quant import lsq
+
+    calls = []
+    real = lsq._sparse_backward
+    monkeypatch.setattr(lsq, "_sparse_backward", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(600, 200) * (torch.rand(600, 200) < 0.02)
+    s = torch.tensor(0.1, requires_grad=True)
+    for _ in range(2):
+        lsq_round(x, s, -7, 7).sum().backward()
+    assert len(calls) == 2
+    flat = lsq._Entries.entries[0]
+    x[0, 0] = 1.0  # in place: its entries are found again
+    lsq_round(x, s, -7, 7)
+    assert lsq._Entries.entries[0].numel() == flat.numel() + (flat[0] != 0)
+    monkeypatch.setattr(lsq, "SPARSE_DENSITY", -1.0)
+    lsq._Entries.ref = None
+    x[1, :3] = torch.tensor([-0.0, float("nan"), float("inf")])
+    want = lsq_round(x, s, -7, 7)
+    monkeypatch.setattr(lsq, "SPARSE_DENSITY", 0.125)
+    got = lsq_round(x, s, -7, 7)  # the same bits, signed zeros and NaN included
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    dense = torch.randn(600, 200)  # too dense: the chunked path
+    lsq_round(dense, s, -7, 7).sum().backward()
+    assert len(calls) == 2
 
 
 def test_only_x_needs_grad_and_meta():
