@@ -1,7 +1,7 @@
 """Everything quantized (inputs, weights, messages, aggregation, outputs): the Degree-Quant
 table on unmodified PyG models, next to FP8 and the OCP MX FP4 formats.
 
-Rows: FP32 | INT8 | INT8 + protection | INT4 | INT4 + protection | INT4 LSQ + protection |
+Rows: FP32 | INT8 | INT8 + protection | INT8 asymmetric with a percentile range | INT4 | INT4 + protection | INT4 LSQ + protection |
 INT4 with a per-row scale | E4M3 | MXFP4 (E2M1, block-32 E8M0 scale) | E2M1 with a per-row
 scale. Integer rows use a per-tensor scale from the current batch's min/max (LSQ: a learned
 step) as Degree-Quant does, except "per-row" (one float32 scale per row: per node, per edge
@@ -50,6 +50,8 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
         "int8": Config("INT8", "int8", scale="tensor", sites=every),
         "int8-p": Config("INT8 + protection", "int8", scale="tensor", sites=every,
                          protect=protect),
+        "int8-pct": Config("INT8 asymmetric, percentile 99.9", "int8:asym", scale="tensor",
+                           range="percentile:99.9", sites=every),
         "int4": Config("INT4", "int4", scale="tensor", sites=every),
         "int4-p": Config("INT4 + protection", "int4", scale="tensor", sites=every,
                          protect=protect),
