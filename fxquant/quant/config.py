@@ -546,13 +546,14 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantConfig:
         """The config :meth:`to_dict` wrote."""
-        _require(data, ("format",), "QuantConfig")
+        _require(data, (), "QuantConfig")
         data = dict(data)
         if data.get("protect") is not None:
             data["protect"] = tuple(data["protect"])
         for old, new in _OLD_FIELDS.items():  # files written before the renames
             if old in data:
                 data[new] = data.pop(old)
+        _require(data, ("format",), "QuantConfig")
         if data.get("node_bits") is not None:
             data["node_bits"] = NodeBits.from_dict(data["node_bits"])
         return cls(data.pop("format"), data.pop("rounding", None), **data)
