@@ -1,11 +1,12 @@
 """Everything quantized (inputs, weights, messages, aggregation, outputs): the Degree-Quant
 table on unmodified PyG models, next to FP8 and the OCP MX FP4 formats.
 
-Rows: FP32 | INT8 | INT8 + protection | INT8 asymmetric with a percentile range | INT4 | INT4 + protection | INT4 LSQ + protection |
-INT4 with a per-row scale | E4M3 | MXFP4 (E2M1, block-32 E8M0 scale) | E2M1 with a per-row
-scale. Integer rows use a per-tensor scale from the current batch's min/max (LSQ: a learned
-step) as Degree-Quant does, except "per-row" (one float32 scale per row: per node, per edge
-for messages, per output channel for weights); protection is Degree-Quant's
+Rows: FP32 | INT8 | INT8 + protection | INT8 asymmetric with a percentile range | INT4 |
+INT4 + protection | INT4 LSQ + protection | INT4 with a per-row scale | E4M3 | MXFP4 (E2M1,
+block-32 E8M0 scale) | E2M1 with a per-row scale. Integer rows use a per-tensor scale from
+the current batch's min/max (LSQ: a learned step; ``int8-pct``: the 0.1th-99.9th percentile)
+as Degree-Quant does, except "per-row" (one float32 scale per row: per node, per edge for
+messages, per output channel for weights); protection is Degree-Quant's
 (``--protect``). Seeds are paired: every row of one seed starts from the
 same initial weights, and the table reports each row's mean difference to FP32 with its
 95% interval.
