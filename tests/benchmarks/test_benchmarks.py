@@ -36,6 +36,7 @@ def test_bench_train_quick():
     assert "opaque fxquant.truncate call left in the generated code: no" in body
 
 
+@pytest.mark.slow
 def test_bench_quantize_quick():
     """Every format has a row, and the memory table runs its subprocess cases."""
     from benchmarks import bench_quantize

@@ -49,6 +49,7 @@ def _states(folder: Path, ranks: int) -> list[dict[str, torch.Tensor]]:
     return [torch.load(folder / f"rank{r}.pt") for r in range(ranks)]
 
 
+@pytest.mark.slow
 def test_two_ranks_agree_with_each_other_and_with_one_process(tmp_path):
     _run([*COMMON, "--dump-state", str(tmp_path / "ddp"), "--checkpoint", str(tmp_path / "gm.pt"),
           "--json", str(tmp_path / "ddp.json")], ranks=2)
@@ -69,6 +70,7 @@ def test_two_ranks_agree_with_each_other_and_with_one_process(tmp_path):
         torch.testing.assert_close(value, rank0[key])
 
 
+@pytest.mark.slow
 def test_stochastic_rounding_is_reproducible_from_one_seed(tmp_path):
     args = [*COMMON, "--format", "e4m3", "--rounding", "stochastic", "--epochs", "1"]
     _run([*args, "--dump-state", str(tmp_path / "a")], ranks=2)

@@ -60,6 +60,7 @@ def test_steps_fit_in_a_compiled_forward_where_message_counts_are_data(dynamic):
             torch.testing.assert_close(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv", [SAGEConv, GCNConv])
 def test_compiled_training_with_refit_and_changing_batch_sizes(conv):
     """Training steps (forward and backward) of the compiled model with dynamic shapes,

@@ -132,6 +132,7 @@ def learned_gcn():
     return fxquant.transform(TwoLayers(), mapping)
 
 
+@pytest.mark.slow
 def test_learned_bits_save_load_and_compile(tmp_path):
     gm = learned_gcn()
     x, edge_index = torch.randn(30, 3), torch.randint(0, 30, (2, 90))

@@ -64,6 +64,7 @@ def test_fixed_tables_share_too():
         {2: 2, 4: 2, 8: 1}
 
 
+@pytest.mark.slow
 def test_shared_bits_survive_save_load_and_compile(tmp_path):
     x, edge_index = _graph()
     torch.manual_seed(0)
