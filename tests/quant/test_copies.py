@@ -12,11 +12,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
-from torch_geometric.nn import GCNConv
 
 import fxquant
 from fxquant.quant.config import NodeBits, QuantConfig
+from tests.quant import TwoGCN
 
 N = 12
 HUBS = torch.tensor([0, 5])
@@ -25,13 +24,7 @@ FEATURES = ("learned_bits", "shared_bits", "lsq", "shared_step", "override", "ru
 ROUTES = ("deepcopy", "pickle", "torch.save", "state_dict", "fxquant.save")
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
-
-    def forward(self, x, edge_index):
-        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+Net = TwoGCN
 
 
 def _learned() -> QuantConfig:

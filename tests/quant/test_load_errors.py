@@ -9,21 +9,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
-from torch_geometric.nn import GCNConv
 
 import fxquant
 from fxquant.errors import FxquantError
 from fxquant.quant.config import NodeBits, QuantConfig
+from tests.quant import TwoGCN
 
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
-
-    def forward(self, x, edge_index):
-        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+Net = TwoGCN
 
 
 @pytest.fixture(scope="module")

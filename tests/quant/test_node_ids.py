@@ -12,10 +12,10 @@ import torch
 from torch import nn
 from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader, NeighborLoader, RandomNodeLoader
-from torch_geometric.nn import GCNConv
 from torch_geometric.utils import subgraph
 
 import fxquant
+from tests.quant import TwoGCN
 
 N = 60
 HUBS = torch.tensor([3, 7, 20, 41])
@@ -33,13 +33,7 @@ class RowWise(nn.Module):
         return self.out(self.lin(x).relu())
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
-
-    def forward(self, x, edge_index):
-        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+Net = TwoGCN
 
 
 def graph(seed=0):
