@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -130,36 +130,22 @@ class _LsqRound(torch.autograd.Function):
         want_s, want_lo, want_hi = s.requires_grad, qmin.requires_grad, qmax.requires_grad
         # per chunk of rows, in place on small buffers: per-row sums for s, and for per-row
         # ranges of the gradient outside the range and above it
-        parts_s: list[Tensor] = []
-        parts_hi: list[Tensor] = []
-        parts_out: list[Tensor] = []
+        parts: list[tuple[Tensor | None, Tensor | None, Tensor | None]] = []
         for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
-            x_c, g_c = xc[sl], gc[sl]
-            u = x_c / s_c
+            g_c = gc[sl]
+            u = xc[sl] / s_c
             if ctx.offset:
                 u.sub_(ctx.offset)
             c = torch.clamp(u, lo_c, hi_c)
             outside = c != u
             if grad_rows is not None:
                 grad_rows[sl].copy_(g_c).masked_fill_(outside, 0)
-            if want_lo or want_hi:  # outside the range, above it where u > 0 (NaN: neither)
-                g_out = g_c.masked_fill(~outside | (c != c), 0)
-                parts_out.append(_row_sums(g_out))
-                parts_hi.append(_row_sums(g_out.masked_fill_(u <= 0, 0)))
-            if want_s:  # d = round(u) - u inside, the bound's level outside, 0 for NaN
-                parts_s.append(_row_sums(c.round_().nan_to_num_(nan=-ctx.offset).sub_(
-                    u.masked_fill_(outside, -ctx.offset)).mul_(g_c)))
+            parts.append(_sums(u, c, outside, g_c, ctx.offset, want_s, want_lo or want_hi,
+                               _row_sums))
         per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
-        grad_s = grad_lo = grad_hi = None
-        if want_s:
-            grad_s = _reduce(torch.cat(parts_s).view(per_row), s, ctx.gain)
-        if want_lo or want_hi:
-            out = torch.cat(parts_out).view(per_row)
-            above = torch.cat(parts_hi).view(per_row)
-            if want_hi:
-                grad_hi = _reduce_times(above, qmax, _rows_of(sx, above))
-            if want_lo:
-                grad_lo = _reduce_times(out - above, qmin, _rows_of(sx, above))
+        sums = [None if p[0] is None else torch.cat(p).view(per_row)  # (one chunk at least)
+                for p in zip(*parts, strict=True)]
+        grad_s, grad_lo, grad_hi = _step_and_range_grads(ctx, s, qmin, qmax, sx, *sums)
         return grad_x, grad_s, grad_lo, grad_hi, None, None
 
 
@@ -179,18 +165,41 @@ def _sparse_backward(ctx: Any, x: Tensor, grad: Tensor, s: Tensor, qmin: Tensor,
     def row_sums(values: Tensor) -> Tensor:
         return values.new_zeros(rows).index_add_(0, row, values).view(per_row)
 
-    grad_s = grad_lo = grad_hi = None
-    if qmin.requires_grad or qmax.requires_grad:  # outside the range; above it where u > 0
+    sums = _sums(u, c, outside, g, 0.0, s.requires_grad,
+                 qmin.requires_grad or qmax.requires_grad, row_sums)
+    return _step_and_range_grads(ctx, s, qmin, qmax, sx, *sums)
+
+
+def _sums(u: Tensor, c: Tensor, outside: Tensor, g: Tensor, offset: float, want_s: bool,
+          want_range: bool, row_sums: Callable[[Tensor], Tensor]
+          ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Per-row sums of the gradient's parts (``u``, ``c`` are overwritten): for ``s``,
+    ``grad * d`` with ``d = round(u) - u`` inside, the bound's level outside, 0 for NaN;
+    for the range, the gradient outside the range and the part of it above (``u > 0``;
+    NaN: neither)."""
+    out = above = d = None
+    if want_range:
         g_out = g.masked_fill(~outside | (c != c), 0)
         out = row_sums(g_out)
         above = row_sums(g_out.masked_fill_(u <= 0, 0))
+    if want_s:
+        d = row_sums(c.round_().nan_to_num_(nan=-offset).sub_(
+            u.masked_fill_(outside, -offset)).mul_(g))
+    return d, out, above
+
+
+def _step_and_range_grads(ctx: Any, s: Tensor, qmin: Tensor, qmax: Tensor, sx: Tensor,
+                          d: Tensor | None, out: Tensor | None, above: Tensor | None
+                          ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients of ``s``, ``qmin`` and ``qmax`` from :func:`_sums`' per-row sums."""
+    grad_s = grad_lo = grad_hi = None
+    if d is not None:
+        grad_s = _reduce(d, s, ctx.gain)
+    if out is not None and above is not None:
         if qmax.requires_grad:
             grad_hi = _reduce_times(above, qmax, _rows_of(sx, above))
         if qmin.requires_grad:
             grad_lo = _reduce_times(out - above, qmin, _rows_of(sx, above))
-    if s.requires_grad:  # d = round(u) - u inside, the bound outside, 0 for NaN
-        d = c.round_().nan_to_num_(nan=0.0).sub_(u.masked_fill_(outside, 0.0))
-        grad_s = _reduce(row_sums(d.mul_(g)), s, ctx.gain)
     return grad_s, grad_lo, grad_hi
 
 

@@ -110,19 +110,16 @@ def _code_range(bits: Any, number: IntFormat) -> tuple[Any, Any]:
 def _row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
     """``max |value|`` of each row of ``x`` (each value of a 1-d ``x``); with
     ``finite_only``, of its finite values (``-inf`` for a row with none)."""
-    if x.dim() <= 1 or x.numel() == 0 or x.shape[1:].numel() == 0:
-        magnitude = x.abs()
-        if finite_only:
-            magnitude = magnitude.nan_to_num_(nan=-math.inf, posinf=-math.inf)
-        return magnitude.flatten(1).amax(1) if x.dim() > 1 else magnitude
-    flat = x.flatten(1)  # no |x| temporary (torch.aminmax is slower on CPU)
-    rows = torch.maximum(flat.amax(1), flat.amin(1).neg_())
-    if finite_only and not torch.compiler.is_compiling() and bool(torch.isfinite(rows).all()):
-        return rows
-    if finite_only:  # rows with a NaN or an infinity: their finite values only
-        magnitude = x.abs().nan_to_num_(nan=-math.inf, posinf=-math.inf)
-        return magnitude.flatten(1).amax(1)
-    return rows
+    if x.dim() > 1 and x.numel() and x.shape[1:].numel():
+        flat = x.flatten(1)  # no |x| temporary (torch.aminmax is slower on CPU)
+        rows = torch.maximum(flat.amax(1), flat.amin(1).neg_())
+        if not finite_only or (not torch.compiler.is_compiling()
+                               and bool(torch.isfinite(rows).all())):
+            return rows
+    magnitude = x.abs()  # (with a NaN or an infinity: the finite values only)
+    if finite_only:
+        magnitude = magnitude.nan_to_num_(nan=-math.inf, posinf=-math.inf)
+    return magnitude.flatten(1).amax(1) if x.dim() > 1 else magnitude
 
 
 def _spec(number: Number | None) -> str:
