@@ -34,6 +34,11 @@ Rows (``--rows``; protection ``(0, 0.2)`` on both sides):
   weighs the running value: 0.99 is the same 1% new), the running range in eval.
 - ``int4-p1``: the reference's own INT4 setting (1st to 99th percentile); fxquant
   ``percentile:99``.
+- ``int8-dq``, ``int4-dq``: the reference's GC-PER (0.1th-99.9th percentile) against
+  fxquant's faithful recipe, :class:`fxquant.recipes.DegreeQuant`: the same seven
+  tensors, one mask per layer shared by its sites, messages and coefficients following
+  their source, ranges over unprotected rows that only widen and are kept for
+  evaluation, the clipped gradient.
 
 Epoch time (``--time-rows``): one training step (forward, backward, Adam) on one thread,
 for the reference eager and compiled (``torch.compile``, default mode: its layers break
@@ -153,10 +158,12 @@ class Row:
     title: str
     reference: RefQuant
     fxquant: dict[str, Any] | None  # QuantConfig keyword arguments; None: FP32
+    #: fxquant's side is ``fxquant.recipes.DegreeQuant(**recipe, protect=...)`` instead
+    recipe: dict[str, Any] | None = None
 
     def mapping(self, protect: tuple[float, float]) -> QuantMapping | None:
         """fxquant's every-site mapping (protection on every site but the weights)."""
-        if self.fxquant is None:
+        if self.fxquant is None or self.recipe is not None:
             return None
         mapping = QuantMapping()
         for site in SITES:
@@ -172,6 +179,9 @@ class Row:
         pct = f"percentile {100 * ref.percentile:g}-{100 - 100 * ref.percentile:g}" \
             if ref.percentile is not None else "min/max" + (", momentum 0.01" if ref.momentum
                                                            else " (running)")
+        if self.recipe is not None:
+            return (f"INT{ref.bits} {ref.mode()} ({pct})",
+                    f"fxquant.recipes.DegreeQuant({self.recipe})")
         assert self.fxquant is not None
         fx = fxquant.QuantConfig(**self.fxquant).describe()
         return f"INT{ref.bits} {ref.mode()} ({pct})", fx
@@ -193,6 +203,10 @@ ROWS: dict[str, Row] = {r.key: r for r in [
         _fx("int4:asym", momentum=0.99)),
     Row("int4-p1", "INT4, percentile 1-99", RefQuant(4, 0.01),
         _fx("int4:asym", range="percentile:99")),
+    Row("int8-dq", "INT8 GC-PER, fxquant's faithful recipe", RefQuant(8, 0.001),
+        _fx("int8:asym"), recipe={"bits": 8, "percentile": 99.9}),
+    Row("int4-dq", "INT4 GC-PER, fxquant's faithful recipe", RefQuant(4, 0.001),
+        _fx("int4:asym"), recipe={"bits": 4, "percentile": 99.9}),
 ]}
 DEFAULT_ROWS = ("fp32", "int8", "int4")
 
@@ -256,7 +270,12 @@ class Sides:
         copy_gcn_weights(gcn, reference)
         mapping = row.mapping(self.protect)
         model: nn.Module = gcn
-        if mapping is not None:
+        if row.recipe is not None:
+            recipe = fxquant.recipes.DegreeQuant(**row.recipe, protect=self.protect)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = recipe.prepare(gcn, self.data, lint="off").model
+        elif mapping is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = fxquant.transform(gcn, mapping, lint="off")

@@ -2,12 +2,13 @@
 table on unmodified PyG models, next to FP8 and the OCP MX FP4 formats.
 
 Rows: FP32 | INT8 | INT8 + protection | INT8 asymmetric with a percentile range | INT4 |
-INT4 + protection | INT4 LSQ + protection | INT4 with a per-row scale | E4M3 | MXFP4 (E2M1,
-block-32 E8M0 scale) | E2M1 with a per-row scale. Integer rows use a per-tensor scale from
-the current batch's min/max (LSQ: a learned step; ``int8-pct``: the 0.1th-99.9th percentile)
-as Degree-Quant does, except "per-row" (one float32 scale per row: per node, per edge for
-messages, per output channel for weights); protection is Degree-Quant's
-(``--protect``). Seeds are paired: every row of one seed starts from the
+INT4 + protection | INT4 LSQ + protection | INT8 and INT4 Degree-Quant as its reference code
+runs it (``int8-dq``, ``int4-dq``: ``fxquant.recipes.DegreeQuant``) | INT4 with a per-row
+scale | E4M3 | MXFP4 (E2M1, block-32 E8M0 scale) | E2M1 with a per-row scale. Integer
+rows use a per-tensor scale from the current batch's min/max (LSQ: a learned step;
+``int8-pct``: the 0.1th-99.9th percentile) as Degree-Quant does, except "per-row" (one
+float32 scale per row: per node, per edge for messages, per output channel for weights);
+protection is Degree-Quant's (``--protect``). Seeds are paired: every row of one seed starts from the
 same initial weights, and the table reports each row's mean difference to FP32 with its
 95% interval.
 
@@ -61,11 +62,21 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
         "int4-pct-p": Config("INT4 percentile 99.9 + protection", "int4", scale="tensor",
                              range="percentile:99.9", momentum=0.01, sites=every,
                              protect=protect),
+        "int8-dq": _degree_quant(8, protect),
+        "int4-dq": _degree_quant(4, protect),
         "int4-row": Config("INT4, per-row scale", "int4", scale="row", sites=every),
         "e4m3": Config("E4M3", "e4m3", scale="tensor", sites=every),
         "mxfp4": Config("MXFP4 (E2M1, block-32)", "e2m1", scale="block32", sites=every),
         "e2m1-row": Config("E2M1, per-row scale", "e2m1", scale="row", sites=every),
     }
+
+
+def _degree_quant(bits: int, protect: tuple[float, float]) -> Config:
+    """Degree-Quant as its reference code runs it (``fxquant.recipes.DegreeQuant``)."""
+    return Config(f"INT{bits} Degree-Quant (GC-PER)", f"int{bits}:asym", scale="tensor",
+                  range="percentile:99.9", grad="clipped",
+                  sites=["input", "weight", "linear", "edge", "message", "aggregate", "output"],
+                  protect=protect, recipe=("degree-quant", {"bits": bits, "protect": protect}))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

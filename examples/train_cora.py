@@ -66,6 +66,8 @@ class Config:
     sites: list[str] = field(default_factory=lambda: ["output"])
     range: str = "minmax"
     protect: tuple[float, float] | None = None
+    #: a named recipe (``fxquant.recipes.get(name, **settings)``) instead of the fields
+    recipe: tuple[str, dict] | None = None
     accs: list[float] = field(default_factory=list)
     epoch_ms: list[float] = field(default_factory=list)
 
@@ -136,6 +138,9 @@ def build(cfg: Config, data, num_classes: int, seed: int, model_kind: str = "gcn
     model = training.make_model(model_kind, data.num_features, num_classes)
     if cfg.number is None:
         return model
+    if cfg.recipe is not None:
+        name, settings = cfg.recipe
+        return fxquant.recipes.get(name, **settings).prepare(model, data).model
     return fxquant.transform(model, mapping_for(cfg, data))
 
 

@@ -12,7 +12,7 @@ Example:
     >>> Grad.parse("identity")
     Traceback (most recent call last):
     ...
-    fxquant.errors.FxquantValueError: grad='identity' is not one of ['ste', 'zero']
+    fxquant.errors.FxquantValueError: grad='identity' is not one of ['ste', 'zero', 'clipped']
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from fxquant.errors import FxquantValueError
 
-__all__ = ["Grad", "Rounding", "Scale"]
+__all__ = ["Grad", "Rounding", "Scale", "op_grad"]
 
 _E = TypeVar("_E", bound="_Vocabulary")
 
@@ -63,11 +63,16 @@ class Grad(_Vocabulary):
     """The gradient rule of a rounding step.
 
     ``STE`` passes the incoming gradient through unchanged (straight-through estimator);
-    ``ZERO`` is the true derivative of rounding, zero almost everywhere.
+    ``ZERO`` is the true derivative of rounding, zero almost everywhere; ``CLIPPED``
+    (integer grids with a scale) is straight-through except where the value rounds to
+    the grid's smallest or largest code or beyond, where it is zero (Degree-Quant's
+    "GC", which also zeroes the end codes themselves; PyTorch's fake quantization zeroes
+    only values beyond them).
     """
 
     STE = "ste"
     ZERO = "zero"
+    CLIPPED = "clipped"
 
 
 class Scale(_Vocabulary):
@@ -108,3 +113,15 @@ class Scale(_Vocabulary):
     def pow2(self) -> bool:
         """Scales are powers of two (exact scaling)."""
         return self.value.endswith("-pow2") or self is Scale.BLOCK32
+
+
+def op_grad(value: object, arg: str = "grad") -> Grad:
+    """:meth:`Grad.parse` for the rounding ops themselves, which implement ``"ste"`` and
+    ``"zero"``; ``"clipped"`` needs the scale and range a quantization point knows."""
+    grad = Grad.parse(value, arg)
+    if grad is Grad.CLIPPED:
+        raise FxquantValueError(
+            f"{arg}='clipped' is a rule of a quantization point (QuantConfig(grad='clipped')), "
+            "which knows the grid's range; the rounding functions take 'ste' or 'zero'")
+    return grad
+

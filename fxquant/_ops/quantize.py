@@ -60,13 +60,14 @@ from fxquant._ops.rows import row_mask
 from fxquant._ops.truncate import check_bits, truncate_values
 from fxquant.errors import FxquantValueError, same_kind
 from fxquant.formats import PRESETS, Format, IntFormat, Number, TopN, parse
-from fxquant.modes import Grad, Rounding, Scale
+from fxquant.modes import Grad, Rounding, Scale, op_grad
 
 __all__ = [
     "ARGS",
     "SIGNATURE",
     "bounds_of",
     "finite_bounds",
+    "int_scale",
     "quantize_values",
     "round_float",
     "round_int",
@@ -331,7 +332,7 @@ def _mx_factor(amax: Tensor, emax: int) -> Tensor:
     return _pow2(h1, layout, amax.dtype) * _pow2(-shared - h1, layout, amax.dtype)
 
 
-def _int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tensor | None]:
+def int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tensor | None]:
     """``(scale, zero_point)`` of an integer format from ``(lo, hi)`` bounds."""
     lo, hi = bounds[..., 0], bounds[..., 1]
     zero_point = None
@@ -373,7 +374,7 @@ def _scaled(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
     if mode is Scale.NONE:
         return torch.where(_isnan(x), x, round_int(x, fmt, rounding, noise))
     assert bounds is not None
-    scale, zero_point = _int_scale(bounds, fmt, mode)
+    scale, zero_point = int_scale(bounds, fmt, mode)
     scale = _broadcast(scale, x, mode)
     inv = torch.reciprocal(scale)
     zp = None if zero_point is None else _broadcast(zero_point, x, mode)
@@ -653,7 +654,7 @@ def _eager_int(view: Tensor, fmt: IntFormat, rounding: str, mode: Scale, bounds:
         scale = zero_point = None
     else:
         assert bounds is not None
-        per_scale, per_zero = _int_scale(bounds, fmt, mode)
+        per_scale, per_zero = int_scale(bounds, fmt, mode)
         scale = _broadcast(per_scale, view, mode)
         zero_point = None if per_zero is None else _broadcast(per_zero, view, mode)
         out = torch.mul(view, torch.reciprocal(scale))
@@ -720,7 +721,7 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
     what = f"the input of quantization point {name!r}" if name else "x"
     layout = layout_of(x.dtype, what)
     Rounding.parse(rounding)
-    Grad.parse(grad)
+    op_grad(grad)
     mode = Scale.parse(scale)
     if mode.per_row and x.dim() < 2:
         raise FxquantValueError(

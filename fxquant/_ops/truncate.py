@@ -49,7 +49,7 @@ from torch import Tensor
 from fxquant._ops.layouts import FloatLayout, layout_of
 from fxquant._ops.rows import row_mask
 from fxquant.errors import FxquantTypeError, FxquantValueError
-from fxquant.modes import Grad, Rounding
+from fxquant.modes import Grad, Rounding, op_grad
 
 __all__ = [
     "ARGS",
@@ -92,7 +92,7 @@ def _check_args(x: Tensor, bits: int, rounding: str, grad: str, name: str,
     if grad_bits:
         check_bits(grad_bits, layout.width, "grad_bits", where)
     Rounding.parse(rounding)
-    Grad.parse(grad)
+    op_grad(grad)
     return layout
 
 

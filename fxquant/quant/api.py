@@ -31,7 +31,7 @@ from fxquant.quant.config import (
 )
 from fxquant.quant.insert import edge_index_of, insert_quant_points
 from fxquant.quant.points import QuantPoint
-from fxquant.quant.sites import weights_of
+from fxquant.quant.sites import edge_arguments, linears_of, weights_of
 
 __all__ = ["TRACE_KEY", "plan", "remember_trace", "transform"]
 
@@ -243,20 +243,38 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
         if p.config.node_bits is not None:
             raise FxquantValueError(f"{where}: weights belong to no node, so a bit-width per "
                                     "node (node_bits) cannot apply")
-    if p.site in (Site.MESSAGE, Site.AGGREGATE) and not isinstance(module, MessagePassing):
+    if p.site in (Site.MESSAGE, Site.AGGREGATE, Site.EDGE) \
+            and not isinstance(module, MessagePassing):
         raise FxquantValueError(f"{where}: only PyG MessagePassing layers have messages and an "
                          f"aggregation; {layer!r} is {type(module).__name__ if module else 'a function'}")
+    if p.site is Site.LINEAR:
+        assert module is not None
+        if not linears_of(module):
+            raise FxquantValueError(f"{where}: {type(module).__name__} has no linear transform "
+                                    "inside (a torch.nn.Linear or PyG Linear child) to round the "
+                                    "output of; please round its 'weight' or 'output' instead")
+    if p.site is Site.EDGE:
+        assert isinstance(module, MessagePassing)
+        if not edge_arguments(module):
+            raise FxquantValueError(f"{where}: {type(module).__name__}.message() takes no "
+                                    "per-edge argument (only node features x_i/x_j), so there "
+                                    "is nothing to round there; please round its 'message' site")
+    protect = p.config.protect
+    if protect is not None and p.site in (Site.LINEAR, Site.EDGE) and protect.share != "layer":
+        raise FxquantValueError(f"{where}: protection inside a layer's linear transforms and "
+                                "per-edge arguments follows the layer's own mask; please pass "
+                                "protect=fxquant.Protection(p_min, p_max, share='layer')")
     if p.site is Site.INPUT:
         first = p.node.args[0] if p.node.args else None
         parts = first if isinstance(first, (tuple, list)) else [first]
         if not any(isinstance(part, Node) for part in parts):
             raise FxquantValueError(f"{where}: the layer's first argument is not a tensor of the graph")
-    if p.config.protect is not None and (
+    if protect is not None and (
             p.site is Site.WEIGHT or (p.site in (Site.INPUT, Site.OUTPUT)
                                       and edge_index_of(gm, p.node) is None)):
         raise FxquantValueError(f"{where}: protect= draws per node from in-degrees, so it needs the "
-                         "input, output, message or aggregate site of a MessagePassing layer "
-                         "called with an edge_index")
+                         "input, output, linear, edge, message or aggregate site of a "
+                         "MessagePassing layer called with an edge_index")
 
 
 def transform(

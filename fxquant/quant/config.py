@@ -51,6 +51,7 @@ __all__ = [
     "NodeBits",
     "NodeOverride",
     "Number",
+    "Protection",
     "QuantConfig",
     "QuantMapping",
     "Resolved",
@@ -126,7 +127,12 @@ class Site(str, Enum):
     the same range); ``WEIGHT``:
     each of its floating parameters with at least two dims; ``MESSAGE``: the output of
     ``message()``, one row per edge (PyG ``MessagePassing`` layers); ``AGGREGATE``: the
-    aggregation, one row per node, before ``update()``.
+    aggregation, one row per node, before ``update()``; ``LINEAR``: the output of each
+    linear transform the layer applies (its ``torch.nn.Linear`` / PyG ``Linear``
+    children: ``X W`` in GCN and GAT, the MLP's layers in GIN), one row per node;
+    ``EDGE``: the floating per-edge arguments the layer hands ``message()`` (those
+    without an ``_i``/``_j`` suffix, one row per edge: GCN's normalisation coefficients
+    ``edge_weight``, GAT's attention coefficients ``alpha``, an ``edge_attr``).
     """
 
     OUTPUT = "output"
@@ -134,11 +140,18 @@ class Site(str, Enum):
     WEIGHT = "weight"
     MESSAGE = "message"
     AGGREGATE = "aggregate"
+    LINEAR = "linear"
+    EDGE = "edge"
 
     @property
     def inner(self) -> bool:
         """Rounded inside the layer's own call (not in the traced graph around it)."""
-        return self in (Site.WEIGHT, Site.MESSAGE, Site.AGGREGATE)
+        return self not in (Site.OUTPUT, Site.INPUT)
+
+    @property
+    def per_edge(self) -> bool:
+        """Its rows are edges (messages, per-edge arguments), not nodes."""
+        return self in (Site.MESSAGE, Site.EDGE)
 
     @classmethod
     def parse(cls, value: object) -> Site:
@@ -176,6 +189,28 @@ def _parse_range(value: object) -> str:
 
 
 
+_OBSERVE = ("batch", "ema", "widen")
+
+
+def _parse_observe(value: object, momentum: float | None, mode: Scale, source: str) -> str:
+    """``observe=`` checked against the momentum, scale and range it goes with."""
+    if value is None:
+        return "ema" if momentum is not None else "batch"
+    if value not in _OBSERVE:
+        raise FxquantValueError(f"observe={value!r} is not one of {list(_OBSERVE)}")
+    if value == "ema" and momentum is None:
+        raise FxquantValueError("observe='ema' keeps a running average: please give its "
+                                "momentum= too (e.g. 0.99)")
+    if value != "ema" and momentum is not None:
+        raise FxquantValueError(f"momentum={momentum} keeps a running average (observe='ema'), "
+                                f"not observe={value!r}; please drop one of them")
+    if value == "widen" and (not mode.per_tensor or source == "lsq"):
+        raise FxquantValueError("observe='widen' keeps one widest range per tensor; please use "
+                                f"scale='tensor' with a minmax or percentile range (got "
+                                f"scale={mode.value!r}, range={source!r})")
+    return str(value)
+
+
 def _require(data: object, keys: tuple[str, ...], what: str) -> None:
     """``data`` is a dict with ``keys``, or an error naming the first missing one."""
     if not isinstance(data, dict):
@@ -188,6 +223,131 @@ def _require(data: object, keys: tuple[str, ...], what: str) -> None:
 def _check_count(value: object, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise FxquantValueError(f"{what} must be an int >= 0, got {value!r}")
+
+
+_SHARE = ("point", "layer")
+_MESSAGES = ("target", "source")
+_RANGE_ROWS = ("all", "unprotected")
+
+
+@dataclass(frozen=True)
+class Protection:
+    """Degree-Quant's protective mask (Tailor et al., ICLR 2021), and how a layer's
+    quantization points use it.
+
+    In training, each node stays at full precision with probability ``p_min + (p_max -
+    p_min) * F(in-degree)``, ``F`` the fraction of nodes with at most its in-degree (the
+    in-degree of the forward's own graph: a mini-batch's subgraph); in evaluation every
+    node is rounded.
+
+    Args:
+        p_min (float): the probability of the lowest in-degree.
+        p_max (float): the probability of the highest in-degree.
+        share (str, optional): ``"point"``: each point draws its own mask;
+            ``"layer"``: one mask per layer and forward, shared by all of the layer's
+            points (Degree-Quant's; a layer called twice in one forward keeps its first
+            draw). (default: ``"point"``)
+        messages (str, optional): which node's draw a message (and a per-edge argument)
+            follows: its ``"target"`` (the node it is aggregated into) or its
+            ``"source"`` (the node that sent it, Degree-Quant's). (default: ``"target"``)
+        ranges (str, optional): the rows a range (``minmax``, ``percentile``) is taken
+            over: ``"all"`` of them, or only the ``"unprotected"`` ones, which are the only
+            ones rounded (Degree-Quant's). (default: ``"all"``)
+
+    A ``(p_min, p_max)`` tuple means ``Protection(p_min, p_max)``, and a Protection
+    unpacks like that tuple.
+
+    Example:
+        >>> Protection(0.0, 0.2) == (0.0, 0.2)
+        True
+        >>> p_min, p_max = Protection(0.0, 0.2, share="layer", messages="source")
+        >>> Protection(0.0, 0.2, share="layer", messages="source").describe()
+        'protect 0..0.2 (layer mask, messages by source)'
+    """
+
+    p_min: float
+    p_max: float
+    share: str = "point"
+    messages: str = "target"
+    ranges: str = "all"
+
+    def __post_init__(self) -> None:
+        ok = all(isinstance(p, (int, float)) and not isinstance(p, bool)
+                 for p in (self.p_min, self.p_max))
+        if not ok or not 0 <= self.p_min <= self.p_max <= 1:
+            raise FxquantValueError(f"protect must be (p_min, p_max) with 0 <= p_min <= p_max "
+                                    f"<= 1, got {(self.p_min, self.p_max)!r}")
+        object.__setattr__(self, "p_min", float(self.p_min))
+        object.__setattr__(self, "p_max", float(self.p_max))
+        for name, allowed in (("share", _SHARE), ("messages", _MESSAGES),
+                              ("ranges", _RANGE_ROWS)):
+            if getattr(self, name) not in allowed:
+                raise FxquantValueError(f"Protection: {name}={getattr(self, name)!r} is not one "
+                                        f"of {list(allowed)}")
+
+    @classmethod
+    def parse(cls, value: object) -> Protection:
+        """A Protection from itself or a ``(p_min, p_max)`` pair."""
+        if isinstance(value, Protection):
+            return value
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            return cls(*value)
+        raise FxquantValueError(f"protect must be (p_min, p_max) with 0 <= p_min <= p_max <= 1, "
+                                f"or a fxquant.Protection; got {value!r}")
+
+    def __iter__(self) -> Any:
+        return iter((self.p_min, self.p_max))
+
+    def __getitem__(self, index: int) -> float:
+        return (self.p_min, self.p_max)[index]
+
+    def __len__(self) -> int:
+        return 2
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (tuple, list)):
+            try:
+                other = Protection.parse(other)
+            except FxquantValueError:
+                return False
+        if not isinstance(other, Protection):
+            return NotImplemented
+        return (self.p_min, self.p_max, self.share, self.messages, self.ranges) == (
+            other.p_min, other.p_max, other.share, other.messages, other.ranges)
+
+    def __hash__(self) -> int:
+        return hash((self.p_min, self.p_max, self.share, self.messages, self.ranges))
+
+    @property
+    def plain(self) -> bool:
+        """Only the probabilities differ from the defaults (what a tuple says)."""
+        return (self.share, self.messages, self.ranges) == ("point", "target", "all")
+
+    def describe(self) -> str:
+        notes = []
+        if self.share == "layer":
+            notes.append("layer mask")
+        if self.messages == "source":
+            notes.append("messages by source")
+        if self.ranges == "unprotected":
+            notes.append("ranges over unprotected rows")
+        text = f"protect {self.p_min:g}..{self.p_max:g}"
+        return text + (f" ({', '.join(notes)})" if notes else "")
+
+    def to_dict(self) -> list[float] | dict[str, Any]:
+        """``[p_min, p_max]`` when only the probabilities are set, else every field."""
+        if self.plain:
+            return [self.p_min, self.p_max]
+        return {"p_min": self.p_min, "p_max": self.p_max, "share": self.share,
+                "messages": self.messages, "ranges": self.ranges}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Protection:
+        """The Protection :meth:`to_dict` wrote."""
+        if isinstance(data, dict):
+            _require(data, ("p_min", "p_max"), "Protection")
+            return cls(**data)
+        return cls.parse(data)
 
 
 @dataclass(frozen=True, eq=False)
@@ -336,16 +496,26 @@ class QuantConfig:
             values (default), ``"percentile:Q"`` (the ``100-Q``..``Q`` percentiles,
             Degree-Quant's choice), or ``"lsq"`` (integers: a learned step size, LSQ).
         momentum (float, optional): with a per-tensor scale, keep a running range
-            (:class:`~fxquant.quant.observers.RangeObserver`) and use it in eval.
-            (default: :obj:`None`)
-        grad (str, optional): ``"ste"`` (straight-through) or ``"zero"``. (default: ``"ste"``)
+            ``momentum * running + (1 - momentum) * batch`` (the weight of the *old*
+            value, as in :class:`torch.nn.BatchNorm1d`'s complement: Degree-Quant's
+            momentum 0.01 is 0.99 here) and use it in eval. (default: :obj:`None`)
+        observe (str, optional): how a per-tensor range is kept: ``"batch"`` (each
+            batch's own range, in training and eval), ``"ema"`` (the running range of
+            ``momentum``), or ``"widen"`` (the widest range seen in training, as
+            :class:`torch.ao.quantization.MinMaxObserver` keeps it, used in training and
+            eval). (default: :obj:`None`: ``"ema"`` with a momentum, else ``"batch"``)
+        grad (str, optional): ``"ste"`` (straight-through), ``"zero"``, or
+            ``"clipped"`` (integer grids with a scale: straight-through, zero where a value
+            rounds to the grid's first or last code or beyond). (default: ``"ste"``)
         grad_format (optional): also round the gradient flowing back, to kept bits or a
             format. (default: :obj:`None`)
-        protect (tuple, optional): ``(p_min, p_max)``: Degree-Quant's protective mask
-            (Tailor et al., ICLR 2021). In training, each node stays at full precision with
-            probability ``p_min + (p_max - p_min) * F(in-degree)``, ``F`` the fraction of
-            nodes with at most its in-degree (messages follow their target node); in eval
-            everything is rounded. (default: :obj:`None`)
+        protect (tuple or Protection, optional): ``(p_min, p_max)`` or a
+            :class:`Protection`: Degree-Quant's protective mask (Tailor et al., ICLR
+            2021). In training, each node stays at full precision with probability
+            ``p_min + (p_max - p_min) * F(in-degree)``, ``F`` the fraction of nodes with at
+            most its in-degree; in eval everything is rounded. A tuple draws a mask per
+            point, messages follow their target node and ranges cover every row; a
+            :class:`Protection` chooses. (default: :obj:`None`)
         node_bits (NodeBits, optional): a bit-width per node, fixed or learned, for a
             symmetric integer format (see :class:`NodeBits`). (default: :obj:`None`)
 
@@ -353,7 +523,7 @@ class QuantConfig:
         >>> QuantConfig(16)
         QuantConfig(format=TopN(bits=16), rounding=<Rounding.TOWARD_ZERO: 'toward_zero'>, \
 scale=<Scale.NONE: 'none'>, range='minmax', momentum=None, grad=<Grad.STE: 'ste'>, \
-grad_format=None, protect=None, node_bits=None)
+grad_format=None, protect=None, node_bits=None, observe='batch')
         >>> QuantConfig("int4", scale="tensor", range="lsq").describe()
         'int4, nearest, scale tensor (lsq), ste'
         >>> QuantConfig(16, momentum=0.9)
@@ -370,8 +540,9 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
     momentum: float | None
     grad: Grad
     grad_format: Number | None
-    protect: tuple[float, float] | None
+    protect: Protection | None
     node_bits: NodeBits | None
+    observe: str
 
     def __init__(
         self,
@@ -383,8 +554,9 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
         momentum: float | None = None,
         grad: Grad | str = "ste",
         grad_format: Number | int | str | tuple[int, int] | None = None,
-        protect: tuple[float, float] | None = None,
+        protect: Protection | tuple[float, float] | None = None,
         node_bits: NodeBits | None = None,
+        observe: str | None = None,
         number: Number | int | str | tuple[int, int] | None = None,
         grad_number: Number | int | str | tuple[int, int] | None = None,
         row_bits: NodeBits | None = None,
@@ -413,12 +585,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
             if rounding is not None and Rounding.parse(rounding) is not Rounding.NEAREST:
                 raise FxquantValueError("node_bits rounds to nearest; please drop rounding=")
         if protect is not None:
-            ok = isinstance(protect, (tuple, list)) and len(protect) == 2 and all(
-                isinstance(p, (int, float)) and not isinstance(p, bool) for p in protect)
-            if not ok or not 0 <= protect[0] <= protect[1] <= 1:
-                raise FxquantValueError(f"protect must be (p_min, p_max) with 0 <= p_min <= p_max <= 1, "
-                                 f"got {protect!r}")
-            protect = (float(protect[0]), float(protect[1]))
+            protect = Protection.parse(protect)
         default = Rounding.TOWARD_ZERO if isinstance(parsed, TopN) else Rounding.NEAREST
         if isinstance(parsed, IntFormat) and parsed.midrise and rounding is not None \
                 and Rounding.parse(rounding) is Rounding.TOWARD_ZERO:
@@ -456,23 +623,44 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
                        if source == "lsq" else ".")
                 )
             momentum = float(m)
+        grad_rule = Grad.parse(grad)
+        if grad_rule is Grad.CLIPPED and (not isinstance(parsed, IntFormat) or source == "lsq"
+                                          or mode not in (Scale.TENSOR, Scale.ROW)
+                                          or node_bits is not None):
+            raise FxquantValueError(
+                "grad='clipped' zeroes the gradient where a value leaves an integer grid's "
+                "range, so it needs an integer format with scale='tensor' or 'row' and a "
+                f"minmax or percentile range (got {describe(parsed)}, scale={mode.value!r}, "
+                f"range={source!r}{', node_bits' if node_bits is not None else ''}; with "
+                "range='lsq' the gradient is already zero outside the range)")
+        observe = _parse_observe(observe, momentum, mode, source)
+        if protect is not None and protect.ranges == "unprotected" and (
+                not mode.per_tensor or source == "lsq"):
+            raise FxquantValueError(
+                "Protection(ranges='unprotected') takes a per-tensor range over the "
+                "unprotected rows; please use scale='tensor' with a minmax or percentile "
+                f"range (got scale={mode.value!r}, range={source!r})")
         set_ = object.__setattr__
         set_(self, "format", parsed)
         set_(self, "rounding", default if rounding is None else Rounding.parse(rounding))
         set_(self, "scale", mode)
         set_(self, "range", source)
         set_(self, "momentum", momentum)
-        set_(self, "grad", Grad.parse(grad))
+        set_(self, "grad", grad_rule)
         set_(self, "grad_format",
              None if grad_format is None else as_number(grad_format, "grad_format"))
         set_(self, "protect", protect)
         set_(self, "node_bits", node_bits)
+        set_(self, "observe", observe)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # configs pickled before the format / grad_format / node_bits names
         for old, new in _OLD_FIELDS.items():
             if old in state:
                 state[new] = state.pop(old)
+        state.setdefault("observe", "ema" if state.get("momentum") is not None else "batch")
+        if isinstance(state.get("protect"), tuple):
+            state["protect"] = Protection(*state["protect"])
         self.__dict__.update(state)
 
     @property
@@ -513,7 +701,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
         if self.grad_format is not None:
             parts.append(f"grad {self.grad_format.spec()}")
         if self.protect is not None:
-            parts.append(f"protect {self.protect[0]:g}..{self.protect[1]:g}")
+            parts.append(self.protect.describe())
         if self.node_bits is not None:
             rb = self.node_bits
             parts.append(f"bits per node ({'learned' if rb.learned else 'fixed'}, "
@@ -527,6 +715,8 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
         notes = [self.range] if self.range != "minmax" else []
         if self.momentum is not None:
             notes.append(f"running, momentum {self.momentum}")
+        if self.observe == "widen":
+            notes.append("widening")
         return self.scale.value + (f" ({', '.join(notes)})" if notes else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -539,8 +729,9 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
             "momentum": self.momentum,
             "grad": self.grad.value,
             "grad_format": None if self.grad_format is None else self.grad_format.spec(),
-            "protect": None if self.protect is None else list(self.protect),
+            "protect": None if self.protect is None else self.protect.to_dict(),
             "node_bits": None if self.node_bits is None else self.node_bits.to_dict(),
+            **({"observe": self.observe} if self.observe == "widen" else {}),
         }
 
     @classmethod
@@ -549,7 +740,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
         _require(data, (), "QuantConfig")
         data = dict(data)
         if data.get("protect") is not None:
-            data["protect"] = tuple(data["protect"])
+            data["protect"] = Protection.from_dict(data["protect"])
         for old, new in _OLD_FIELDS.items():  # files written before the renames
             if old in data:
                 data[new] = data.pop(old)

@@ -17,7 +17,8 @@ from fxquant.quant.points import QuantPoint
 __all__ = ["quantization_points", "summary"]
 
 _CALLS = ("call_module", "call_function", "call_method")
-_SITE_ORDER = [Site.INPUT, Site.WEIGHT, Site.MESSAGE, Site.AGGREGATE, Site.OUTPUT]
+_SITE_ORDER = [Site.INPUT, Site.WEIGHT, Site.LINEAR, Site.EDGE, Site.MESSAGE,
+               Site.AGGREGATE, Site.OUTPUT]
 
 
 def quantization_points(model: nn.Module) -> list[tuple[str, QuantPoint]]:

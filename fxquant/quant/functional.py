@@ -13,7 +13,7 @@ from torch import Tensor
 from fxquant._ops.version import NUMERICS
 from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind
 from fxquant.formats import Format, TopN, parse
-from fxquant.modes import Grad, Rounding, Scale
+from fxquant.modes import Rounding, Scale, op_grad
 
 __all__ = ["quantize", "truncate"]
 
@@ -84,7 +84,7 @@ def truncate(
         raise FxquantTypeError(f"fxquant.truncate: bits must be an int (the number of kept bits), "
                         f"got {bits!r}")
     rounding = Rounding.parse(rounding).value
-    grad = Grad.parse(grad).value
+    grad = op_grad(grad).value
     _check_generator(generator, x, "truncate")
     return torch.ops.fxquant.truncate(x, bits, rounding, grad, generator, numerics=NUMERICS)
 
@@ -137,7 +137,7 @@ def quantize(
         raise FxquantValueError(f"fxquant.quantize: {number.spec()} is top-N truncation; please call "
                          f"fxquant.truncate(x, {number.bits}) instead")
     rounding = Rounding.parse(rounding).value
-    grad = Grad.parse(grad).value
+    grad = op_grad(grad).value
     _check_generator(generator, x, "quantize")
     return torch.ops.fxquant.quantize(x, number.spec(), rounding, scale_arg, grad, generator,
                                       numerics=NUMERICS)

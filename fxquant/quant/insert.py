@@ -27,9 +27,9 @@ from fxquant.errors import FxquantValueError
 from fxquant.fx.graph_utils import free_name
 from fxquant.fx.selectors import layer_name
 from fxquant.quant.config import Resolved, Site
-from fxquant.quant.nodes import NodeIds, set_node_ids
+from fxquant.quant.nodes import LayerMasks, NodeIds, new_masks, set_node_ids
 from fxquant.quant.points import QuantPoint
-from fxquant.quant.sites import install, weights_of
+from fxquant.quant.sites import install, linears_of, weights_of
 
 __all__ = ["NODE_IDS_ARG", "edge_index_of", "insert_quant_points"]
 
@@ -62,17 +62,19 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
     inner: dict[str, dict[str, Any]] = {}
     for p in points:
         node, layer = p.node, layer_name(p.node)
-        if (p.site.inner and p.site.value in inner.get(str(node.target), {})) or (
-                p.site is Site.WEIGHT and "weights" in inner.get(str(node.target), {})):
+        if p.site.inner and p.site.value in inner.get(str(node.target), {}):
             continue  # a layer called twice: its inner sites are one set of points
-        if p.site is Site.WEIGHT:
+        if p.site in (Site.WEIGHT, Site.LINEAR):
             module = gm.get_submodule(str(node.target))
-            weights = inner.setdefault(str(node.target), {"layer": layer}).setdefault("weights", {})
-            for param in weights_of(module):
-                name = free_name(gm, f"{node.name}_weight_{param.replace('.', '_')}_quant")
-                point = QuantPoint(p.config, layer, p.site, None, tensor=param).to(device)
+            group = inner.setdefault(str(node.target), {"layer": layer}).setdefault(
+                p.site.value, {})
+            names = weights_of(module) if p.site is Site.WEIGHT else linears_of(module)
+            for tensor in names:
+                name = free_name(gm, f"{node.name}_{p.site.value}_{tensor.replace('.', '_')}"
+                                 "_quant")
+                point = QuantPoint(p.config, layer, p.site, None, tensor=tensor).to(device)
                 gm.add_submodule(name, point)
-                weights[param] = point
+                group[tensor] = point
             continue
         name = free_name(gm, f"{node.name}_quant" if p.site is Site.OUTPUT
                          else f"{node.name}_{p.site.value}_quant")
@@ -114,9 +116,13 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
                     rounded.append(new)
             value = type(first)(rounded) if isinstance(first, (tuple, list)) else rounded[0]
             node.args = (value, *node.args[1:])
+    shared = _add_masks(gm)
     for target, sites in inner.items():
-        install(sites["layer"], gm.get_submodule(target), sites.get("weights"),
-                sites.get("message"), sites.get("aggregate"))
+        mine = [q for q in shared if q.layer == sites["layer"]]
+        drawer = mine[0] if any(q.site.inner for q in mine) else None
+        install(sites["layer"], gm.get_submodule(target), sites.get("weight"),
+                sites.get("message"), sites.get("aggregate"), sites.get("linear"),
+                sites.get("edge"), drawer)
     _add_node_ids(gm, [m for m in gm.modules() if isinstance(m, QuantPoint) and m.uses_node_ids])
     graph.lint()
     gm.recompile()
@@ -155,6 +161,29 @@ def _add_node_ids(gm: GraphModule, points: list[QuantPoint]) -> None:
         holder = graph.get_attr(context_name)
     with graph.inserting_after(holder):
         graph.call_function(set_node_ids, (holder, ids))
+
+
+def _add_masks(gm: GraphModule) -> list[QuantPoint]:
+    """One :class:`LayerMasks` for the points whose protection shares one mask per layer
+    (``Protection(share="layer")``), emptied at the start of every forward; returns them."""
+    points = [m for m in gm.modules() if isinstance(m, QuantPoint)
+              and m.config.protect is not None and m.config.protect.share == "layer"]
+    if not points:
+        return []
+    name = free_name(gm, "fxquant_masks")
+    context = LayerMasks()
+    gm.add_submodule(name, context)
+    for point in points:
+        point.attach_masks(context)
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    anchor = placeholders[-1] if placeholders else None
+    with graph.inserting_after(anchor) if anchor is not None else \
+            graph.inserting_before(next(iter(graph.nodes))):
+        holder = graph.get_attr(name)
+    with graph.inserting_after(holder):
+        graph.call_function(new_masks, (holder,))
+    return points
 
 
 #: Dropouts that zero values and scale the rest by ``1 / (1 - p)``: rounding commutes with

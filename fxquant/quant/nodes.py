@@ -28,7 +28,8 @@ from torch_geometric.utils import degree
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 
-__all__ = ["NodeIds", "as_index", "lookup", "set_node_ids", "top_degree_nodes"]
+__all__ = ["LayerMasks", "NodeIds", "as_index", "lookup", "new_masks", "set_node_ids",
+           "top_degree_nodes"]
 
 
 class NodeIds(nn.Module):
@@ -65,6 +66,34 @@ def set_node_ids(context: NodeIds, ids: Tensor | None) -> Any:
         raise FxquantTypeError(f"node_ids must be a 1-D integer tensor of global node ids (PyG's "
                         f"batch.n_id), got a {got}")
     context.ids = None if ids is None else as_index(ids)
+    return None
+
+
+class LayerMasks(nn.Module):
+    """Holds each layer's protective mask of the current forward (Degree-Quant's one mask
+    per layer, ``Protection(share="layer")``): the first of a layer's points to run draws
+    it, the others read it. Emptied by :func:`new_masks` at the start of every forward;
+    no state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masks: dict[str, Tensor] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["masks"] = {}  # the last forward's draws, not state
+        return state
+
+    def extra_repr(self) -> str:
+        return "one protective mask per layer and forward"
+
+
+def new_masks(context: LayerMasks) -> Any:
+    """Forget the last forward's masks (each forward draws its own). Traced symbolically
+    (a GraphModule is re-traced when unpickled) it records itself."""
+    if isinstance(context, torch.fx.Proxy):  # pragma: no cover - defensive
+        return context.tracer.create_proxy("call_function", new_masks, (context,), {})
+    context.masks = {}
     return None
 
 

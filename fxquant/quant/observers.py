@@ -76,6 +76,12 @@ class RangeObserver(nn.Module):
             (default: :obj:`None`: always the current range)
         percentile (float, optional): ``q`` in ``(50, 100]``: the range is the ``100 - q``
             to ``q`` percentile instead of min to max. (default: :obj:`None`)
+        widen (bool, optional): keep the widest range seen in training (the first batch
+            sets it, later ones only widen it: :class:`torch.ao.quantization.MinMaxObserver`)
+            and use it in training and eval; per tensor only. (default: :obj:`False`)
+
+    ``forward(x, exclude)`` leaves the rows where ``exclude`` is True out of the range
+    (Degree-Quant's protected rows, which are not rounded).
 
     Example:
         >>> obs = RangeObserver(momentum=0.5)
@@ -89,8 +95,10 @@ class RangeObserver(nn.Module):
     seen: Tensor
 
     def __init__(self, per_row: bool = False, momentum: float | None = None,
-                 percentile: float | None = None) -> None:
+                 percentile: float | None = None, widen: bool = False) -> None:
         super().__init__()
+        if widen and (per_row or momentum is not None):
+            raise FxquantValueError("a widening range is kept per tensor and without momentum")
         if momentum is not None and (isinstance(momentum, bool) or not isinstance(
                 momentum, (int, float)) or not 0 <= momentum < 1):
             raise FxquantValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
@@ -105,6 +113,7 @@ class RangeObserver(nn.Module):
         self.per_row = per_row
         self.momentum = None if momentum is None else float(momentum)
         self.percentile = None if percentile is None else float(percentile)
+        self.widen = bool(widen)
         self.register_buffer("running", torch.zeros(2))
         self.register_buffer("seen", torch.zeros((), dtype=torch.bool))
         #: a training batch has set ``running`` (a Python flag, so compiled code does not
@@ -122,20 +131,28 @@ class RangeObserver(nn.Module):
         bounds, found = finite_bounds(x.detach(), self.per_row)
         return bounds.float(), found
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self.momentum is None:
+    def forward(self, x: Tensor, exclude: Tensor | None = None) -> Tensor:
+        if exclude is not None and x.is_floating_point() and x.dim():
+            # left out as NaN, which every range skips (fixed shapes: compiles)
+            x = torch.where(exclude.view((-1,) + (1,) * (x.dim() - 1)), math.nan, x.detach())
+        if self.momentum is None and not self.widen:
             return self._synced(self.current(x))
         if not self.training:  # before any training batch: the current range, not (0, 0)
             return self.running if self.calibrated else self.current(x)
         now, found = self._current(x)
         now, found = self._synced_found(now.to(self.running.dtype), found)
         with torch.no_grad():  # a batch without finite values leaves the running range
-            blended = self.momentum * self.running + (1 - self.momentum) * now
-            self.running.copy_(torch.where(found, torch.where(self.seen, blended, now),
+            if self.widen:
+                kept = torch.stack([torch.minimum(self.running[0], now[0]),
+                                    torch.maximum(self.running[1], now[1])])
+            else:
+                assert self.momentum is not None
+                kept = self.momentum * self.running + (1 - self.momentum) * now
+            self.running.copy_(torch.where(found, torch.where(self.seen, kept, now),
                                            self.running))
             self.seen.logical_or_(found)
         self.calibrated = True
-        return now
+        return self.running.clone() if self.widen else now
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)
@@ -173,4 +190,6 @@ class RangeObserver(nn.Module):
             parts.append(f"percentile={self.percentile}")
         if self.momentum is not None:
             parts.append(f"momentum={self.momentum}")
+        if self.widen:
+            parts.append("widen")
         return ", ".join(parts)

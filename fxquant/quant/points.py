@@ -19,13 +19,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from fxquant._ops.calls import OpCall, op_call
+from fxquant._ops.quantize import int_scale
 from fxquant._ops.version import NUMERICS
 from fxquant.errors import FxquantIndexError, FxquantValueError
 from fxquant.formats import IntFormat, TopN
 from fxquant.modes import Grad, Rounding
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
 from fxquant.quant.lsq import lsq_round
-from fxquant.quant.nodes import NodeIds, lookup
+from fxquant.quant.nodes import LayerMasks, NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
 __all__ = ["QuantPoint", "in_degree", "refit_steps", "share_bits", "share_step"]
@@ -170,9 +171,12 @@ class QuantPoint(nn.Module):
         self.site = Site.parse(site)
         self.tensor = tensor
         self.observer = None
-        if config.momentum is not None or config.percentile is not None:
+        protect = config.protect
+        if config.momentum is not None or config.percentile is not None \
+                or config.observe == "widen" or config.grad is Grad.CLIPPED \
+                or (protect is not None and protect.ranges == "unprotected"):
             self.observer = RangeObserver(config.scale.per_row, config.momentum,
-                                          config.percentile)
+                                          config.percentile, widen=config.observe == "widen")
         self.log_step: nn.Parameter | None = None
         self.step_ready = False
         self.__dict__["step_source"] = None  # the point whose step this one uses
@@ -186,6 +190,7 @@ class QuantPoint(nn.Module):
         # The override as a bool table over global node ids (derived: not saved).
         self.register_buffer("override_table", _table(override), persistent=False)
         self.__dict__["_node_ids"] = None  # the GraphModule's NodeIds, shared by all points
+        self.__dict__["_masks"] = None  # the GraphModule's LayerMasks (share="layer")
         rb = config.node_bits
         self.row_bits: nn.Parameter | None = None
         self.register_buffer("row_bits_table", None)
@@ -220,6 +225,11 @@ class QuantPoint(nn.Module):
         :mod:`fxquant.quant.nodes`); a reference, not a submodule."""
         self.__dict__["_node_ids"] = context
 
+    def attach_masks(self, context: LayerMasks) -> None:
+        """Share the layer's protective mask through ``context`` (``Protection(share=
+        "layer")``); a reference, not a submodule."""
+        self.__dict__["_masks"] = context
+
     @property
     def needs_nodes(self) -> bool:
         """Whether rounding depends on which node a row belongs to (protection, overrides,
@@ -251,7 +261,8 @@ class QuantPoint(nn.Module):
                 args["grad_bits"] = c.grad_format.bits
             return "truncate", args
         scale = "none" if c.range == "lsq" else c.scale.value
-        args.update(format=c.format.spec(), scale=scale, grad=c.grad.value,
+        grad = Grad.STE.value if c.grad is Grad.CLIPPED else c.grad.value  # see _round
+        args.update(format=c.format.spec(), scale=scale, grad=grad,
                     rows_format=_spec(extra), grad_format=_spec(c.grad_format), name=self.name)
         return "quantize", args
 
@@ -263,10 +274,12 @@ class QuantPoint(nn.Module):
         return call
 
     def forward(self, x: Tensor, edge_index: Tensor | None = None, *,
-                node_degree: Tensor | None = None, row_nodes: Tensor | None = None) -> Tensor:
+                node_degree: Tensor | None = None, row_nodes: Tensor | None = None,
+                row_sources: Tensor | None = None) -> Tensor:
         """Round ``x``. Rows are nodes, unless ``row_nodes`` gives each row's node (the target
-        of a message); degrees (for protection) come from ``node_degree`` or from the
-        layer's ``edge_index`` (in-degree, ``edge_index[1]``)."""
+        of a message; ``row_sources`` its source, for ``Protection(messages="source")``);
+        degrees (for protection) come from ``node_degree`` or from the layer's
+        ``edge_index`` (in-degree, ``edge_index[1]``)."""
         if self.site is Site.INPUT and not x.is_floating_point():
             self.__dict__["last_rows"] = "passthrough"  # nothing rounded, nothing counted
             return x  # an input site passes integer inputs (indices, masks) through
@@ -285,14 +298,28 @@ class QuantPoint(nn.Module):
         # what the last forward rounded, for fxquant.bit_report / bit_penalty (not state)
         self.__dict__["last_rows"] = (x.shape[0] if x.dim() else 1,
                                       math.prod(x.shape[1:]) if x.dim() else 1, num_nodes, rows)
+        keep = None
+        protect = self.config.protect
+        if protect is not None and self.training:
+            keep = self._node_mask(node_degree)
+            if keep is not None:
+                by = row_sources if protect.messages == "source" and row_sources is not None \
+                    else row_nodes
+                if by is not None:
+                    keep = keep[by]
+                if keep.shape[0] != (x.shape[0] if x.dim() else 1):
+                    raise FxquantValueError(
+                        f"fxquant: the protective mask of layer {self.layer!r} has "
+                        f"{keep.shape[0]} rows, but its {self.name} has "
+                        f"{x.shape[0] if x.dim() else 1}; Protection(share='layer') needs "
+                        "every point of the layer to have a row per node of its graph (or "
+                        "per edge)")
         if self.config.node_bits is not None:
             y = self._round_row_bits(x, num_nodes, row_nodes, ids)
         else:
-            y = self._round(x, rows)
-        if self.config.protect is not None and self.training and node_degree is not None:
-            keep = self._protected(node_degree)
-            if row_nodes is not None:
-                keep = keep[row_nodes]
+            unprotected = protect is not None and protect.ranges == "unprotected"
+            y = self._round(x, rows, keep if unprotected else None)
+        if keep is not None:
             if torch.compiler.is_compiling() or x.dim() == 0:  # fused by inductor
                 y = torch.where(keep.view((-1,) + (1,) * (x.dim() - 1)), x, y)
             else:  # eager: copy the kept rows (a `where` with a per-row mask is slow here)
@@ -300,14 +327,44 @@ class QuantPoint(nn.Module):
                 y = y.index_copy_(0, kept, x.index_select(0, kept))  # y is our fresh output
         return y
 
-    def _round(self, x: Tensor, rows: Tensor | None) -> Tensor:
+    def _round(self, x: Tensor, rows: Tensor | None, exclude: Tensor | None = None) -> Tensor:
         if self._op == "truncate":
             return torch.ops.fxquant.truncate.default(x, rows=rows, numerics=NUMERICS, **self._args)
         if self.log_step is not None:
             return self._lsq(x, rows)
-        bounds = self.observer(x) if self.observer is not None else None
-        return torch.ops.fxquant.quantize.default(x, bounds=bounds, rows=rows, numerics=NUMERICS,
-                                                  **self._args)
+        bounds = self.observer(x, exclude) if self.observer is not None else None
+        y = torch.ops.fxquant.quantize.default(x, bounds=bounds, rows=rows, numerics=NUMERICS,
+                                               **self._args)
+        if self.config.grad is Grad.CLIPPED and bounds is not None and x.requires_grad:
+            y = torch.where(self._clipped(x.detach(), bounds), y.detach(), y)
+        return y
+
+    def _clipped(self, x: Tensor, bounds: Tensor) -> Tensor:
+        """Where ``x`` rounds to the grid's first or last code or beyond (``grad="clipped"``)."""
+        number = self.config.format
+        assert isinstance(number, IntFormat)
+        scale, zero_point = int_scale(bounds.to(torch.float32), number, self.config.scale)
+        per_row = self.config.scale.per_row and x.dim() > 0
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        codes = torch.round(x / (scale.view(shape) if per_row else scale) - number.offset)
+        if zero_point is not None:
+            codes = codes + (zero_point.view(shape) if per_row else zero_point)
+        return (codes <= number.qmin) | (codes >= number.qmax)
+
+    def _node_mask(self, degree: Tensor | None) -> Tensor | None:
+        """The protective mask over the layer's nodes for this forward: the layer's shared
+        draw (``share="layer"``: drawn by its first point) or a draw of its own; None
+        where this point knows no degrees and no draw was shared."""
+        protect = self.config.protect
+        assert protect is not None
+        masks = self.__dict__["_masks"]
+        if protect.share == "layer" and masks is not None:
+            mask = masks.masks.get(self.layer)
+            if mask is None and degree is not None:
+                mask = self._protected(degree)
+                masks.masks[self.layer] = mask
+            return mask
+        return None if degree is None else self._protected(degree)
 
     def _protected(self, degree: Tensor) -> Tensor:
         """Degree-Quant's protective mask: node ``i`` stays at full precision with probability

@@ -18,8 +18,18 @@ attribute):
   messages: ``message()``'s output, one row per edge) and what it returns (the
   aggregation, one row per node, before ``update()``). It knows each message's target
   node (``index``), so per-node settings of messages follow their target.
+- ``layer.propagate`` (the ``edge`` site, or messages protected by their source): a
+  :class:`QuantizedPropagate` that rounds the per-edge arguments ``message()`` receives
+  (those without an ``_i``/``_j`` suffix) and tells the message point each message's
+  source node.
+- each linear child's ``forward`` (the ``linear`` site): a :class:`QuantizedLinear` that
+  rounds what the ``torch.nn.Linear`` / PyG ``Linear`` returns (``X W``).
 - ``layer.message_and_aggregate``: a :class:`NoFusedPath` that raises: a fused path
   (a ``SparseTensor`` adjacency) has no per-edge messages to round.
+
+With ``Protection(share="layer")`` the layer's ``forward`` object also draws the layer's
+protective mask at the start of each training call (from the call's ``edge_index``), so
+that every point inside shares it.
 
 The objects hold their :class:`~fxquant.quant.points.QuantPoint` modules, which are also
 registered on the GraphModule (so ``print(gm)``, ``.to()`` and ``state_dict`` see them).
@@ -34,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from fxquant.errors import FxquantRuntimeError, FxquantValueError
 from fxquant.quant.points import QuantPoint, in_degree
@@ -42,9 +53,16 @@ __all__ = [
     "NoFusedPath",
     "QuantizedAggregate",
     "QuantizedForward",
+    "QuantizedLinear",
+    "QuantizedPropagate",
+    "edge_arguments",
     "install",
+    "linears_of",
     "weights_of",
 ]
+
+#: the linear transforms the ``linear`` site rounds the output of
+LINEARS: tuple[type[nn.Module], ...] = (nn.Linear, PygLinear)
 
 
 def weights_of(module: nn.Module) -> list[str]:
@@ -53,16 +71,37 @@ def weights_of(module: nn.Module) -> list[str]:
             if p.is_floating_point() and p.dim() >= 2]
 
 
-class QuantizedForward:
-    """``layer.forward`` with every weight rounded by its point (see the module docs)."""
+def linears_of(module: nn.Module) -> list[str]:
+    """The names of the linear transforms inside ``module`` the linear site rounds."""
+    return [name for name, m in module.named_modules() if name and isinstance(m, LINEARS)]
 
-    def __init__(self, owner: nn.Module, points: dict[str, QuantPoint]) -> None:
+
+def edge_arguments(module: MessagePassing) -> list[str]:
+    """The arguments of ``module.message()`` the edge site rounds: those PyG passes through
+    from ``propagate`` unchanged (no ``_i``/``_j`` suffix), which are per-edge tensors."""
+    names = module.inspector.get_param_names("message")
+    return [n for n in names if not n.endswith(("_i", "_j"))
+            and n not in ("index", "ptr", "size", "size_i", "size_j", "dim_size")]
+
+
+class QuantizedForward:
+    """``layer.forward`` with every weight rounded by its point (see the module docs), and
+    the layer's protective mask drawn at the start of a training call (``drawer``: a point
+    of the layer with ``Protection(share="layer")``)."""
+
+    def __init__(self, owner: nn.Module, points: dict[str, QuantPoint],
+                 drawer: QuantPoint | None = None) -> None:
         self.owner = owner
         self.points = points
+        self.drawer = drawer
         self.active = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.active:  # functional_call calls the module, which comes back here
+            return type(self.owner).forward(self.owner, *args, **kwargs)
+        if self.drawer is not None and self.drawer.training:
+            self._draw(args, kwargs)
+        if not self.points:
             return type(self.owner).forward(self.owner, *args, **kwargs)
         params = dict(self.owner.named_parameters())
         rounded = {name: point(params[name]) for name, point in self.points.items()}
@@ -71,6 +110,64 @@ class QuantizedForward:
             return torch.func.functional_call(self.owner, rounded, args, kwargs)
         finally:
             self.active = False
+
+    def _draw(self, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Draw the layer's mask over its nodes (the in-degree of this call's graph)."""
+        assert self.drawer is not None
+        x = args[0] if args else next(iter(kwargs.values()), None)
+        edge_index = args[1] if len(args) > 1 else kwargs.get("edge_index")
+        if isinstance(x, (tuple, list)):
+            raise FxquantValueError(
+                f"fxquant: layer {self.drawer.layer!r} was called with a (source, target) "
+                "pair; Protection(share='layer') draws one mask over a layer's nodes and "
+                "needs one node set. Please use share='point' on this layer.")
+        if isinstance(x, Tensor) and isinstance(edge_index, Tensor) and not edge_index.is_sparse \
+                and edge_index.dim() == 2:
+            self.drawer._node_mask(in_degree(edge_index, x.shape[0], x))
+
+
+class QuantizedLinear:
+    """A linear child's ``forward`` whose output (``X W``: one row per node) is rounded by
+    its point (the ``linear`` site)."""
+
+    def __init__(self, owner: nn.Module, point: QuantPoint) -> None:
+        self.owner = owner
+        self.point = point
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.point(type(self.owner).forward(self.owner, x))
+
+
+class QuantizedPropagate:
+    """``layer.propagate`` that rounds the per-edge arguments of ``message()`` (the ``edge``
+    site) and records each message's source node for the message point."""
+
+    def __init__(self, owner: MessagePassing, edge: QuantPoint | None,
+                 aggregate: QuantizedAggregate | None) -> None:
+        self.owner = owner
+        self.edge = edge
+        self.aggregate = aggregate
+        self.names = edge_arguments(owner)
+
+    def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Tensor:
+        plain = isinstance(edge_index, Tensor) and not edge_index.is_sparse \
+            and edge_index.dim() == 2 and not edge_index.is_floating_point()
+        i, j = (1, 0) if self.owner.flow == "source_to_target" else (0, 1)
+        if self.aggregate is not None:
+            self.aggregate.sources = edge_index[j] if plain else None
+        if self.edge is not None:
+            found = [n for n in self.names if isinstance(kwargs.get(n), Tensor)
+                     and kwargs[n].is_floating_point()]
+            if found and not plain:
+                raise FxquantRuntimeError(
+                    f"fxquant: the edge site of layer {self.edge.layer!r} rounds the per-edge "
+                    "arguments of message(), but this call passes an adjacency that is not a "
+                    "[2, num_edges] edge_index tensor (e.g. a SparseTensor, whose values are "
+                    "inside it); please pass an edge_index tensor")
+            for name in found:
+                kwargs[name] = self.edge(kwargs[name], row_nodes=edge_index[i],
+                                         row_sources=edge_index[j])
+        return type(self.owner).propagate(self.owner, edge_index, size=size, **kwargs)
 
 
 class QuantizedAggregate:
@@ -82,6 +179,11 @@ class QuantizedAggregate:
         self.owner = owner
         self.message = message
         self.aggregate = aggregate
+        #: each message's source node in the current call (set by QuantizedPropagate)
+        self.sources: Tensor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "sources": None}  # the last call's, not state
 
     def __call__(self, inputs: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         index = kwargs.get("index", args[0] if args else None)
@@ -92,7 +194,8 @@ class QuantizedAggregate:
             degree = in_degree(torch.stack([index, index]), dim_size, inputs)  # counts index
             nodes = index
         if self.message is not None:
-            inputs = self.message(inputs, node_degree=degree, row_nodes=nodes)
+            inputs = self.message(inputs, node_degree=degree, row_nodes=nodes,
+                                  row_sources=self.sources)
         out = type(self.owner).aggregate(self.owner, inputs, *args, **kwargs)
         if self.aggregate is not None:
             out = self.aggregate(out, node_degree=degree)
@@ -118,14 +221,24 @@ class NoFusedPath:
 
 
 def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] | None,
-            message: QuantPoint | None, aggregate: QuantPoint | None) -> None:
-    """Set the site objects on ``module`` (the transformed copy), checking it can take them."""
-    if weights:
+            message: QuantPoint | None, aggregate: QuantPoint | None,
+            linear: dict[str, QuantPoint] | None = None, edge: QuantPoint | None = None,
+            drawer: QuantPoint | None = None) -> None:
+    """Set the site objects on ``module`` (the transformed copy), checking it can take them.
+    ``drawer``: a point of the layer whose ``Protection(share="layer")`` mask the layer's
+    forward draws at the start of each training call."""
+    if weights or drawer is not None:
         if "forward" in vars(module):
             raise FxquantValueError(f"layer {layer_name!r} already has its own forward attribute; "
                              "fxquant cannot round its weights")
-        module.forward = QuantizedForward(module, weights)
-    if message is None and aggregate is None:
+        module.forward = QuantizedForward(module, weights or {}, drawer)
+    for name, point in (linear or {}).items():
+        child = module.get_submodule(name)
+        if "forward" in vars(child):
+            raise FxquantValueError(f"the linear {name!r} of layer {layer_name!r} already has its "
+                                    "own forward attribute; fxquant cannot round its output")
+        child.forward = QuantizedLinear(child, point)
+    if message is None and aggregate is None and edge is None:
         return
     if not isinstance(module, MessagePassing):
         raise FxquantValueError(f"the message and aggregate sites need a PyG MessagePassing layer; "
@@ -133,6 +246,17 @@ def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] |
     if getattr(module, "explain", False) or getattr(module, "decomposed_layers", 1) > 1:
         raise FxquantValueError(f"layer {layer_name!r} runs PyG's explain or decomposed_layers mode, "
                          "whose propagate fxquant does not round inside; please switch it off")
-    module.aggregate = QuantizedAggregate(module, message, aggregate)
+    rounds = None
+    if message is not None or aggregate is not None:
+        rounds = QuantizedAggregate(module, message, aggregate)
+        module.aggregate = rounds
+    sources = message is not None and message.config.protect is not None \
+        and message.config.protect.messages == "source"
+    if edge is not None or sources:
+        if "propagate" in vars(module):
+            raise FxquantValueError(f"layer {layer_name!r} already has its own propagate "
+                                    "attribute; fxquant cannot round its per-edge arguments")
+        module.propagate = QuantizedPropagate(module, edge, rounds)
     sites = [s for s, p in (("message", message), ("aggregate", aggregate)) if p is not None]
-    module.message_and_aggregate = NoFusedPath(module, layer_name, sites)
+    if sites:
+        module.message_and_aggregate = NoFusedPath(module, layer_name, sites)

@@ -25,7 +25,8 @@ Example:
     >>> import fxquant
     >>> from torch_geometric.nn.models import GCN
     >>> fxquant.recipes.available()
-    ['budget-bits', 'hub-messages', 'learned-bits', 'lsq-protect', 'mx', 'recommended']
+    ['budget-bits', 'degree-quant', 'hub-messages', 'learned-bits', 'lsq-protect', 'mx', \
+'recommended']
     >>> recipe = fxquant.recipes.get("mx", format="e2m1")
     >>> recipe
     MX(format='e2m1')
@@ -42,13 +43,14 @@ from typing import Any
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.recipes.bits import BudgetBits, HubMessages, LearnedBits
 from fxquant.recipes.core import Choice, QuantTraining, Recipe
-from fxquant.recipes.uniform import MX, LsqProtect
+from fxquant.recipes.uniform import MX, DegreeQuant, LsqProtect
 
 __all__ = [
     "MX",
     "RECOMMENDED",
     "BudgetBits",
     "Choice",
+    "DegreeQuant",
     "HubMessages",
     "LearnedBits",
     "LsqProtect",
@@ -58,8 +60,8 @@ __all__ = [
     "get",
 ]
 
-_RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (BudgetBits, HubMessages,
-                                                                LearnedBits, LsqProtect, MX)}
+_RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (
+    BudgetBits, DegreeQuant, HubMessages, LearnedBits, LsqProtect, MX)}
 
 
 #: the recipe ``get("recommended")`` builds: the per-node bit-width method chosen on the
@@ -87,7 +89,8 @@ def get(name: str, **settings: Any) -> Recipe:
         Traceback (most recent call last):
         ...
         fxquant.errors.FxquantValueError: unknown recipe 'hub-mesages'; recipes: \
-['budget-bits', 'hub-messages', 'learned-bits', 'lsq-protect', 'mx', 'recommended']
+['budget-bits', 'degree-quant', 'hub-messages', 'learned-bits', 'lsq-protect', 'mx', \
+'recommended']
     """
     if name == "recommended":
         name, chosen = RECOMMENDED
