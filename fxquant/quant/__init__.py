@@ -4,7 +4,14 @@ calls that round tensors and models, and the summary of what a model rounds wher
 from fxquant.errors import warn_renamed
 from fxquant.quant.api import transform
 from fxquant.quant.bits import BitReport, bit_penalty, bit_report
-from fxquant.quant.config import NodeBits, NodeOverride, QuantConfig, QuantMapping, Site
+from fxquant.quant.config import (
+    NodeBits,
+    NodeOverride,
+    Protection,
+    QuantConfig,
+    QuantMapping,
+    Site,
+)
 from fxquant.quant.describe import quantization_points, summary
 from fxquant.quant.functional import quantize, truncate
 from fxquant.quant.nodes import top_degree_nodes
@@ -16,6 +23,7 @@ __all__ = [
     "BitReport",
     "NodeBits",
     "NodeOverride",
+    "Protection",
     "QuantConfig",
     "QuantMapping",
     "QuantPoint",
