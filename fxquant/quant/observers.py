@@ -49,8 +49,10 @@ def percentile_bounds(x: Tensor, q: float) -> Tensor:
     return _percentiles(x, q)[0]
 
 
-def _percentiles(x: Tensor, q: float) -> tuple[Tensor, Tensor]:
-    """:func:`percentile_bounds`, and whether the sample held a finite value."""
+def _percentiles(x: Tensor, q: float, exclude: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor]:
+    """:func:`percentile_bounds`, and whether the sample held a finite value; rows (dim 0)
+    where ``exclude`` is True are left out."""
     flat = x.detach().reshape(-1)
     if flat.numel() == 0:  # nanquantile refuses an empty tensor
         return x.new_zeros(2, dtype=torch.float32), torch.zeros((), dtype=torch.bool,
@@ -58,7 +60,12 @@ def _percentiles(x: Tensor, q: float) -> tuple[Tensor, Tensor]:
     stride = max(1, math.ceil(flat.numel() / SAMPLE))
     sample = flat[::stride].float()
     # Non-finite values are left out (as NaN, which nanquantile skips): fixed shapes compile.
-    sample = torch.where(torch.isfinite(sample), sample, math.nan)
+    keep = torch.isfinite(sample)
+    if exclude is not None:  # the sampled values' rows, without a pass over all of x
+        per_row = max(1, flat.numel() // max(x.shape[0], 1))
+        rows = torch.arange(0, flat.numel(), stride, device=x.device) // per_row
+        keep = keep & ~exclude[rows]
+    sample = torch.where(keep, sample, math.nan)
     qs = torch.tensor([1.0 - q / 100.0, q / 100.0], dtype=sample.dtype, device=sample.device)
     bounds = torch.nanquantile(sample, qs, interpolation="lower")
     found = ~torch.isnan(bounds[0])
@@ -124,22 +131,25 @@ class RangeObserver(nn.Module):
         """The range of the finite values of ``x`` itself (zeros where there are none)."""
         return self._current(x)[0]
 
-    def _current(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def _current(self, x: Tensor, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The range, and whether ``x`` held a finite value to take it from."""
+        if exclude is not None and not x.dim():
+            exclude = None
         if self.percentile is not None:
-            return _percentiles(x, self.percentile)
+            return _percentiles(x, self.percentile, exclude)
+        if exclude is not None:  # left out as NaN, which the range skips (compiles)
+            x = torch.where(exclude.view((-1,) + (1,) * (x.dim() - 1)), math.nan, x.detach())
         bounds, found = finite_bounds(x.detach(), self.per_row)
         return bounds.float(), found
 
     def forward(self, x: Tensor, exclude: Tensor | None = None) -> Tensor:
-        if exclude is not None and x.is_floating_point() and x.dim():
-            # left out as NaN, which every range skips (fixed shapes: compiles)
-            x = torch.where(exclude.view((-1,) + (1,) * (x.dim() - 1)), math.nan, x.detach())
+        if exclude is not None and not x.is_floating_point():
+            exclude = None
         if self.momentum is None and not self.widen:
-            return self._synced(self.current(x))
+            return self._synced(self._current(x, exclude)[0])
         if not self.training:  # before any training batch: the current range, not (0, 0)
-            return self.running if self.calibrated else self.current(x)
-        now, found = self._current(x)
+            return self.running if self.calibrated else self._current(x, exclude)[0]
+        now, found = self._current(x, exclude)
         now, found = self._synced_found(now.to(self.running.dtype), found)
         with torch.no_grad():  # a batch without finite values leaves the running range
             if self.widen:

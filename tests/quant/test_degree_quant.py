@@ -220,6 +220,21 @@ def test_widening_range_is_kept_and_used_in_evaluation():
     assert torch.equal(fresh.eval()(torch.tensor([7.0])), torch.tensor([-2.0, 3.0]))
 
 
+@pytest.mark.parametrize("shape", [(3000, 700), (50, 7), (40, 3, 5), (9,)])
+@pytest.mark.parametrize("percentile", [None, 99.0])
+def test_excluded_rows_are_left_out_of_every_range(shape, percentile):
+    """Leaving rows out is the same as making them NaN (which ranges skip), for sampled
+    percentiles of large tensors too."""
+    torch.manual_seed(0)
+    exclude = torch.rand(shape[0]) < 0.3
+    x = torch.randn(shape) * (1 + 9 * exclude.view((-1,) + (1,) * (len(shape) - 1)))
+    nan = torch.where(exclude.view((-1,) + (1,) * (x.dim() - 1)), float("nan"), x)
+    assert torch.equal(RangeObserver(percentile=percentile)(x, exclude),
+                       RangeObserver(percentile=percentile)(nan))
+    assert not torch.equal(RangeObserver(percentile=percentile)(x, exclude),
+                           RangeObserver(percentile=percentile)(x))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"observe": "ema"}, "give its momentum"),
     ({"observe": "widen", "momentum": 0.9}, "drop one of them"),
