@@ -166,6 +166,8 @@ COMMANDS = {
     "recommended": lambda out: bits_pareto.main([
         "--method", "recommended", "--target-bits", "2", "--seeds", "1", "--epochs", "8",
         "--json", out]),
+    "degree-quant": lambda out: dq_table.main(["--only", "int8-dq", "--seeds", "1", "--epochs",
+                                               "8", "--json", out]),
     "lsq-protect": lambda out: dq_table.main(["--only", "int4-lsq-p", "--seeds", "1", "--epochs",
                                               "8", "--json", out]),
     "mx": lambda out: dq_table.main(["--only", "mxfp4", "--seeds", "1", "--epochs", "8",
