@@ -39,6 +39,7 @@ kept), and compiles: dynamo inlines the objects like methods, so compiled == eag
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -156,14 +157,20 @@ class QuantizedPropagate:
         if self.aggregate is not None:
             self.aggregate.sources = edge_index[j] if plain else None
         if self.edge is not None:
-            found = [n for n in self.names if isinstance(kwargs.get(n), Tensor)
-                     and kwargs[n].is_floating_point()]
-            if found and not plain:
+            if not plain:
                 raise FxquantRuntimeError(
                     f"fxquant: the edge site of layer {self.edge.layer!r} rounds the per-edge "
                     "arguments of message(), but this call passes an adjacency that is not a "
                     "[2, num_edges] edge_index tensor (e.g. a SparseTensor, whose values are "
                     "inside it); please pass an edge_index tensor")
+            found = [n for n in self.names if isinstance(kwargs.get(n), Tensor)
+                     and kwargs[n].is_floating_point()]
+            if not found and not torch.compiler.is_compiling():
+                warnings.warn(
+                    f"fxquant: the edge site of layer {self.edge.layer!r} found no floating "
+                    f"per-edge argument ({', '.join(self.names)}) in this call, so it rounded "
+                    "nothing; pass edge weights, or drop the edge site of this layer",
+                    UserWarning, stacklevel=2)
             for name in found:
                 kwargs[name] = self.edge(kwargs[name], row_nodes=edge_index[i],
                                          row_sources=edge_index[j])

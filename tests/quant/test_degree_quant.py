@@ -424,3 +424,19 @@ def test_recipe_compiles_and_follows_eager():
         gm.eval(), twin.eval()
         assert torch.allclose(gm(data.x, data.edge_index), compiled(data.x, data.edge_index),
                               atol=1e-5)
+
+
+def test_edge_site_without_edge_values_says_so():
+    """A layer called without per-edge values, or with an adjacency that hides them: the
+    edge site warns (nothing to round) or raises (cannot see them), never rounds nothing
+    silently."""
+    x, ei = graph_data()
+    gm = fxquant.transform(One(GraphConv(4, 8)), QuantMapping().set_name(
+        "layer", QuantConfig("int8", scale="tensor"), site="edge"))
+    with pytest.warns(UserWarning, match="found no floating per-edge argument"):
+        gm(x, ei)
+    gcn = fxquant.transform(One(GCNConv(4, 8)), QuantMapping().set_name(
+        "layer", QuantConfig("int8", scale="tensor"), site="edge"))
+    adjacency = torch.sparse_coo_tensor(ei, torch.ones(ei.shape[1]), (10, 10))
+    with pytest.raises(RuntimeError, match="not a \\[2, num_edges\\] edge_index"):
+        gcn(x, adjacency)
