@@ -58,7 +58,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -344,8 +344,13 @@ def run_accuracy(sides: Sides, rows: list[Row], seeds: list[int], epochs: int,
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
                              initargs=worker_args) as pool:
-        futures = [pool.submit(_worker_run, key, seed, epochs, first)
-                   for key, seed, first in tasks]
+        futures = {pool.submit(_worker_run, key, seed, epochs, first): (key, seed)
+                   for key, seed, first in tasks}
+        for done, future in enumerate(as_completed(futures), 1):  # progress as pairs end
+            key, seed = futures[future]
+            out = future.result()
+            log(f"({done}/{len(tasks)}) seed {seed} {key}: reference "
+                f"{100 * out['reference'][0]:.1f}, fxquant {100 * out['fxquant'][0]:.1f}")
         outs = [f.result() for f in futures]
     for (key, seed, _), out in zip(tasks, outs, strict=True):
         record(key, seed, out)
