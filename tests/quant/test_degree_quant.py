@@ -440,3 +440,24 @@ def test_edge_site_without_edge_values_says_so():
     adjacency = torch.sparse_coo_tensor(ei, torch.ones(ei.shape[1]), (10, 10))
     with pytest.raises(RuntimeError, match="not a \\[2, num_edges\\] edge_index"):
         gcn(x, adjacency)
+
+
+@pytest.mark.parametrize("q", [50.5, 90.0, 99.0, 99.9, 100.0])
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 70000, 200000])
+@pytest.mark.parametrize("kind", ["normal", "ties", "nan", "all-nan"])
+def test_percentile_bounds_are_nanquantile_of_the_sample(q, n, kind):
+    """The bounds read off the ends of the sample equal torch.nanquantile (interpolation
+    'lower') of the strided sample, bit for bit, with ties and non-finite values."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g) if kind != "ties" else \
+        torch.randint(0, 3, (n,), generator=g).float()
+    if kind == "nan":
+        x[torch.rand(n, generator=g) < 0.5] = float("nan")
+        x[torch.rand(n, generator=g) < 0.1] = float("inf")
+    if kind == "all-nan":
+        x[:] = float("nan")
+    sample = x[:: max(1, -(-n // (1 << 16)))]
+    sample = torch.where(torch.isfinite(sample), sample, float("nan"))
+    expected = torch.nanquantile(sample, torch.tensor([1 - q / 100, q / 100]),
+                                 interpolation="lower").nan_to_num(0.0)
+    assert torch.equal(fxquant.quant.observers.percentile_bounds(x, q), expected)
