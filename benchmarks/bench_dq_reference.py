@@ -407,6 +407,20 @@ def _ratio(timing: dict[str, Any], a: str, b: str) -> str:
     return f"{m[a] / m[b]:.2f}" if a in m and b in m else "-"
 
 
+def load_results(path: str) -> tuple[list[Result], dict[str, Any]]:
+    """The accuracy rows of an earlier ``--json`` file, and the file."""
+    with open(path) as f:
+        payload = json.load(f)
+    results = []
+    for r in payload["results"]:
+        result = Result(ROWS[r["key"]], list(r["seeds"]), r["reference_acc"], r["fxquant_acc"],
+                        r["reference_val"], r["fxquant_val"])
+        result.reference_ms = [r["reference_epoch_ms"]]
+        result.fxquant_ms = [r["fxquant_epoch_ms"]]
+        results.append(result)
+    return results, payload
+
+
 def report(results: list[Result], timings: list[dict[str, Any]], header: str) -> str:
     fp32 = next((r for r in results if r.row.key == "fp32"), None)
     acc_rows = []
@@ -461,6 +475,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes for the accuracy runs, one thread each (default 1; "
                         "2 on an otherwise idle 2-core machine halves the time)")
+    p.add_argument("--accuracy-from", default=None, metavar="JSON",
+                   help="take the accuracy rows from an earlier --json file instead of "
+                        "training them (e.g. to time on a quiet machine after a long run)")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     args = p.parse_args(argv)
@@ -499,8 +516,17 @@ def main(argv: Sequence[str] | None = None) -> str | None:
         print(f"[{time.perf_counter() - start:6.0f} s] {text}", file=sys.stderr, flush=True)
 
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    results = run_accuracy(sides, [ROWS[k] for k in args.rows], seeds, args.epochs, log,
-                           args.jobs, (args.reference, args.dataset, args.root, args.protect))
+    source = ""
+    if args.accuracy_from:
+        results, earlier = load_results(args.accuracy_from)
+        seeds = sorted({s for r in results for s in r.seeds})
+        args.epochs = earlier["args"]["epochs"]
+        source = (f" Accuracy rows from `{args.accuracy_from}` ({earlier['accuracy_s'] / 60:.0f} "
+                  f"min of training on {earlier['machine']}, {earlier['args']['jobs']} jobs).")
+    else:
+        results = run_accuracy(sides, [ROWS[k] for k in args.rows], seeds, args.epochs, log,
+                               args.jobs, (args.reference, args.dataset, args.root,
+                                           args.protect))
     accuracy_s = time.perf_counter() - start
     timings = [run_timing(sides, ROWS[k], args.warmup, args.time_rounds, args.time_steps, log)
                for k in args.time_rows]
@@ -510,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> str | None:
               f"{args.epochs} epochs, protection {args.protect[0]:g}:{args.protect[1]:g}; "
               f"reference camlsys/degree-quant {(ref.commit or '?')[:7]} (torch_scatter: "
               f"{ref.scatter}); {duration / 60:.1f} min in all ({accuracy_s / 60:.1f} min "
-              "training).")
+              "training)." + source)
     body = report(results, timings, header)
     if args.json:
         payload = {"args": {k: v for k, v in vars(args).items()}, "machine": machine(),
