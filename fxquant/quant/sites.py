@@ -11,7 +11,10 @@ attribute):
 - ``layer.forward``: a :class:`QuantizedForward` that rounds every weight (floating
   parameters with at least two dims: weight matrices, GAT's attention vectors; biases and
   scalars stay float32) and runs the layer's own forward on them with
-  :func:`torch.func.functional_call`. The optimizer keeps updating the float32 master
+  :func:`torch.func.functional_call`; the weight of a ``torch.nn.Linear`` / PyG ``Linear``
+  child is rounded where the child is called instead (its :class:`QuantizedLinear`, as
+  torch.ao's QAT ``Linear`` rounds its own weight), which keeps a compiled layer in one
+  graph. The optimizer keeps updating the float32 master
   weights (the rounding's gradient is straight-through), and ``state_dict`` keys are the
   original ones.
 - ``layer.aggregate``: a :class:`QuantizedAggregate` that rounds what it receives (the
@@ -73,8 +76,10 @@ def weights_of(module: nn.Module) -> list[str]:
 
 
 def linears_of(module: nn.Module) -> list[str]:
-    """The names of the linear transforms inside ``module`` the linear site rounds."""
-    return [name for name, m in module.named_modules() if name and isinstance(m, LINEARS)]
+    """The names of the linear transforms inside ``module`` the linear site rounds (these
+    exact classes: a subclass such as ``MultiheadAttention``'s ``out_proj`` may be used
+    without calling it)."""
+    return [name for name, m in module.named_modules() if name and type(m) in LINEARS]
 
 
 def edge_arguments(module: MessagePassing) -> list[str]:
@@ -128,15 +133,23 @@ class QuantizedForward:
 
 
 class QuantizedLinear:
-    """A linear child's ``forward`` whose output (``X W``: one row per node) is rounded by
-    its point (the ``linear`` site)."""
+    """A linear child's ``forward`` that rounds its weight (the ``weight`` site's point of
+    that weight) and its output (``X W``, one row per node: the ``linear`` site)."""
 
-    def __init__(self, owner: nn.Module, point: QuantPoint) -> None:
+    def __init__(self, owner: nn.Module, point: QuantPoint | None,
+                 weight: QuantPoint | None = None) -> None:
         self.owner = owner
         self.point = point
+        self.weight = weight
 
     def __call__(self, x: Tensor) -> Tensor:
-        return self.point(type(self.owner).forward(self.owner, x))
+        owner = self.owner
+        if self.weight is None:
+            out = type(owner).forward(owner, x)
+        else:
+            bias = owner.bias if isinstance(owner.bias, Tensor) else None
+            out = torch.nn.functional.linear(x, self.weight(owner.weight), bias)
+        return out if self.point is None else self.point(out)
 
 
 class QuantizedPropagate:
@@ -234,17 +247,21 @@ def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] |
     """Set the site objects on ``module`` (the transformed copy), checking it can take them.
     ``drawer``: a point of the layer whose ``Protection(share="layer")`` mask the layer's
     forward draws at the start of each training call."""
+    weights, linear = dict(weights or {}), dict(linear or {})
+    children = set(linears_of(module))
+    by_child = {name.rpartition(".")[0]: weights.pop(name) for name in list(weights)
+                if name.rpartition(".")[0] in children and name.endswith(".weight")}
     if weights or drawer is not None:
         if "forward" in vars(module):
             raise FxquantValueError(f"layer {layer_name!r} already has its own forward attribute; "
                              "fxquant cannot round its weights")
-        module.forward = QuantizedForward(module, weights or {}, drawer)
-    for name, point in (linear or {}).items():
+        module.forward = QuantizedForward(module, weights, drawer)
+    for name in sorted(set(linear) | set(by_child)):
         child = module.get_submodule(name)
         if "forward" in vars(child):
             raise FxquantValueError(f"the linear {name!r} of layer {layer_name!r} already has its "
-                                    "own forward attribute; fxquant cannot round its output")
-        child.forward = QuantizedLinear(child, point)
+                                    "own forward attribute; fxquant cannot round it")
+        child.forward = QuantizedLinear(child, linear.get(name), by_child.get(name))
     if message is None and aggregate is None and edge is None:
         return
     if not isinstance(module, MessagePassing):

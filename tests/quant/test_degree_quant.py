@@ -461,3 +461,13 @@ def test_percentile_bounds_are_nanquantile_of_the_sample(q, n, kind):
     expected = torch.nanquantile(sample, torch.tensor([1 - q / 100, q / 100]),
                                  interpolation="lower").nan_to_num(0.0)
     assert torch.equal(fxquant.quant.observers.percentile_bounds(x, q), expected)
+
+
+def test_linear_site_skips_linears_used_without_being_called():
+    """MultiheadAttention reads out_proj.weight without calling out_proj (a Linear
+    subclass): neither its output nor its weight is rounded through a call that never
+    happens; its weight stays with the layer's own forward."""
+    from fxquant.quant.sites import linears_of
+
+    assert linears_of(nn.MultiheadAttention(4, 2)) == []
+    assert linears_of(GCNConv(4, 8)) == ["lin"]

@@ -227,7 +227,10 @@ def test_deepcopy_meta_double_and_to():
     gm = fxquant.transform(model, mapping_for(SITES, QuantConfig(12, "nearest")))
     x, ei = graph_data()
     clone = copy.deepcopy(gm)
-    assert clone.layer.aggregate.owner is clone.layer and clone.layer.forward.owner is clone.layer
+    assert clone.layer.aggregate.owner is clone.layer
+    assert clone.layer.lin.forward.owner is clone.layer.lin  # rounds the Linear's weight
+    assert clone.layer.lin.forward.weight is clone.get_submodule(
+        "layer_weight_lin_weight_quant")
     assert torch.equal(clone(x, ei), gm(x, ei))
     meta = copy.deepcopy(gm).to("meta")
     assert meta(x.to("meta"), ei.to("meta")).device.type == "meta"
