@@ -351,6 +351,12 @@ class QuantPoint(nn.Module):
             codes = codes + (zero_point.view(shape) if per_row else zero_point)
         return (codes <= number.qmin) | (codes >= number.qmax)
 
+    @property
+    def has_mask(self) -> bool:
+        """Whether this forward's shared layer mask is drawn already (``share="layer"``)."""
+        masks = self.__dict__["_masks"]
+        return masks is not None and self.layer in masks.masks
+
     def _node_mask(self, degree: Tensor | None) -> Tensor | None:
         """The protective mask over the layer's nodes for this forward: the layer's shared
         draw (``share="layer"``: drawn by its first point) or a draw of its own; None

@@ -105,7 +105,7 @@ class QuantizedForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.active:  # functional_call calls the module, which comes back here
             return type(self.owner).forward(self.owner, *args, **kwargs)
-        if self.drawer is not None and self.drawer.training:
+        if self.drawer is not None and self.drawer.training and not self.drawer.has_mask:
             self._draw(args, kwargs)
         if not self.points:
             return type(self.owner).forward(self.owner, *args, **kwargs)
