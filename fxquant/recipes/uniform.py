@@ -22,6 +22,11 @@ __all__ = ["MX", "DegreeQuant", "LsqProtect"]
 _ALL_SITES = ("input", "weight", "message", "aggregate", "output")
 
 
+def _check_bits(bits: object) -> None:
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
+        raise FxquantValueError(f"bits must be a whole number in 2..16, got {bits!r}")
+
+
 @dataclass(frozen=True)
 class _EverySite(Recipe):
     """One config at every site of every GNN layer (inputs, weights, messages,
@@ -92,8 +97,7 @@ class DegreeQuant(Recipe):
     grad: str = "clipped"
 
     def __post_init__(self) -> None:
-        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 2 <= self.bits <= 16:
-            raise FxquantValueError(f"bits must be a whole number in 2..16, got {self.bits!r}")
+        _check_bits(self.bits)
         if self.grad not in ("clipped", "ste"):
             raise FxquantValueError(f"grad must be 'clipped' or 'ste', got {self.grad!r}")
         self.config(self.protection())  # validates protect and percentile
@@ -147,8 +151,7 @@ class LsqProtect(_EverySite):
     refit_epochs: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 2 <= self.bits <= 16:
-            raise FxquantValueError(f"bits must be a whole number in 2..16, got {self.bits!r}")
+        _check_bits(self.bits)
         check_count(self.refit_epochs, "refit_epochs")
         self.config(self.protect)  # validates protect
 
