@@ -48,7 +48,10 @@ layers (``cached=True`` on both sides) hold their normalisation before compiling
 ``gcn_norm`` breaks the graph on its first call, and the break would stay in the compiled
 code of every later step); each model first runs ``--warmup`` steps and one evaluation (compilation
 happens there), then the four take turns for ``--time-rounds`` rounds of
-``--time-steps`` steps; the median step is reported.
+``--time-steps`` steps; the median step is reported, and the ratio of fxquant compiled to
+each reference variant within each round (median and quartiles over rounds: the speed of a
+shared machine drifts by a third over seconds, and a ratio within a round compares steps
+run close together; ``--time-rounds 40 --time-steps 2`` for the published numbers).
 """
 
 from __future__ import annotations
@@ -397,17 +400,37 @@ def run_timing(sides: Sides, row: Row, warmup: int, rounds: int, steps: int,
             continue
         warm_s[name] = time.perf_counter() - start
         times[name] = []
+    per_round: dict[str, list[float]] = {name: [] for name in times}
     for _ in range(rounds):
         for name in times:
             m, opt = variants[name], optimizers[name]
+            this_round = []
             for _ in range(steps):
                 start = time.perf_counter()
                 _step(m, opt, data)
-                times[name].append(1000 * (time.perf_counter() - start))
+                this_round.append(1000 * (time.perf_counter() - start))
+            times[name] += this_round
+            per_round[name].append(statistics.median(this_round))
     median = {name: statistics.median(t) for name, t in times.items()}
     log(f"{row.key} epoch ms: " + ", ".join(f"{k} {v:.1f}" for k, v in median.items()))
     return {"row": row.key, "median_ms": median, "warmup_s": warm_s, "errors": errors,
-            "steps": {name: len(t) for name, t in times.items()}}
+            "steps": {name: len(t) for name, t in times.items()},
+            "round_ratios": _round_ratios(per_round)}
+
+
+def _round_ratios(per_round: dict[str, list[float]]) -> dict[str, list[float]]:
+    """fxquant compiled over each reference variant, round by round (the machine's speed
+    drifts between rounds; a ratio within one round compares steps run seconds apart):
+    ``[median, first quartile, third quartile]`` of the rounds' ratios."""
+    out: dict[str, list[float]] = {}
+    ours = per_round.get("fxquant compiled")
+    for name in ("reference eager", "reference compiled"):
+        theirs = per_round.get(name)
+        if ours and theirs and len(ours) == len(theirs):
+            ratios = [a / b for a, b in zip(ours, theirs)]
+            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            out[name] = [statistics.median(ratios), q[0], q[-1]]
+    return out
 
 
 def _ratio(timing: dict[str, Any], a: str, b: str) -> str:
@@ -453,11 +476,17 @@ def report(results: list[Result], timings: list[dict[str, Any]], header: str) ->
                        default=None)
         best = f"{m['fxquant compiled'] / best_ref:.2f}" if best_ref and "fxquant compiled" in m \
             else "-"
-        time_rows.append([t["row"], *cells, _ratio(t, "fxquant compiled", "reference eager"), best])
+        rounds = t.get("round_ratios", {})
+        paired_cells = [f"{r[0]:.2f} [{r[1]:.2f}, {r[2]:.2f}]" if (r := rounds.get(k)) else "-"
+                        for k in ("reference eager", "reference compiled")]
+        time_rows.append([t["row"], *cells, _ratio(t, "fxquant compiled", "reference eager"), best,
+                          *paired_cells])
     time_table = tabulate(time_rows, headers=["row", "reference eager", "reference compiled",
                                               "fxquant eager", "fxquant compiled",
                                               "fxquant compiled / reference eager",
-                                              "fxquant compiled / best reference"],
+                                              "fxquant compiled / best reference",
+                                              "per round / reference eager (median [IQR])",
+                                              "per round / reference compiled"],
                           tablefmt="github") if timings else "(no timing rows)"
     return f"{header}\n\n{table}\n\n{configs}\n\nMedian training step (ms):\n\n{time_table}\n"
 
