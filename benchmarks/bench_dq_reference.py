@@ -427,7 +427,7 @@ def _round_ratios(per_round: dict[str, list[float]]) -> dict[str, list[float]]:
     for name in ("reference eager", "reference compiled"):
         theirs = per_round.get(name)
         if ours and theirs and len(ours) == len(theirs):
-            ratios = [a / b for a, b in zip(ours, theirs)]
+            ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
             q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
             out[name] = [statistics.median(ratios), q[0], q[-1]]
     return out

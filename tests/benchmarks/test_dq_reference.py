@@ -80,3 +80,17 @@ def test_fp32_rows_match_with_a_checkout():
     fp32 = next(line for line in body.splitlines() if line.startswith("| FP32"))
     assert "+0.0 [+0.0, +0.0]" in fp32
     assert any(line.startswith("| INT8") for line in body.splitlines())
+
+
+def test_round_ratios_pair_steps_of_the_same_round():
+    """The machine slows down in round 2 for every model: each round's ratio stays 0.5,
+    while a ratio of the overall medians would not see the pairing."""
+    per_round = {"reference eager": [200.0, 300.0, 200.0], "reference compiled": [190.0] * 3,
+                 "fxquant eager": [150.0] * 3, "fxquant compiled": [100.0, 150.0, 100.0]}
+    ratios = bench_dq_reference._round_ratios(per_round)
+    assert ratios["reference eager"] == [0.5, 0.5, 0.5]
+    assert ratios["reference compiled"][0] == pytest.approx(100 / 190)
+    assert bench_dq_reference._round_ratios({"reference eager": [1.0]}) == {}
+    timing = {"row": "int8-dq", "round_ratios": ratios,
+              "median_ms": {k: v[0] for k, v in per_round.items()}}
+    assert "0.50 [0.50, 0.50]" in bench_dq_reference.report([], [timing], "## header")
