@@ -152,15 +152,24 @@ def _add_node_ids(gm: GraphModule, points: list[QuantPoint]) -> None:
     gm.meta["fxquant_node_ids_arg"] = arg
     if not points:
         return
-    context_name = free_name(gm, "fxquant_node_ids")
     context = NodeIds()
-    gm.add_submodule(context_name, context)
     for point in points:
         point.attach(context)
-    with graph.inserting_after(ids):
-        holder = graph.get_attr(context_name)
+    _add_context(gm, "fxquant_node_ids", context, ids, set_node_ids, ids)
+
+
+def _add_context(gm: GraphModule, base: str, context: torch.nn.Module, after: Node | None,
+                 fn: Callable[..., Any], *args: Any) -> None:
+    """``context`` as a submodule named after ``base``, and a call ``fn(context, *args)``
+    right after ``after`` (at the start of the graph where None)."""
+    name = free_name(gm, base)
+    gm.add_submodule(name, context)
+    graph = gm.graph
+    with graph.inserting_after(after) if after is not None else \
+            graph.inserting_before(next(iter(graph.nodes))):
+        holder = graph.get_attr(name)
     with graph.inserting_after(holder):
-        graph.call_function(set_node_ids, (holder, ids))
+        graph.call_function(fn, (holder, *args))
 
 
 def _add_masks(gm: GraphModule) -> list[QuantPoint]:
@@ -170,19 +179,12 @@ def _add_masks(gm: GraphModule) -> list[QuantPoint]:
               and m.config.protect is not None and m.config.protect.share == "layer"]
     if not points:
         return []
-    name = free_name(gm, "fxquant_masks")
     context = LayerMasks()
-    gm.add_submodule(name, context)
     for point in points:
         point.attach_masks(context)
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    anchor = placeholders[-1] if placeholders else None
-    with graph.inserting_after(anchor) if anchor is not None else \
-            graph.inserting_before(next(iter(graph.nodes))):
-        holder = graph.get_attr(name)
-    with graph.inserting_after(holder):
-        graph.call_function(new_masks, (holder,))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    _add_context(gm, "fxquant_masks", context, placeholders[-1] if placeholders else None,
+                 new_masks)
     return points
 
 
