@@ -4,7 +4,8 @@ The GCN is PyG's ``examples/gcn.py`` as written there (row-normalized features, 
 layers with 16 hidden units, ReLU, dropout 0.5 on the input and hidden layer, Adam with
 lr 0.01 and weight decay 5e-4 on the first layer, 200 epochs, test accuracy at the best
 validation epoch); ``--model gin`` / ``gat`` use PyG's ``models.GIN`` / ``models.GAT`` (two
-layers, hidden 16 (GAT: 8 x 8 heads), dropout 0.5, the same optimizer and protocol).
+layers, hidden 16 (GAT: hidden 8 as 8 heads of one channel each), dropout 0.5, the same optimizer
+and protocol).
 fxquant transforms them without touching their code. Seeds are paired: each seed's FP32
 and quantized runs start from the same initial weights.
 

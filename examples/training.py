@@ -72,7 +72,8 @@ class GCN(torch.nn.Module):
 
 def make_model(kind: str, in_channels: int, num_classes: int) -> torch.nn.Module:
     """The untouched FP32 model: PyG's gcn.py GCN, or PyG's GIN / GAT (two layers, hidden
-    16; GAT 8 x 8 heads; dropout 0.5)."""
+    16; GAT: hidden 8, which ``models.GAT`` splits into 8 heads of one channel each, and an
+    output layer averaging 8 heads; dropout 0.5, on the attention coefficients too)."""
     if kind == "gcn":
         return GCN(in_channels, 16, num_classes)
     if kind == "gin":
