@@ -5,7 +5,6 @@ forward), agree on every widening range and every weight after training."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,7 +50,7 @@ def _rank(rank: int, init_file: str, out: str, sync: bool) -> None:
 
 
 def _train(tmp_path: Path, sync: bool = True) -> list[dict]:
-    init = tempfile.mktemp(dir=tmp_path)  # a file the group creates
+    init = str(tmp_path / "group")  # a file the process group creates
     mp.spawn(_rank, args=(init, str(tmp_path), sync), nprocs=WORLD, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
