@@ -72,13 +72,40 @@ def _percentiles(x: Tensor, q: float, exclude: Tensor | None = None
     count = keep.sum()
     ranks = (qs * (count - 1)).floor().clamp(min=0)
     k = min(sample.numel(), math.ceil((1.0 - q / 100.0) * sample.numel()) + 2)
-    low = torch.where(keep, sample, math.inf).topk(k, largest=False).values  # ascending
-    high = torch.where(keep, sample, -math.inf).topk(k).values  # descending
+    low = _top_values(torch.where(keep, sample, math.inf), k, largest=False)  # ascending
+    high = _top_values(torch.where(keep, sample, -math.inf), k, largest=True)  # descending
     at_low = ranks[0].clamp(max=k - 1).long().reshape(1)
     at_high = ((count - 1) - ranks[1]).clamp(0, k - 1).long().reshape(1)
     bounds = torch.cat([low.index_select(0, at_low), high.index_select(0, at_high)])
     found = count > 0
     return torch.where(found, bounds, 0.0), found
+
+
+#: values per group in :func:`_top_values`
+_GROUP = 16
+
+
+def _top_values(v: Tensor, k: int, largest: bool) -> Tensor:
+    """``v.topk(k, largest=largest).values`` (1-d ``v`` without NaN), computed from the
+    ``k`` best of ``v``'s groups instead of a selection over all of ``v``: several times
+    faster for a few values out of many.
+
+    ``v`` is split into groups of :data:`_GROUP` values (strided, so one reduction over a
+    contiguous view gives each group's best); the ``k`` values are among the ``k`` groups
+    with the best bests. Any top value that lies outside those groups is tied with values
+    inside them (each of the ``k`` groups holds one at least as good), so the values
+    returned, sorted, are exactly topk's.
+    """
+    n = v.numel()
+    if 2 * _GROUP * k > n:  # the groups would not save a selection
+        return v.topk(k, largest=largest).values
+    pad = (-n) % _GROUP
+    if pad:  # with the worst value, which every value beats or ties
+        v = torch.nn.functional.pad(v, (0, pad), value=-math.inf if largest else math.inf)
+    groups = v.view(_GROUP, -1)  # group j: v[j], v[j + n / GROUP], ...
+    best = groups.amax(0) if largest else groups.amin(0)
+    chosen = best.topk(k, largest=largest, sorted=False).indices
+    return groups.index_select(1, chosen).reshape(-1).topk(k, largest=largest).values
 
 
 class RangeObserver(nn.Module):

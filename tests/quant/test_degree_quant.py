@@ -9,6 +9,8 @@ import pickle
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SimpleConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
@@ -461,6 +463,26 @@ def test_percentile_bounds_are_nanquantile_of_the_sample(q, n, kind):
     expected = torch.nanquantile(sample, torch.tensor([1 - q / 100, q / 100]),
                                  interpolation="lower").nan_to_num(0.0)
     assert torch.equal(fxquant.quant.observers.percentile_bounds(x, q), expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 5000), k_frac=st.floats(0.0, 0.05), values=st.sampled_from(
+    ["normal", "ties", "inf"]), largest=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_top_values_are_topk_values(n, k_frac, values, largest, seed):
+    """The grouped selection returns exactly topk's sorted values, with ties, infinities
+    and sizes that do not divide into groups."""
+    from fxquant.quant.observers import _top_values
+
+    g = torch.Generator().manual_seed(seed)
+    if values == "ties":
+        v = torch.randint(0, 4, (n,), generator=g).float()
+    else:
+        v = torch.randn(n, generator=g)
+    if values == "inf":
+        v[torch.rand(n, generator=g) < 0.3] = -float("inf") if largest else float("inf")
+        v[torch.rand(n, generator=g) < 0.01] = float("inf") if largest else -float("inf")
+    k = max(1, min(n, int(k_frac * n)))
+    assert torch.equal(_top_values(v, k, largest), v.topk(k, largest=largest).values)
 
 
 def test_linear_site_skips_linears_used_without_being_called():
