@@ -102,11 +102,11 @@ class _LsqRound(torch.autograd.Function):
         if not ctx.needs_input_grad[0] and not offset:
             ctx.entries = _sparse_entries(x, sx, lo, hi)
         if ctx.entries is not None:  # mostly zeros, which stay zeros: round the others
-            flat, row, values = ctx.entries
-            y = x * 0  # a fresh tensor with x's zeros, signs included
+            flat, row, values, negative_zero = ctx.entries
+            y = x * 0 if negative_zero else torch.zeros_like(x)  # x's zeros, signs included
             s_e, lo_e, hi_e = (_per_entry(t, row) for t in (sx, lo, hi))
-            y.view(-1)[flat] = torch.maximum(torch.minimum(values / s_e, hi_e), lo_e) \
-                .round_().mul_(s_e)
+            y.view(-1).index_copy_(0, flat, torch.maximum(torch.minimum(values / s_e, hi_e),
+                                                          lo_e).round_().mul_(s_e))
             return y
         rows = x.shape or (1,)  # written through views of at least one dimension
         xc = x.contiguous().reshape(rows)
@@ -153,9 +153,9 @@ def _sparse_backward(ctx: Any, x: Tensor, grad: Tensor, s: Tensor, qmin: Tensor,
                      sx: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor | None, ...]:
     """The gradients of ``s``, ``qmin`` and ``qmax`` from the non-zero entries of ``x``
     alone (a zero is on the grid and inside the range: it adds nothing to them)."""
-    flat, row, values = ctx.entries
+    flat, row, values, _ = ctx.entries
     rows = x.shape[0]
-    g = grad.contiguous().view(-1)[flat]
+    g = grad.contiguous().view(-1).index_select(0, flat)
     s_e, lo_e, hi_e = (_per_entry(t, row) for t in (sx, lo, hi))
     u = values / s_e
     c = torch.maximum(torch.minimum(u, hi_e), lo_e)
@@ -215,13 +215,14 @@ class _Entries:
 
     ref: Any = None
     version = -1
-    entries: tuple[Tensor, Tensor, Tensor] | None = None
+    entries: tuple[Tensor, Tensor, Tensor, bool] | None = None
 
 
 def _sparse_entries(x: Tensor, sx: Tensor, lo: Tensor, hi: Tensor
-                    ) -> tuple[Tensor, Tensor, Tensor] | None:
-    """``(flat positions, rows, values)`` of the non-zero entries of ``x`` where rounding may skip
-    its zeros (eager, contiguous, mostly zeros, zero on every row's grid); else None."""
+                    ) -> tuple[Tensor, Tensor, Tensor, bool] | None:
+    """``(flat positions, rows, values, whether a zero is -0.0)`` of the non-zero entries of
+    ``x`` where rounding may skip its zeros (eager, contiguous, mostly zeros, zero on every
+    row's grid); else None."""
     if torch.compiler.is_compiling() or x.dim() == 0 or x.numel() < CHUNK \
             or not x.is_contiguous() or x.requires_grad:
         return None
@@ -237,14 +238,15 @@ def _sparse_entries(x: Tensor, sx: Tensor, lo: Tensor, hi: Tensor
     entries = None
     if flat.numel() <= SPARSE_DENSITY * x.numel():
         entries = (flat, torch.div(flat, x.numel() // rows, rounding_mode="floor"),
-                   x.reshape(-1)[flat])
+                   x.reshape(-1).index_select(0, flat), bool((x == 0).logical_and_(
+                       x.signbit()).any()))
     _Entries.ref, _Entries.version, _Entries.entries = weakref.ref(x), x._version, entries
     return entries
 
 
 def _per_entry(t: Tensor, row: Tensor) -> Tensor:
     """``t`` (one number or one per row) for each entry, by the entry's row."""
-    return t.reshape(()) if t.numel() == 1 else t.reshape(-1)[row]
+    return t.reshape(()) if t.numel() == 1 else t.reshape(-1).index_select(0, row)
 
 
 def _rows_of(s: Tensor, per_row: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ state in ``state_dict``, survives pickling with its config, and torch.compile in
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +107,32 @@ def _code_range(bits: Any, number: IntFormat) -> tuple[Any, Any]:
     qmax = 2 ** (bits - 1) - 1 if number.signed else 2 ** bits - 1
     qmin = (-qmax - 1 if number.midrise else -qmax) if number.signed else qmax * 0
     return qmin, qmax
+
+
+class _LastRows:
+    """:func:`_row_magnitudes` of the last input that needs no gradient (a dataset's
+    features are the same tensor every step), held by a weak reference and the tensor's
+    version counter: an in-place change or another tensor recomputes it."""
+
+    ref: Any = None
+    version = -1
+    finite_only = False
+    rows: Tensor | None = None
+
+
+def _input_row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
+    """:func:`_row_magnitudes` of ``x``, kept for the next call while ``x`` is unchanged
+    (eager, no gradient); the result is shared between calls and never written to."""
+    if torch.compiler.is_compiling() or x.requires_grad:
+        return _row_magnitudes(x.detach(), finite_only)
+    last = _LastRows
+    if last.ref is not None and last.ref() is x and last.version == x._version \
+            and last.finite_only == finite_only and last.rows is not None:
+        return last.rows
+    rows = _row_magnitudes(x, finite_only)
+    last.ref, last.version, last.finite_only, last.rows = \
+        weakref.ref(x), x._version, finite_only, rows
+    return rows
 
 
 def _row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
@@ -414,7 +441,7 @@ class QuantPoint(nn.Module):
         assert rb is not None
         nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
         fits = self.seen_range is not None and self.training
-        rows_range = _row_magnitudes(x.detach(), finite_only=fits)
+        rows_range = _input_row_magnitudes(x, finite_only=fits)
         if row_nodes is not None:  # per node: the max over its rows (its messages)
             empty = -math.inf if fits else 0.0  # a node without (finite) messages: unseen
             node_range = torch.full((num_nodes,), empty, dtype=rows_range.dtype,

@@ -474,10 +474,8 @@ def test_top_values_are_topk_values(n, k_frac, values, largest, seed):
     from fxquant.quant.observers import _top_values
 
     g = torch.Generator().manual_seed(seed)
-    if values == "ties":
-        v = torch.randint(0, 4, (n,), generator=g).float()
-    else:
-        v = torch.randn(n, generator=g)
+    v = torch.randint(0, 4, (n,), generator=g).float() if values == "ties" else \
+        torch.randn(n, generator=g)
     if values == "inf":
         v[torch.rand(n, generator=g) < 0.3] = -float("inf") if largest else float("inf")
         v[torch.rand(n, generator=g) < 0.01] = float("inf") if largest else -float("inf")

@@ -84,6 +84,31 @@ def test_features_are_rounded_over_their_non_zero_entries(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("negative_zeros", [False, True])
+def test_non_zero_entries_path_keeps_every_bit(negative_zeros, monkeypatch):
+    """Features with or without -0.0 among their zeros (bag-of-words rows have none): the
+    non-zero entries' path gives the dense path's bits, zeros' signs included, and the
+    same gradient of the step."""
+    from fxquant.quant import lsq
+
+    g = torch.Generator().manual_seed(1)
+    mask = torch.rand(600, 200, generator=g) < 0.02
+    values = torch.randn(600, 200, generator=g)
+    x = values * mask if negative_zeros else torch.where(mask, values, 0.0)
+    assert bool((x == 0).logical_and(x.signbit()).any()) == negative_zeros
+    results = []
+    for density in (0.125, -1.0):  # the entries' path, then the dense one
+        monkeypatch.setattr(lsq, "SPARSE_DENSITY", density)
+        lsq._Entries.ref = None
+        s = torch.tensor(0.1, requires_grad=True)
+        y = lsq_round(x, s, -7, 7)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        results.append((y.detach().view(torch.int32), s.grad))
+    assert lsq._Entries.entries is None  # (the dense path ran last)
+    assert torch.equal(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])
+
+
 def test_only_x_needs_grad_and_meta():
     x = torch.randn(5, 3, requires_grad=True)
     y = lsq_round(x, torch.tensor(0.5), -8, 7)

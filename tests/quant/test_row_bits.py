@@ -167,6 +167,34 @@ def test_unseen_nodes_take_the_bits_of_the_nearest_seen_range():
     assert bits.tolist() == [5.0, 3.0]
 
 
+def test_ranges_of_an_unchanged_input_are_reused_and_follow_in_place_changes():
+    """A dataset's features (the same tensor every step, no gradient): the per-node ranges
+    are computed once and reused; an in-place change, another tensor, a NaN (finite values
+    only while training) are seen in the next forward."""
+    from fxquant.quant import points
+
+    config = QuantConfig("int8", scale="tensor", range="lsq",
+                         node_bits=NodeBits.learned_init(4, 4.0))
+    point = QuantPoint(config, "lin")
+    x = torch.tensor([[1.0, 0.5], [2.0, 0.0], [4.0, -1.0], [0.5, 0.25]])
+    point(x)
+    first = points._LastRows.rows
+    point(x)
+    assert points._LastRows.rows is first  # reused
+    x[3, 1] = -16.0  # in place
+    point(x)
+    assert point.seen_range.tolist() == [1.0, 2.0, 4.0, 16.0]
+    point(x.clone() * 2)  # another tensor
+    assert point.seen_range.tolist() == [2.0, 4.0, 8.0, 32.0]
+    x[0, 0] = float("nan")
+    point(x)
+    assert torch.equal(points._LastRows.rows, torch.tensor([0.5, 2.0, 4.0, 16.0]))
+    point.eval()
+    with torch.no_grad():
+        point(x)  # the range of every value now: NaN for node 0
+    assert points._LastRows.rows[0].isnan() and not points._LastRows.finite_only
+
+
 def test_learned_bits_before_any_training_take_the_table_mean():
     """An eval forward (or a bit report) of a model with learned bit-widths that has not
     trained yet: no node was seen, every row takes the table's mean (it raised IndexError)."""
