@@ -3,9 +3,10 @@
 The GCN is PyG's ``examples/gcn.py`` as written there (row-normalized features, two GCNConv
 layers with 16 hidden units, ReLU, dropout 0.5 on the input and hidden layer, Adam with
 lr 0.01 and weight decay 5e-4 on the first layer, 200 epochs, test accuracy at the best
-validation epoch); ``--model gin`` / ``gat`` use PyG's ``models.GIN`` / ``models.GAT`` (two
-layers, hidden 16 (GAT: hidden 8 as 8 heads of one channel each), dropout 0.5, the same optimizer
-and protocol).
+validation epoch); ``--model gin`` / ``gat`` / ``gat64`` use PyG's ``models.GIN`` /
+``models.GAT`` (two layers, hidden 16; ``gat``: hidden 8 as 8 heads of one channel each;
+``gat64``: hidden 64 as 8 heads of 8, the width of PyG's ``examples/gat.py``; dropout 0.5,
+the same optimizer and protocol).
 fxquant transforms them without touching their code. Seeds are paired: each seed's FP32
 and quantized runs start from the same initial weights.
 
@@ -197,7 +198,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="Degree-Quant protection: nodes stay at full precision in training "
                         "with a probability from P_MIN to P_MAX, growing with in-degree")
     p.add_argument("--model", default="gcn", choices=list(MODELS),
-                   help="gcn: PyG's examples/gcn.py; gin / gat: PyG's models.GIN / GAT")
+                   help="gcn: PyG's examples/gcn.py; gin / gat: PyG's models.GIN / GAT (gat: "
+                        "8 heads of one channel; gat64: 8 heads of 8, as in PyG's "
+                        "examples/gat.py)")
     p.add_argument("--layers", type=_names, default=None,
                    help="comma-separated layers to round after (default: both convs)")
     p.add_argument("--rounding", default=None, choices=[*ROUNDINGS, "all"],
@@ -274,8 +277,8 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
         p.error("--lsq-refit refits learned steps; without --range lsq there are none, so it "
                 "would be ignored. Please drop it or pass --range lsq.")
     if args.super_nodes is not None and args.model != "gcn" and not args.layers:
-        p.error("--super-nodes names conv1/conv2 of the GCN; with --model gin/gat please also "
-                "pass --layers convs.0,convs.1")
+        p.error("--super-nodes names conv1/conv2 of the GCN; with --model gin/gat/gat64 please "
+                "also pass --layers convs.0,convs.1")
     # Everything else a configuration can get wrong, on a stand-in of the same model.
     graph = Data(edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), num_nodes=4)
     model = training.make_model(args.model, 8, 3)

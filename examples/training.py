@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 SITES = ("input", "weight", "message", "aggregate", "output")
-MODELS = ("gcn", "gin", "gat")
+MODELS = ("gcn", "gin", "gat", "gat64")
 
 
 class GCN(torch.nn.Module):
@@ -72,13 +72,16 @@ class GCN(torch.nn.Module):
 
 def make_model(kind: str, in_channels: int, num_classes: int) -> torch.nn.Module:
     """The untouched FP32 model: PyG's gcn.py GCN, or PyG's GIN / GAT (two layers, hidden
-    16; GAT: hidden 8, which ``models.GAT`` splits into 8 heads of one channel each, and an
-    output layer averaging 8 heads; dropout 0.5, on the attention coefficients too)."""
+    16; ``gat``: hidden 8, which ``models.GAT`` splits into 8 heads of one channel each, and
+    an output layer averaging 8 heads; ``gat64``: hidden 64, 8 heads of 8 channels, the
+    width of PyG's examples/gat.py; dropout 0.5, on the attention coefficients too)."""
     if kind == "gcn":
         return GCN(in_channels, 16, num_classes)
     if kind == "gin":
         return GIN(in_channels, 16, num_layers=2, out_channels=num_classes, dropout=0.5)
-    return GAT(in_channels, 8, num_layers=2, out_channels=num_classes, heads=8, dropout=0.5)
+    hidden = 64 if kind == "gat64" else 8
+    return GAT(in_channels, hidden, num_layers=2, out_channels=num_classes, heads=8,
+               dropout=0.5)
 
 
 def load_data(name: str, root: str | None, script: str) -> tuple[Data, int]:

@@ -402,6 +402,14 @@ def _blocks(x: Tensor) -> Tensor:
     return flat.reshape(flat.shape[0], -1, 32)
 
 
+def _unblock(blocks: Tensor, like: Tensor) -> Tensor:
+    """:func:`_blocks`' ``(rows, blocks, 32)`` back in ``like``'s shape, the padding cut
+    off, in memory of its own (contiguous, as the input was: a view into the padded blocks
+    would hold up to 32x the memory and break a caller's ``.view``)."""
+    last = like.shape[-1] if like.dim() else 1
+    return blocks.reshape(blocks.shape[0], -1)[:, :last].contiguous().reshape(like.shape)
+
+
 def _noise(shape: torch.Size, dtype: torch.dtype, device: torch.device,
            generator: torch.Generator | None) -> Tensor:
     return torch.rand(shape, dtype=dtype, device=device, generator=generator)
@@ -420,10 +428,8 @@ def _whole(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
         block_bounds = _block_bounds(blocks, sync) if bounds is None else None
         if noise is not None:
             noise = _blocks(noise)
-        out = _scaled(blocks, fmt, rounding, mode, block_bounds if bounds is None else bounds,
-                      noise)
-        last = xc.shape[-1] if xc.dim() else 1
-        out = out.reshape(out.shape[0], -1)[:, :last].reshape(xc.shape)
+        out = _unblock(_scaled(blocks, fmt, rounding, mode,
+                               block_bounds if bounds is None else bounds, noise), xc)
     else:
         if mode is not Scale.NONE and bounds is None:
             bounds = bounds_of(xc, mode.per_row, sync)
@@ -641,8 +647,7 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
             assert factor is not None
             out.div_(factor)
     if mode.per_block:
-        last = xc.shape[-1] if xc.dim() else 1
-        out = out.reshape(out.shape[0], -1)[:, :last].reshape(xc.shape)
+        out = _unblock(out, xc)
     return _to_dtype(out, fmt, x.dtype, mode is not Scale.NONE, x)
 
 

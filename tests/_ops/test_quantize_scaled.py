@@ -158,6 +158,29 @@ def test_mx_block32_matches_the_ocp_definition(name, rounding):
     assert not bad.any(), (x[bad][:4], got[bad][:4], expected[bad][:4])
 
 
+BLOCK_SHAPES = [(6, 8, 8), (6, 40), (6, 8, 1), (6, 3, 64), (5,)]
+
+
+@pytest.mark.parametrize(("name", "shape", "compiled"), [
+    *((name, shape, False) for name in ("e2m1", "int4") for shape in BLOCK_SHAPES),
+    ("e2m1", (6, 8, 8), True), ("int4", (6, 40), True), ("int4", (5,), True)])
+def test_block32_output_is_contiguous_whatever_the_last_dim(name, shape, compiled):
+    """A last dim that is not a multiple of 32 is padded to blocks inside the op; the
+    result is the input's shape in memory of its own (a GAT layer's [nodes, heads,
+    channels] aggregation is ``.view``-ed to [nodes, heads * channels] next), equal to
+    the rounding of the zero-padded rows."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    fn = torch.compile(fxquant.quantize, fullgraph=True) if compiled else fxquant.quantize
+    got = fn(x, name, scale="block32")
+    assert got.shape == x.shape and got.is_contiguous()
+    assert got.untyped_storage().nbytes() <= (x.numel() + 31) * x.element_size()  # one pad
+    last = shape[-1]
+    padded = torch.nn.functional.pad(x.reshape(-1, last), (0, -last % 32))
+    want = fxquant.quantize(padded, name, scale="block32")[:, :last].reshape(shape)
+    assert torch.equal(got, want)
+    got.view(-1)  # (a view of the padded blocks cannot be flattened)
+
+
 @pytest.mark.parametrize("name", ["int8", "int4", "int2", "uint8", "uint4", "int8:asym",
                                   "int3:asym", ("int", 5)])
 @pytest.mark.parametrize("scale", [*SCALES, "block32"])

@@ -132,9 +132,9 @@ def test_lsq_refit_refits_the_steps_on_the_first_epochs(monkeypatch):
 
 
 @needs_data
-@pytest.mark.parametrize("model", ["gin", "gat"])
+@pytest.mark.parametrize("model", ["gin", "gat", "gat64"])
 def test_zoo_models_smoke(model, tmp_path):
-    """--model gin / gat train with every site quantized (2 epochs, 1 seed)."""
+    """--model gin / gat / gat64 train with every site quantized (2 epochs, 1 seed)."""
     configs = train_cora.main(["--model", model, "--sites", "all", "--format", "e2m1",
                                "--scale", "block32", "--seeds", "1", "--epochs", "2",
                                "--dataset", "CiteSeer"])
