@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from fxquant._ops.quantize import finite_bounds
 from fxquant.errors import FxquantValueError
@@ -97,7 +98,9 @@ def _top_values(v: Tensor, k: int, largest: bool) -> Tensor:
     returned, sorted, are exactly topk's.
     """
     n = v.numel()
-    if 2 * _GROUP * k > n:  # the groups would not save a selection
+    # groups that would not save a selection, or sizes known only at run time (compiled
+    # with data-dependent shapes: undecided counts as too small)
+    if guard_or_true(2 * _GROUP * k > n):
         return v.topk(k, largest=largest).values
     pad = (-n) % _GROUP
     if pad:  # with the worst value, which every value beats or ties
