@@ -28,7 +28,6 @@ level there).
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,6 +35,7 @@ import torch
 from torch import Tensor
 
 from fxquant.errors import FxquantValueError
+from fxquant.quant._last import LastInput
 
 __all__ = ["lsq_round"]
 
@@ -208,14 +208,9 @@ def _step_and_range_grads(ctx: Any, s: Tensor, qmin: Tensor, qmax: Tensor, sx: T
 SPARSE_DENSITY = 0.125
 
 
-class _Entries:
-    """The non-zero entries of the last input seen (a dataset's features are the same
-    tensor every step): held by a weak reference and the tensor's version counter, so an
-    in-place change or another tensor recomputes them."""
-
-    ref: Any = None
-    version = -1
-    entries: tuple[Tensor, Tensor, Tensor, bool] | None = None
+#: the non-zero entries of the last input seen (a dataset's features are the same tensor
+#: every step)
+_ENTRIES: LastInput[tuple[Tensor, Tensor, Tensor, bool] | None] = LastInput()
 
 
 def _sparse_entries(x: Tensor, sx: Tensor, lo: Tensor, hi: Tensor
@@ -232,16 +227,16 @@ def _sparse_entries(x: Tensor, sx: Tensor, lo: Tensor, hi: Tensor
         return None
     if not bool((lo <= 0).all() & (hi >= 0).all()):
         return None
-    if _Entries.ref is not None and _Entries.ref() is x and _Entries.version == x._version:
-        return _Entries.entries
+    return _ENTRIES.get(x, None, lambda: _nonzero_entries(x))
+
+
+def _nonzero_entries(x: Tensor) -> tuple[Tensor, Tensor, Tensor, bool] | None:
     flat = x.reshape(-1).nonzero().squeeze(1)
-    entries = None
-    if flat.numel() <= SPARSE_DENSITY * x.numel():
-        entries = (flat, torch.div(flat, x.numel() // rows, rounding_mode="floor"),
-                   x.reshape(-1).index_select(0, flat), bool((x == 0).logical_and_(
-                       x.signbit()).any()))
-    _Entries.ref, _Entries.version, _Entries.entries = weakref.ref(x), x._version, entries
-    return entries
+    if flat.numel() > SPARSE_DENSITY * x.numel():
+        return None
+    return (flat, torch.div(flat, x.numel() // x.shape[0], rounding_mode="floor"),
+            x.reshape(-1).index_select(0, flat),
+            bool((x == 0).logical_and_(x.signbit()).any()))
 
 
 def _per_entry(t: Tensor, row: Tensor) -> Tensor:

@@ -11,7 +11,6 @@ state in ``state_dict``, survives pickling with its config, and torch.compile in
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from fxquant._ops.version import NUMERICS
 from fxquant.errors import FxquantIndexError, FxquantValueError
 from fxquant.formats import IntFormat, TopN
 from fxquant.modes import Grad, Rounding
+from fxquant.quant._last import LastInput
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
 from fxquant.quant.lsq import lsq_round
 from fxquant.quant.nodes import LayerMasks, NodeIds, lookup
@@ -109,15 +109,9 @@ def _code_range(bits: Any, number: IntFormat) -> tuple[Any, Any]:
     return qmin, qmax
 
 
-class _LastRows:
-    """:func:`_row_magnitudes` of the last input that needs no gradient (a dataset's
-    features are the same tensor every step), held by a weak reference and the tensor's
-    version counter: an in-place change or another tensor recomputes it."""
-
-    ref: Any = None
-    version = -1
-    finite_only = False
-    rows: Tensor | None = None
+#: :func:`_row_magnitudes` of the last input that needs no gradient (a dataset's features
+#: are the same tensor every step); the key is ``finite_only``
+_ROWS: LastInput[Tensor] = LastInput()
 
 
 def _input_row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
@@ -125,14 +119,7 @@ def _input_row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
     (eager, no gradient); the result is shared between calls and never written to."""
     if torch.compiler.is_compiling() or x.requires_grad:
         return _row_magnitudes(x.detach(), finite_only)
-    last = _LastRows
-    if last.ref is not None and last.ref() is x and last.version == x._version \
-            and last.finite_only == finite_only and last.rows is not None:
-        return last.rows
-    rows = _row_magnitudes(x, finite_only)
-    last.ref, last.version, last.finite_only, last.rows = \
-        weakref.ref(x), x._version, finite_only, rows
-    return rows
+    return _ROWS.get(x, finite_only, lambda: _row_magnitudes(x, finite_only))
 
 
 def _row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
@@ -762,7 +749,8 @@ def share_bits(model: nn.Module, point: str, source: str) -> None:
 
     Example:
         >>> import fxquant
-        >>> from fxquant.quant.config import NodeBits
+        >>> from fxquant.quant._last import LastInput
+from fxquant.quant.config import NodeBits
         >>> class Net(torch.nn.Module):
         ...     def __init__(self):
         ...         super().__init__()

@@ -68,12 +68,12 @@ def test_features_are_rounded_over_their_non_zero_entries(monkeypatch):
     for _ in range(2):
         lsq_round(x, s, -7, 7).sum().backward()
     assert len(calls) == 2
-    flat = lsq._Entries.entries[0]
+    flat = lsq._ENTRIES.value[0]
     x[0, 0] = 1.0  # in place: its entries are found again
     lsq_round(x, s, -7, 7)
-    assert lsq._Entries.entries[0].numel() == flat.numel() + (flat[0] != 0)
+    assert lsq._ENTRIES.value[0].numel() == flat.numel() + (flat[0] != 0)
     monkeypatch.setattr(lsq, "SPARSE_DENSITY", -1.0)
-    lsq._Entries.ref = None
+    lsq._ENTRIES.clear()
     x[1, :3] = torch.tensor([-0.0, float("nan"), float("inf")])
     want = lsq_round(x, s, -7, 7)
     monkeypatch.setattr(lsq, "SPARSE_DENSITY", 0.125)
@@ -99,12 +99,12 @@ def test_non_zero_entries_path_keeps_every_bit(negative_zeros, monkeypatch):
     results = []
     for density in (0.125, -1.0):  # the entries' path, then the dense one
         monkeypatch.setattr(lsq, "SPARSE_DENSITY", density)
-        lsq._Entries.ref = None
+        lsq._ENTRIES.clear()
         s = torch.tensor(0.1, requires_grad=True)
         y = lsq_round(x, s, -7, 7)
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
         results.append((y.detach().view(torch.int32), s.grad))
-    assert lsq._Entries.entries is None  # (the dense path ran last)
+    assert lsq._ENTRIES.value is None  # (the dense path ran last)
     assert torch.equal(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
 

@@ -178,9 +178,9 @@ def test_ranges_of_an_unchanged_input_are_reused_and_follow_in_place_changes():
     point = QuantPoint(config, "lin")
     x = torch.tensor([[1.0, 0.5], [2.0, 0.0], [4.0, -1.0], [0.5, 0.25]])
     point(x)
-    first = points._LastRows.rows
+    first = points._ROWS.value
     point(x)
-    assert points._LastRows.rows is first  # reused
+    assert points._ROWS.value is first  # reused
     x[3, 1] = -16.0  # in place
     point(x)
     assert point.seen_range.tolist() == [1.0, 2.0, 4.0, 16.0]
@@ -188,11 +188,11 @@ def test_ranges_of_an_unchanged_input_are_reused_and_follow_in_place_changes():
     assert point.seen_range.tolist() == [2.0, 4.0, 8.0, 32.0]
     x[0, 0] = float("nan")
     point(x)
-    assert torch.equal(points._LastRows.rows, torch.tensor([0.5, 2.0, 4.0, 16.0]))
+    assert torch.equal(points._ROWS.value, torch.tensor([0.5, 2.0, 4.0, 16.0]))
     point.eval()
     with torch.no_grad():
         point(x)  # the range of every value now: NaN for node 0
-    assert points._LastRows.rows[0].isnan() and not points._LastRows.finite_only
+    assert points._ROWS.value[0].isnan() and points._ROWS.key is False
 
 
 def test_learned_bits_before_any_training_take_the_table_mean():
