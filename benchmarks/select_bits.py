@@ -46,6 +46,13 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-q0.95": ("hub-messages", {"hub_quantile": 0.95}),
     "hub-last5": ("hub-messages", {"last_aggregate_bits": 5}),
     "hub-anneal25": ("hub-messages", {"anneal_every": 25}),
+    # the learned steps fitted again: on the first epochs, or after each annealing drop
+    "hub-refit15": ("hub-messages", {"refit_epochs": 15}),
+    "hub-refit30": ("hub-messages", {"refit_epochs": 30}),
+    "hub-refit50": ("hub-messages", {"refit_epochs": 50}),
+    "hub-refit100": ("hub-messages", {"refit_epochs": 100}),
+    "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
+    "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection
     "budget": ("budget-bits", {}),
     "budget-degree": ("budget-bits", {"init": "degree"}),

@@ -204,13 +204,15 @@ def prepare(method: str, target: float, data: Any, model: torch.nn.Module,
         return HubMessages(hub_quantile=opts.hub_quantile,
                            last_aggregate_bits=opts.last_aggregate_bits,
                            anneal_every=args.anneal, anneal_bits=ANNEAL_BITS,
+                           anneal_refit_epochs=args.anneal_refit,
                            **common).prepare(model, data, lint="off")
     gm = fxquant.transform(model, mapping_for(method, target, data, opts), lint="off")
     if method in LSQ_METHODS and args.shared_step:
         # the hidden output, rounded, then ReLU'd, is the next layer's input: one grid
         fxquant.share_step(gm, "conv2_input_quant", "conv1_quant")
     return QuantTraining(gm, refit_epochs=args.lsq_refit, anneal_every=args.anneal,
-                         anneal_bits=ANNEAL_BITS, target_bits=target, select=args.select)
+                         anneal_bits=ANNEAL_BITS, anneal_refit_epochs=args.anneal_refit,
+                         target_bits=target, select=args.select)
 
 
 def _targets(text: str) -> list[float]:
@@ -321,6 +323,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--anneal", type=int, default=0, metavar="E",
                    help=f"degree: the per-node bit-widths start {ANNEAL_BITS} bits above "
                         "their final widths and drop by one every E epochs (default 0: off)")
+    p.add_argument("--anneal-refit", type=int, default=0, metavar="R",
+                   help="degree, with --anneal: fit the learned steps again on each of the "
+                        "first R epochs after every drop (default 0: not again)")
     p.add_argument("--select", choices=("best-val", "budget"), default="best-val",
                    help="which epoch's model is reported: the best validation accuracy "
                         "(default), or the best among the epochs whose avg_bits is within "
@@ -352,6 +357,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--hub-quantile Q: 0 < Q < 1, with --degree-rule hub-messages")
     if args.anneal < 0 or (args.anneal and args.method != "degree"):
         p.error("--anneal E: E >= 0 epochs, for --method degree (fixed per-node widths)")
+    if args.anneal_refit < 0 or (args.anneal_refit and not args.anneal):
+        p.error("--anneal-refit R: R >= 0 epochs, with --anneal E (it refits after each drop)")
     if args.last_aggregate_bits is not None and (
             args.method not in ("int", "degree") or not lowest <= args.last_aggregate_bits <= 8):
         p.error(f"--last-aggregate-bits: {lowest}..8 bits (1 only with --signed-grid midrise), "
@@ -401,7 +408,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                "shared_step": args.shared_step, "max_bits": args.max_bits,
                "shared_bits": args.shared_bits, "bits_lr": args.bits_lr,
                "degree_rule": args.degree_rule, "hub_quantile": args.hub_quantile,
-               "anneal": args.anneal,
+               "anneal": args.anneal, "anneal_refit": args.anneal_refit,
                "last_aggregate_bits": args.last_aggregate_bits,
                "torch": torch.__version__, "fp32_accs": fp32, "results": results}
     if args.first_seed:
@@ -419,6 +426,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 payload[key] = settings[key]
         if "anneal_every" in settings:
             payload["anneal"] = settings["anneal_every"]
+        payload["anneal_refit"] = settings.get("anneal_refit_epochs", 0)
         if "last_aggregate_bits" in settings:
             payload["last_aggregate_bits"] = settings["last_aggregate_bits"]
         payload["penalty"] = settings.get("penalty", 0.0)
@@ -449,6 +457,8 @@ def _label(payload: dict[str, Any], method: str) -> str:
         extra.append(f"last aggregate {payload['last_aggregate_bits']} bits")
     if payload.get("anneal"):
         extra.append(f"anneal {payload['anneal']}")
+        if payload.get("anneal_refit"):
+            extra.append(f"refit {payload['anneal_refit']} after each drop")
     if payload.get("select") == "budget":
         extra.append("within budget")
     return f"{method} ({', '.join(extra)})" if extra else method

@@ -88,6 +88,29 @@ def test_annealing_starts_above_and_drops_one_bit_every_e_epochs():
     assert seen == [2, 2, 1, 1, 0, 0]
 
 
+
+@pytest.mark.parametrize("recipe", [HubMessages, fxquant.recipes.BudgetBits])
+def test_steps_are_fitted_again_after_each_annealing_drop(recipe):
+    """anneal_refit_epochs=R: the learned steps are fitted again on the first R epochs after
+    each drop (and only then)."""
+    data = graph(n=40)
+    run = recipe(anneal_every=3, anneal_bits=2, anneal_refit_epochs=2).prepare(
+        GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
+    points = [p for _, p in fxquant.quantization_points(run.model)  # those owning a step
+              if p.log_step is not None and p.__dict__.get("step_source") is None]
+    refits = []
+    for epoch in range(12):
+        run.model.train()
+        run.start_epoch(epoch)
+        refits.append(not any(p.step_ready for p in points))
+        run.model(data.x, data.edge_index)  # fits what was marked
+        assert all(p.step_ready for p in points)
+    assert [e for e, r in enumerate(refits) if r] == [0, 3, 4, 6, 7]
+    assert "anneal_refit_epochs=2" in repr(run)
+    with pytest.raises(ValueError, match="anneal_refit_epochs"):
+        recipe(anneal_refit_epochs=-1)
+
+
 def test_param_groups_keep_decay_off_the_quantizers_and_widths_at_their_rate():
     """Steps and widths leave the user's groups for groups without weight decay."""
     run = LearnedBits(bits_lr=0.05).prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(),

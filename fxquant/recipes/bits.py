@@ -146,6 +146,9 @@ class HubMessages(_BitsRecipe):
             as the rest. (default: 4)
         anneal_every (int, optional): epochs per annealing step; 0 is off. (default: 50)
         anneal_bits (int, optional): bits above the final widths at the start. (default: 2)
+        anneal_refit_epochs (int, optional): fit the learned steps again on the first
+            epochs after each drop (a step fitted for wider grids clips the narrower ones).
+            (default: 0)
         midrise (bool, optional): signed sites on the mid-rise grid (levels ``k + 1/2``;
             1 bit is the sign), else the symmetric one (2 bits at least). (default: True)
         shared_step (bool, optional): a layer's input rounds with the previous layer's
@@ -171,6 +174,7 @@ class HubMessages(_BitsRecipe):
     last_aggregate_bits: int | None = 4
     anneal_every: int = 50
     anneal_bits: int = 2
+    anneal_refit_epochs: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -184,6 +188,7 @@ class HubMessages(_BitsRecipe):
                                     f"(or None), got {last!r}")
         check_count(self.anneal_every, "anneal_every")
         check_count(self.anneal_bits, "anneal_bits")
+        check_count(self.anneal_refit_epochs, "anneal_refit_epochs")
 
     def site(self, data: Any, unsigned: bool, message: bool = False,
              bits: int | None = None) -> QuantConfig:
@@ -203,7 +208,8 @@ class HubMessages(_BitsRecipe):
 
     def training(self) -> dict[str, Any]:
         return {"refit_epochs": self.refit_epochs, "anneal_every": self.anneal_every,
-                "anneal_bits": self.anneal_bits, "target_bits": self.target_bits,
+                "anneal_bits": self.anneal_bits,
+                "anneal_refit_epochs": self.anneal_refit_epochs, "target_bits": self.target_bits,
                 "select": self.select}
 
 
@@ -294,6 +300,7 @@ class BudgetBits(_BitsRecipe):
             ``target_bits`` (the widths too) and drops by one every ``anneal_every`` epochs;
             0 is off. (default: 50)
         anneal_bits (int, optional): bits above the budget at the start. (default: 2)
+        anneal_refit_epochs (int, optional): as :class:`HubMessages`. (default: 0)
         init (str, optional): the widths start within half a bit of the start value, in an
             order that decides which rows a budget between two whole widths rounds up:
             ``"random"`` (a fixed pseudo-random order) or ``"degree"`` (message rows by their
@@ -323,6 +330,7 @@ class BudgetBits(_BitsRecipe):
     shared_bits: str = "none"
     anneal_every: int = 50
     anneal_bits: int = 2
+    anneal_refit_epochs: int = 0
     init: str = "random"
 
     def __post_init__(self) -> None:
@@ -340,6 +348,7 @@ class BudgetBits(_BitsRecipe):
                                     "['none', 'layer', 'all']")
         check_count(self.anneal_every, "anneal_every")
         check_count(self.anneal_bits, "anneal_bits")
+        check_count(self.anneal_refit_epochs, "anneal_refit_epochs")
 
     def site(self, data: Any, unsigned: bool, message: bool = False,
              bits: int | None = None) -> QuantConfig:
@@ -367,4 +376,5 @@ class BudgetBits(_BitsRecipe):
     def training(self) -> dict[str, Any]:
         return {"refit_epochs": self.refit_epochs, "target_bits": self.target_bits,
                 "bits_lr": self.bits_lr, "select": self.select, "project": True,
-                "anneal_every": self.anneal_every, "anneal_bits": self.anneal_bits}
+                "anneal_every": self.anneal_every, "anneal_bits": self.anneal_bits,
+                "anneal_refit_epochs": self.anneal_refit_epochs}

@@ -65,6 +65,12 @@ class QuantTraining:
             their final widths and drop by one every ``anneal_every`` epochs; ``0`` is off.
             (default: ``0``)
         anneal_bits (int, optional): how many bits above. (default: ``2``)
+        anneal_refit_epochs (int, optional): fit the learned steps again on each of the
+            first ``anneal_refit_epochs`` epochs after every annealing drop (of the fixed
+            widths, or of the budget with ``project=True``): all the rows of a point share
+            one step, fitted for the widths of its time, and a step fitted for wider grids
+            clips the narrower ones until the learned step grows, about the optimizer's
+            learning rate per step. (default: ``0``)
         penalty (float, optional): weight of :func:`fxquant.bit_penalty` in the loss (with
             learned bit-widths and a ``target_bits``). (default: ``0.0``)
         target_bits (float, optional): the bit budget: average bits per value as
@@ -87,12 +93,13 @@ class QuantTraining:
     """
 
     def __init__(self, model: GraphModule, *, refit_epochs: int = 0, anneal_every: int = 0,
-                 anneal_bits: int = 2, penalty: float = 0.0, target_bits: float | None = None,
-                 bits_lr: float | None = None, select: str = "best-val",
-                 project: bool = False) -> None:
+                 anneal_bits: int = 2, anneal_refit_epochs: int = 0, penalty: float = 0.0,
+                 target_bits: float | None = None, bits_lr: float | None = None,
+                 select: str = "best-val", project: bool = False) -> None:
         check_count(refit_epochs, "refit_epochs")
         check_count(anneal_every, "anneal_every")
         check_count(anneal_bits, "anneal_bits")
+        check_count(anneal_refit_epochs, "anneal_refit_epochs")
         check_positive(penalty, "penalty", zero=True)
         if target_bits is not None:
             check_positive(target_bits, "target_bits")
@@ -110,6 +117,7 @@ class QuantTraining:
         self.refit_epochs = refit_epochs
         self.anneal_every = anneal_every
         self.anneal_bits = anneal_bits
+        self.anneal_refit_epochs = anneal_refit_epochs
         self.penalty = float(penalty)
         self.target_bits = target_bits
         self.bits_lr = bits_lr
@@ -132,6 +140,8 @@ class QuantTraining:
     def __repr__(self) -> str:
         names = ("refit_epochs", "anneal_every", "penalty", "target_bits", "bits_lr", "select")
         parts = [f"{f}={getattr(self, f)!r}" for f in names]
+        if self.anneal_refit_epochs:
+            parts.append(f"anneal_refit_epochs={self.anneal_refit_epochs}")
         if self.project:
             parts.append("project=True")
         return f"QuantTraining({', '.join(parts)})"
@@ -182,7 +192,8 @@ class QuantTraining:
     def start_epoch(self, epoch: int | None = None) -> None:
         """Before each training epoch (default: one more than the last call): anneal the
         fixed per-node bit-widths, and mark the learned steps for a refit on the first
-        ``refit_epochs`` epochs (the first training batch fits them anyway)."""
+        ``refit_epochs`` epochs (the first training batch fits them anyway) and on the first
+        ``anneal_refit_epochs`` after each annealing drop."""
         self._epoch = self._epoch + 1 if epoch is None else epoch
         if self._tables:
             extra = max(0, self.anneal_bits - self._epoch // self.anneal_every)
@@ -191,11 +202,20 @@ class QuantTraining:
                     rb = point.config.node_bits
                     assert rb is not None and point.row_bits_table is not None
                     point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
-        if 0 < self._epoch < self.refit_epochs:
+        if 0 < self._epoch < self.refit_epochs or self._after_drop():
             refit_steps(self.model)
         if self._budget is not None:
             self._budget.step(self.bits_lr if self.bits_lr is not None else 0.01,
                               self.budget_now())
+
+    def _after_drop(self) -> bool:
+        """Whether this epoch is among the first ``anneal_refit_epochs`` after an
+        annealing drop (epochs ``k * anneal_every``, ``k = 1 .. anneal_bits``)."""
+        if not (self.anneal_refit_epochs and self.anneal_every and (self._tables or self._budget)):
+            return False
+        drops = self._epoch // self.anneal_every
+        return 1 <= drops <= self.anneal_bits \
+            and self._epoch - drops * self.anneal_every < self.anneal_refit_epochs
 
     def budget_now(self) -> float | None:
         """The budget the projection keeps in the current epoch: ``target_bits`` plus what

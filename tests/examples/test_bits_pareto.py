@@ -189,15 +189,18 @@ def test_degree_flags_in_the_json_and_their_errors(tmp_path, capsys):
     out = tmp_path / "hubs.json"
     bits_pareto.main(["--method", "degree", "--degree-rule", "hub-messages", "--target-bits",
                       "2", "--seeds", "1", "--epochs", "2", "--signed-grid", "midrise",
-                      "--anneal", "1", "--last-aggregate-bits", "4", "--select", "budget",
-                      "--json", str(out)])
+                      "--anneal", "1", "--anneal-refit", "1", "--last-aggregate-bits", "4",
+                      "--select", "budget", "--json", str(out)])
     payload = json.loads(out.read_text())
-    assert (payload["degree_rule"], payload["anneal"], payload["last_aggregate_bits"]) == \
-        ("hub-messages", 1, 4)
+    assert (payload["degree_rule"], payload["anneal"], payload["anneal_refit"],
+            payload["last_aggregate_bits"]) == ("hub-messages", 1, 1, 4)
     assert bits_pareto._label(payload, "degree") == ("degree (midrise, hub-messages, last "
-                                                     "aggregate 4 bits, anneal 1, within "
-                                                     "budget)")
+                                                     "aggregate 4 bits, anneal 1, refit 1 "
+                                                     "after each drop, within budget)")
     for bad, message in ((["--method", "learned", "--anneal", "5"], "--anneal E"),
+                         (["--method", "degree", "--anneal-refit", "5"], "--anneal-refit R"),
+                         (["--method", "degree", "--anneal", "5", "--anneal-refit", "-1"],
+                          "--anneal-refit R"),
                          (["--method", "topn", "--last-aggregate-bits", "4"],
                           "--last-aggregate-bits"),
                          (["--method", "int", "--last-aggregate-bits", "9"], "2..8 bits"),
