@@ -118,7 +118,10 @@ def main(argv: list[str] | None = None) -> str:
     if not args.no_write:
         import torch
 
-        payload = {"recipe": "recommended", "nodes": nodes, "edges": edges,
+        import fxquant
+
+        payload = {"recipe": "recommended", "settings": dict(fxquant.recipes.RECOMMENDED[1]),
+                   "nodes": nodes, "edges": edges,
                    "features": FEATURES, "classes": CLASSES, "epochs": epochs,
                    "torch": torch.__version__, "rows": rows}
         with open(args.json, "w") as f:

@@ -51,6 +51,10 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-refit30": ("hub-messages", {"refit_epochs": 30}),
     "hub-refit50": ("hub-messages", {"refit_epochs": 50}),
     "hub-refit100": ("hub-messages", {"refit_epochs": 100}),
+    # ... and a learning rate of their own for the learned steps
+    "hub-refit30-steplr0.05": ("hub-messages", {"refit_epochs": 30, "step_lr": 0.05}),
+    "hub-refit30-steplr0.1": ("hub-messages", {"refit_epochs": 30, "step_lr": 0.1}),
+    "hub-steplr0.05": ("hub-messages", {"step_lr": 0.05}),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection

@@ -126,6 +126,27 @@ def test_param_groups_keep_decay_off_the_quantizers_and_widths_at_their_rate():
     assert sum(len(g["params"]) for g in groups) == len(list(run.model.parameters()))
 
 
+def test_step_lr_gives_the_learned_steps_a_rate_of_their_own():
+    """step_lr: the learned steps' group takes it (and still no decay); the model's groups
+    keep the optimizer's rate; a bad value is refused before anything is built."""
+    run = HubMessages(step_lr=0.05).prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(),
+                                            lint="off")
+    steps = {id(p.log_step) for _, p in fxquant.quantization_points(run.model)
+             if p.log_step is not None}
+    groups = run.param_groups()
+    (mine,) = [g for g in groups if {id(p) for p in g["params"]} & steps]
+    assert {id(p) for p in mine["params"]} == steps
+    assert mine["lr"] == 0.05 and mine["weight_decay"] == 0.0
+    assert all("lr" not in g for g in groups if g is not mine)
+    assert "step_lr=0.05" in repr(run)
+    default = HubMessages().prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(),
+                                    lint="off").param_groups()
+    assert all("lr" not in g for g in default)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="step_lr"):
+            HubMessages(step_lr=bad)
+
+
 def test_select_budget_reports_the_best_epoch_within_the_budget():
     """select='budget': the best validation epoch whose bits meet the target wins; with none
     within, the best overall, marked."""

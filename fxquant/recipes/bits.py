@@ -46,10 +46,13 @@ class _BitsRecipe(Recipe):
     quantize_logits: bool = False
     select: str = "budget"
     refit_epochs: int = 0
+    step_lr: float | None = None
 
     def __post_init__(self) -> None:
         check_positive(self.target_bits, "target_bits")
         check_count(self.refit_epochs, "refit_epochs")
+        if self.step_lr is not None:
+            check_positive(self.step_lr, "step_lr")
         if self.select not in SELECTIONS:
             raise FxquantValueError(f"select={self.select!r} is not one of {list(SELECTIONS)}")
         if self.input_format is not None:
@@ -162,6 +165,9 @@ class HubMessages(_BitsRecipe):
         select (str, optional): ``"budget"`` or ``"best-val"``. (default: ``"budget"``)
         refit_epochs (int, optional): refit the learned steps on the first epochs.
             (default: 0)
+        step_lr (float, optional): the learned steps' learning rate
+            (:class:`~fxquant.recipes.QuantTraining`). (default: :obj:`None`: the
+            optimizer's)
     """
 
     name: ClassVar[str] = "hub-messages"
@@ -210,7 +216,7 @@ class HubMessages(_BitsRecipe):
         return {"refit_epochs": self.refit_epochs, "anneal_every": self.anneal_every,
                 "anneal_bits": self.anneal_bits,
                 "anneal_refit_epochs": self.anneal_refit_epochs, "target_bits": self.target_bits,
-                "select": self.select}
+                "select": self.select, "step_lr": self.step_lr}
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,7 @@ class LearnedBits(_BitsRecipe):
         shared_bits (str, optional): ``"none"`` (a table per site), ``"layer"`` (one per
             layer) or ``"all"`` (one for the model; :func:`fxquant.share_bits`).
             (default: ``"none"``)
-        midrise, shared_step, input_format, quantize_logits, select, refit_epochs: as
+        midrise, shared_step, input_format, quantize_logits, select, refit_epochs, step_lr: as
             :class:`HubMessages`.
     """
 
@@ -272,7 +278,7 @@ class LearnedBits(_BitsRecipe):
     def training(self) -> dict[str, Any]:
         return {"refit_epochs": self.refit_epochs, "penalty": self.penalty,
                 "target_bits": self.target_bits, "bits_lr": self.bits_lr,
-                "select": self.select}
+                "select": self.select, "step_lr": self.step_lr}
 
 
 @dataclass(frozen=True)
@@ -306,7 +312,7 @@ class BudgetBits(_BitsRecipe):
             ``"random"`` (a fixed pseudo-random order) or ``"degree"`` (message rows by their
             target's in-degree, hubs lowest, as :class:`HubMessages`; other sites random).
             (default: ``"random"``)
-        midrise, shared_step, input_format, quantize_logits, select, refit_epochs: as
+        midrise, shared_step, input_format, quantize_logits, select, refit_epochs, step_lr: as
             :class:`HubMessages`.
 
     Example:
@@ -377,4 +383,4 @@ class BudgetBits(_BitsRecipe):
         return {"refit_epochs": self.refit_epochs, "target_bits": self.target_bits,
                 "bits_lr": self.bits_lr, "select": self.select, "project": True,
                 "anneal_every": self.anneal_every, "anneal_bits": self.anneal_bits,
-                "anneal_refit_epochs": self.anneal_refit_epochs}
+                "anneal_refit_epochs": self.anneal_refit_epochs, "step_lr": self.step_lr}

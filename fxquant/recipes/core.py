@@ -77,6 +77,11 @@ class QuantTraining:
             :func:`fxquant.bit_report` counts them. (default: :obj:`None`)
         bits_lr (float, optional): the learning rate of learned bit-widths. (default:
             :obj:`None`: the optimizer's)
+        step_lr (float, optional): the learning rate of the learned steps (``log_step``:
+            with Adam, about the fraction a step changes by per iteration). A model trained
+            from scratch may need its steps to grow a hundredfold, which at the model's
+            rate of ``0.01`` takes hundreds of epochs, while values beyond the grid pass no
+            gradient. (default: :obj:`None`: the optimizer's)
         select (str, optional): ``"best-val"``: report the epoch with the best validation
             score; ``"budget"``: the best among the epochs within ``target_bits`` (the best
             overall, marked ``within_budget=False``, if none is). (default: ``"best-val"``)
@@ -95,7 +100,8 @@ class QuantTraining:
     def __init__(self, model: GraphModule, *, refit_epochs: int = 0, anneal_every: int = 0,
                  anneal_bits: int = 2, anneal_refit_epochs: int = 0, penalty: float = 0.0,
                  target_bits: float | None = None, bits_lr: float | None = None,
-                 select: str = "best-val", project: bool = False) -> None:
+                 step_lr: float | None = None, select: str = "best-val",
+                 project: bool = False) -> None:
         check_count(refit_epochs, "refit_epochs")
         check_count(anneal_every, "anneal_every")
         check_count(anneal_bits, "anneal_bits")
@@ -105,6 +111,8 @@ class QuantTraining:
             check_positive(target_bits, "target_bits")
         if bits_lr is not None:
             check_positive(bits_lr, "bits_lr")
+        if step_lr is not None:
+            check_positive(step_lr, "step_lr")
         if select not in SELECTIONS:
             raise FxquantValueError(f"select={select!r} is not one of {list(SELECTIONS)}")
         if select == "budget" and target_bits is None:
@@ -121,6 +129,7 @@ class QuantTraining:
         self.penalty = float(penalty)
         self.target_bits = target_bits
         self.bits_lr = bits_lr
+        self.step_lr = step_lr
         self.select = select
         points = [m for m in model.modules() if isinstance(m, QuantPoint)]
         self._widths = unique(m.row_bits for m in points if m.row_bits is not None)
@@ -142,6 +151,8 @@ class QuantTraining:
         parts = [f"{f}={getattr(self, f)!r}" for f in names]
         if self.anneal_refit_epochs:
             parts.append(f"anneal_refit_epochs={self.anneal_refit_epochs}")
+        if self.step_lr is not None:
+            parts.append(f"step_lr={self.step_lr!r}")
         if self.project:
             parts.append("project=True")
         return f"QuantTraining({', '.join(parts)})"
@@ -181,7 +192,10 @@ class QuantTraining:
                 raise FxquantTypeError(f"param_groups: groups must hold parameters or dicts "
                                        f"with 'params', got {type(group).__name__}")
         if self._steps:
-            result.append({"params": list(self._steps), "weight_decay": 0.0})
+            steps: dict[str, Any] = {"params": list(self._steps), "weight_decay": 0.0}
+            if self.step_lr is not None:
+                steps["lr"] = self.step_lr
+            result.append(steps)
         if self._widths and self._budget is None:  # projected widths move on their own
             group = {"params": list(self._widths), "weight_decay": 0.0}
             if self.bits_lr is not None:

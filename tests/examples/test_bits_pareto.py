@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from examples import bits_pareto, training
-from fxquant.recipes import QuantTraining
+from fxquant.recipes import RECOMMENDED, QuantTraining
 from tests.support.data import needs_data
 
 pytestmark = needs_data
@@ -55,11 +55,12 @@ def test_json_contract(method, tmp_path, capsys):
                       "--dataset", "Cora", "--json", str(out), *refit])
     payload = json.loads(out.read_text())
     assert [r["target_bits"] for r in payload["results"]] == [2.0, 3.0]
-    assert payload["lsq_refit"] == (2 if refit else 0)
-    if method == "recommended":  # the recipe's own grid and step, not the flags' defaults
+    if method == "recommended":  # the recipe's own grid, step and refits, not the flags'
         assert payload["signed_grid"] == "midrise" and payload["shared_step"] is True
+        assert payload["lsq_refit"] == RECOMMENDED[1].get("refit_epochs", 0)
     else:
         assert payload["signed_grid"] == "symmetric" and payload["shared_step"] is False
+        assert payload["lsq_refit"] == (2 if refit else 0)
     for result in payload["results"]:
         assert set(result) >= FIELDS
         assert result["method"] == method and len(result["accs"]) == 1
