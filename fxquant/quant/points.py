@@ -749,8 +749,7 @@ def share_bits(model: nn.Module, point: str, source: str) -> None:
 
     Example:
         >>> import fxquant
-        >>> from fxquant.quant._last import LastInput
-from fxquant.quant.config import NodeBits
+        >>> from fxquant.quant.config import NodeBits
         >>> class Net(torch.nn.Module):
         ...     def __init__(self):
         ...         super().__init__()
