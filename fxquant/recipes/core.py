@@ -210,7 +210,7 @@ class QuantTraining:
         ``anneal_refit_epochs`` after each annealing drop."""
         self._epoch = self._epoch + 1 if epoch is None else epoch
         if self._tables:
-            extra = max(0, self.anneal_bits - self._epoch // self.anneal_every)
+            extra = self._extra_bits()
             with torch.no_grad():
                 for point, final in self._tables:
                     rb = point.config.node_bits
@@ -227,19 +227,22 @@ class QuantTraining:
         annealing drop (epochs ``k * anneal_every``, ``k = 1 .. anneal_bits``)."""
         if not (self.anneal_refit_epochs and self.anneal_every and (self._tables or self._budget)):
             return False
-        drops = self._epoch // self.anneal_every
-        return 1 <= drops <= self.anneal_bits \
-            and self._epoch - drops * self.anneal_every < self.anneal_refit_epochs
+        drops = self.anneal_bits - self._extra_bits()  # the last at epoch drops * anneal_every
+        return drops >= 1 and self._epoch - drops * self.anneal_every < self.anneal_refit_epochs
+
+    def _extra_bits(self) -> int:
+        """The bits annealing still adds this epoch: ``anneal_bits`` at the start, one
+        fewer every ``anneal_every`` epochs, down to 0 (always 0 without annealing)."""
+        if not self.anneal_every:
+            return 0
+        return max(0, self.anneal_bits - max(self._epoch, 0) // self.anneal_every)
 
     def budget_now(self) -> float | None:
         """The budget the projection keeps in the current epoch: ``target_bits`` plus what
         annealing still adds (:obj:`None` without a target)."""
         if self.target_bits is None:
             return None
-        if not self.anneal_every:
-            return self.target_bits
-        return self.target_bits + max(0, self.anneal_bits - max(self._epoch, 0)
-                                      // self.anneal_every)
+        return self.target_bits + self._extra_bits()
 
     def after_step(self) -> None:
         """After an optimizer step (optional; for loops with several steps per epoch): with
