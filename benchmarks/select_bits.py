@@ -55,6 +55,9 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-refit30-steplr0.05": ("hub-messages", {"refit_epochs": 30, "step_lr": 0.05}),
     "hub-refit30-steplr0.1": ("hub-messages", {"refit_epochs": 30, "step_lr": 0.1}),
     "hub-steplr0.05": ("hub-messages", {"step_lr": 0.05}),
+    # ... refits that never narrow a grid (a narrowing refit clips the largest messages)
+    "hub-refit30-widen": ("hub-messages", {"refit_epochs": 30, "refit_widen": True}),
+    "hub-refit50-widen": ("hub-messages", {"refit_epochs": 50, "refit_widen": True}),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection

@@ -111,6 +111,31 @@ def test_steps_are_fitted_again_after_each_annealing_drop(recipe):
         recipe(anneal_refit_epochs=-1)
 
 
+@pytest.mark.parametrize("widen", [False, True])
+def test_refit_widen_keeps_the_steps_from_narrowing_in_the_warm_up(widen):
+    """refit_widen=True: the refits of the first epochs never shrink a learned step (the
+    features shrinking 100x leave the grids); without it they follow the smaller values."""
+    data = graph(n=40)
+    run = HubMessages(refit_epochs=3, refit_widen=widen, anneal_every=0).prepare(
+        GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
+    points = [p for _, p in fxquant.quantization_points(run.model)
+              if p.log_step is not None and p.__dict__.get("step_source") is None]
+    run.model.train()
+    run.start_epoch(0)
+    run.model(data.x, data.edge_index)
+    before = [p.step.item() for p in points]
+    run.start_epoch(1)
+    run.model(data.x / 100, data.edge_index)
+    after = [p.step.item() for p in points]
+    if widen:
+        assert after == before
+    else:
+        assert all(a < b / 10 for a, b in zip(after, before, strict=True))
+    assert ("refit_widen=True" in repr(run)) == widen
+    with pytest.raises(ValueError, match="refit_widen"):
+        HubMessages(refit_widen="yes")
+
+
 def test_param_groups_keep_decay_off_the_quantizers_and_widths_at_their_rate():
     """Steps and widths leave the user's groups for groups without weight decay."""
     run = LearnedBits(bits_lr=0.05).prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(),

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from fxquant._ops.calls import OpCall, op_call
 from fxquant._ops.quantize import int_scale
 from fxquant._ops.version import NUMERICS
-from fxquant.errors import FxquantIndexError, FxquantValueError
+from fxquant.errors import FxquantIndexError, FxquantTypeError, FxquantValueError
 from fxquant.formats import IntFormat, TopN
 from fxquant.modes import Grad, Rounding
 from fxquant.quant._last import LastInput
@@ -193,6 +193,7 @@ class QuantPoint(nn.Module):
                                           config.percentile, widen=config.observe == "widen")
         self.log_step: nn.Parameter | None = None
         self.step_ready = False
+        self.refit_widens = False  # the next fit keeps at least the current step
         self.__dict__["step_source"] = None  # the point whose step this one uses
         self.__dict__["bits_source"] = None  # the point whose bit-width table this one uses
         if config.range == "lsq":
@@ -581,15 +582,20 @@ class QuantPoint(nn.Module):
             best = steps.index_select(0, torch.argmin(error).reshape(1)).reshape(())
             lo, hi = _log_step_range(x.dtype, float(max(abs(qmin), abs(qmax))) + abs(offset))
             fitted = best.clamp(min=1e-8).log().clamp(lo, hi).to(self.log_step.dtype)
+            if self.refit_widens:  # refit_steps(widen=True): never a narrower grid
+                fitted = torch.maximum(fitted, self.log_step)
             # a batch without finite values leaves the step as it was
             self.log_step.copy_(torch.where(found > 0, fitted, self.log_step))
         # ... and is fitted on the next batch (compiled code cannot branch on it)
         self.step_ready = torch.compiler.is_compiling() or bool(found > 0)
+        if self.step_ready:
+            self.refit_widens = False
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)
         if self.log_step is not None and prefix + "log_step" in state_dict:
             self.step_ready = True  # a loaded step is not initialized again
+            self.refit_widens = False
 
     def _rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
               ids: Tensor | None) -> Tensor:
@@ -631,10 +637,11 @@ class QuantPoint(nn.Module):
         return describe_nodes(self.override_nodes, self.override_number)
 
 
-def refit_steps(model: nn.Module) -> int:
+def refit_steps(model: nn.Module, *, widen: bool = False) -> int:
     """Fit every learned step (``range="lsq"``) of ``model`` again on its next training
     forward, as on the first one (the step that rounds that batch with the least error);
-    returns how many points will.
+    returns how many points will. With ``widen=True`` a refit never narrows a grid: the
+    step becomes the larger of the fitted one and the current one.
 
     A learned step is fitted once, on the first training batch, then learned. Trained
     from scratch, that batch comes from an untrained model whose activations are much
@@ -647,6 +654,12 @@ def refit_steps(model: nn.Module) -> int:
     takes over after the last call. It only clears a flag: under ``torch.compile`` that
     flag selects one of two compiled graphs, each compiled once. Loading a state dict
     marks the steps fitted again.
+
+    ``widen=True`` is for the warm-up: the least-error step of a grid with two to four
+    levels clips the largest values of a heavy-tailed batch (messages of a sparse graph),
+    and a clipped value passes no gradient; refits that narrow the grids as the weights
+    shrink can starve the first layer of gradient for good (a GCN on CiteSeer with 1-2 bit
+    messages stayed near chance on one seed of ten, its first layer's weights decaying).
 
     Example:
         >>> import fxquant
@@ -661,10 +674,18 @@ def refit_steps(model: nn.Module) -> int:
         >>> _ = gm(100 * torch.randn(8, 4))         # fitted again: 100x larger values
         >>> float(point.step) > 10 * before
         True
+        >>> fxquant.refit_steps(gm, widen=True)
+        1
+        >>> _ = gm(torch.randn(8, 4))               # smaller values: the step stays
+        >>> float(point.step) > 10 * before
+        True
     """
+    if not isinstance(widen, bool):
+        raise FxquantTypeError(f"refit_steps: widen must be True or False, got {widen!r}")
     points = [m for m in model.modules() if isinstance(m, QuantPoint) and m.log_step is not None]
     for point in points:
         point.step_ready = False
+        point.refit_widens = widen
     return len(points)
 
 

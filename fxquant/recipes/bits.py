@@ -16,7 +16,7 @@ from torch.fx import GraphModule, Node
 from fxquant.errors import FxquantValueError
 from fxquant.fx.selectors import layer_name
 from fxquant.quant import NodeBits, QuantConfig, QuantMapping, quantize, share_bits
-from fxquant.recipes.core import SELECTIONS, Recipe, check_count, check_positive
+from fxquant.recipes.core import SELECTIONS, Recipe, check_count, check_flag, check_positive
 from fxquant.recipes.graph import (
     gnn_layers,
     input_after_relu,
@@ -47,10 +47,12 @@ class _BitsRecipe(Recipe):
     select: str = "budget"
     refit_epochs: int = 0
     step_lr: float | None = None
+    refit_widen: bool = False
 
     def __post_init__(self) -> None:
         check_positive(self.target_bits, "target_bits")
         check_count(self.refit_epochs, "refit_epochs")
+        check_flag(self.refit_widen, "refit_widen")
         if self.step_lr is not None:
             check_positive(self.step_lr, "step_lr")
         if self.select not in SELECTIONS:
@@ -165,6 +167,9 @@ class HubMessages(_BitsRecipe):
         select (str, optional): ``"budget"`` or ``"best-val"``. (default: ``"budget"``)
         refit_epochs (int, optional): refit the learned steps on the first epochs.
             (default: 0)
+        refit_widen (bool, optional): refits never narrow a grid (the larger of the
+            fitted and the current step; :class:`~fxquant.recipes.QuantTraining`).
+            (default: False)
         step_lr (float, optional): the learned steps' learning rate
             (:class:`~fxquant.recipes.QuantTraining`). (default: :obj:`None`: the
             optimizer's)
@@ -216,7 +221,7 @@ class HubMessages(_BitsRecipe):
         return {"refit_epochs": self.refit_epochs, "anneal_every": self.anneal_every,
                 "anneal_bits": self.anneal_bits,
                 "anneal_refit_epochs": self.anneal_refit_epochs, "target_bits": self.target_bits,
-                "select": self.select, "step_lr": self.step_lr}
+                "select": self.select, "step_lr": self.step_lr, "refit_widen": self.refit_widen}
 
 
 @dataclass(frozen=True)
@@ -234,8 +239,8 @@ class LearnedBits(_BitsRecipe):
         shared_bits (str, optional): ``"none"`` (a table per site), ``"layer"`` (one per
             layer) or ``"all"`` (one for the model; :func:`fxquant.share_bits`).
             (default: ``"none"``)
-        midrise, shared_step, input_format, quantize_logits, select, refit_epochs, step_lr: as
-            :class:`HubMessages`.
+        midrise, shared_step, input_format, quantize_logits, select, refit_epochs, step_lr,
+            refit_widen: as :class:`HubMessages`.
     """
 
     name: ClassVar[str] = "learned-bits"
@@ -278,7 +283,7 @@ class LearnedBits(_BitsRecipe):
     def training(self) -> dict[str, Any]:
         return {"refit_epochs": self.refit_epochs, "penalty": self.penalty,
                 "target_bits": self.target_bits, "bits_lr": self.bits_lr,
-                "select": self.select, "step_lr": self.step_lr}
+                "select": self.select, "step_lr": self.step_lr, "refit_widen": self.refit_widen}
 
 
 @dataclass(frozen=True)
@@ -312,8 +317,8 @@ class BudgetBits(_BitsRecipe):
             ``"random"`` (a fixed pseudo-random order) or ``"degree"`` (message rows by their
             target's in-degree, hubs lowest, as :class:`HubMessages`; other sites random).
             (default: ``"random"``)
-        midrise, shared_step, input_format, quantize_logits, select, refit_epochs, step_lr: as
-            :class:`HubMessages`.
+        midrise, shared_step, input_format, quantize_logits, select, refit_epochs, step_lr,
+            refit_widen: as :class:`HubMessages`.
 
     Example:
         >>> from torch_geometric.data import Data
@@ -383,4 +388,5 @@ class BudgetBits(_BitsRecipe):
         return {"refit_epochs": self.refit_epochs, "target_bits": self.target_bits,
                 "bits_lr": self.bits_lr, "select": self.select, "project": True,
                 "anneal_every": self.anneal_every, "anneal_bits": self.anneal_bits,
-                "anneal_refit_epochs": self.anneal_refit_epochs, "step_lr": self.step_lr}
+                "anneal_refit_epochs": self.anneal_refit_epochs, "step_lr": self.step_lr,
+                "refit_widen": self.refit_widen}

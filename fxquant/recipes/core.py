@@ -61,6 +61,9 @@ class QuantTraining:
         model (torch.fx.GraphModule): the transformed model.
         refit_epochs (int, optional): fit the learned steps again on each of the first
             ``refit_epochs`` epochs (:func:`fxquant.refit_steps`). (default: ``0``)
+        refit_widen (bool, optional): refits (``refit_epochs``, ``anneal_refit_epochs``)
+            never narrow a grid: each step becomes the larger of the fitted and the current
+            one (``fxquant.refit_steps(widen=True)``). (default: ``False``)
         anneal_every (int, optional): fixed per-node bit-widths start ``anneal_bits`` above
             their final widths and drop by one every ``anneal_every`` epochs; ``0`` is off.
             (default: ``0``)
@@ -97,7 +100,8 @@ class QuantTraining:
             (default: ``False``)
     """
 
-    def __init__(self, model: GraphModule, *, refit_epochs: int = 0, anneal_every: int = 0,
+    def __init__(self, model: GraphModule, *, refit_epochs: int = 0, refit_widen: bool = False,
+                 anneal_every: int = 0,
                  anneal_bits: int = 2, anneal_refit_epochs: int = 0, penalty: float = 0.0,
                  target_bits: float | None = None, bits_lr: float | None = None,
                  step_lr: float | None = None, select: str = "best-val",
@@ -106,6 +110,7 @@ class QuantTraining:
         check_count(anneal_every, "anneal_every")
         check_count(anneal_bits, "anneal_bits")
         check_count(anneal_refit_epochs, "anneal_refit_epochs")
+        check_flag(refit_widen, "refit_widen")
         check_positive(penalty, "penalty", zero=True)
         if target_bits is not None:
             check_positive(target_bits, "target_bits")
@@ -123,6 +128,7 @@ class QuantTraining:
                                     "target_bits; please give target_bits")
         self.model = model
         self.refit_epochs = refit_epochs
+        self.refit_widen = refit_widen
         self.anneal_every = anneal_every
         self.anneal_bits = anneal_bits
         self.anneal_refit_epochs = anneal_refit_epochs
@@ -149,6 +155,8 @@ class QuantTraining:
     def __repr__(self) -> str:
         names = ("refit_epochs", "anneal_every", "penalty", "target_bits", "bits_lr", "select")
         parts = [f"{f}={getattr(self, f)!r}" for f in names]
+        if self.refit_widen:
+            parts.append("refit_widen=True")
         if self.anneal_refit_epochs:
             parts.append(f"anneal_refit_epochs={self.anneal_refit_epochs}")
         if self.step_lr is not None:
@@ -217,7 +225,7 @@ class QuantTraining:
                     assert rb is not None and point.row_bits_table is not None
                     point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
         if 0 < self._epoch < self.refit_epochs or self._after_drop():
-            refit_steps(self.model)
+            refit_steps(self.model, widen=self.refit_widen)
         if self._budget is not None:
             self._budget.step(self.bits_lr if self.bits_lr is not None else 0.01,
                               self.budget_now())
@@ -434,6 +442,11 @@ class Recipe:
 def check_count(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise FxquantValueError(f"{name} must be a whole number >= 0, got {value!r}")
+
+
+def check_flag(value: object, name: str) -> None:
+    if not isinstance(value, bool):
+        raise FxquantValueError(f"{name} must be True or False, got {value!r}")
 
 
 def check_positive(value: object, name: str, zero: bool = False) -> None:

@@ -13,7 +13,7 @@ from fxquant.fx.selectors import layer_name
 from fxquant.quant import QuantConfig, QuantMapping
 from fxquant.quant.config import Protection, Site
 from fxquant.quant.sites import edge_arguments, linears_of
-from fxquant.recipes.core import Recipe, check_count
+from fxquant.recipes.core import Recipe, check_count, check_flag
 from fxquant.recipes.graph import gnn_layers
 
 __all__ = ["MX", "DegreeQuant", "LsqProtect"]
@@ -141,6 +141,8 @@ class LsqProtect(_EverySite):
             (default: ``(0.0, 0.2)``)
         refit_epochs (int, optional): fit the steps again on each of the first epochs while
             activations grow. (default: 0)
+        refit_widen (bool, optional): refits never narrow a grid
+            (:class:`~fxquant.recipes.QuantTraining`). (default: False)
     """
 
     name: ClassVar[str] = "lsq-protect"
@@ -149,17 +151,19 @@ class LsqProtect(_EverySite):
     bits: int = 4
     protect: tuple[float, float] | None = (0.0, 0.2)
     refit_epochs: int = 0
+    refit_widen: bool = False
 
     def __post_init__(self) -> None:
         _check_bits(self.bits)
         check_count(self.refit_epochs, "refit_epochs")
+        check_flag(self.refit_widen, "refit_widen")
         self.config(self.protect)  # validates protect
 
     def config(self, protect: tuple[float, float] | None) -> QuantConfig:
         return QuantConfig(f"int{self.bits}", scale="tensor", range="lsq", protect=protect)
 
     def training(self) -> dict[str, Any]:
-        return {"refit_epochs": self.refit_epochs}
+        return {"refit_epochs": self.refit_epochs, "refit_widen": self.refit_widen}
 
 
 @dataclass(frozen=True)

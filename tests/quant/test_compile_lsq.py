@@ -80,3 +80,24 @@ def test_compiled_training_with_refit_and_changing_batch_sizes(conv):
                 torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
             for got, want in zip(_steps(gm), _steps(eager), strict=True):
                 torch.testing.assert_close(got, want)
+
+
+def test_compiled_widening_refits_follow_eager():
+    """refit_steps(widen=True) inside a compiled forward: a batch of smaller values leaves
+    the steps, a larger one widens them, as in eager mode."""
+    gm = _model(SAGEConv)
+    eager = copy.deepcopy(gm)
+    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(1)
+    x, edge_index = torch.randn(12, 4, generator=g), torch.randint(0, 12, (2, 40), generator=g)
+    history = []
+    for scale in (10.0, 0.1, 30.0):
+        for model, run in ((gm, compiled), (eager, eager)):
+            fxquant.refit_steps(model, widen=True)
+            with torch.no_grad():
+                run(scale * x, edge_index)
+        for got, want in zip(_steps(gm), _steps(eager), strict=True):
+            torch.testing.assert_close(got, want)
+        history.append([float(s) for s in _steps(gm)])
+    assert history[1] == history[0]
+    assert all(b > a for a, b in zip(history[1], history[2], strict=True))

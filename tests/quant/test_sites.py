@@ -395,6 +395,32 @@ def test_refit_steps_fits_again_on_the_next_training_batch_only(tmp_path):
     assert again.layer_input_quant.step.item() == fitted
 
 
+def test_refit_steps_widen_never_narrows_a_grid():
+    """refit_steps(widen=True): the refit keeps the larger of the fitted and the current
+    step (smaller values leave it, larger ones widen it); one refit only, after which a
+    plain refit narrows again; a non-bool is refused before anything is marked."""
+    torch.manual_seed(0)
+    x, ei = graph_data()
+    cfg = QuantConfig("int4", scale="tensor", range="lsq")
+    gm = fxquant.transform(One(GCNConv(4, 8)), mapping_for(["input"], cfg))
+    gm(50 * x, ei)
+    point = gm.layer_input_quant
+    wide = point.step.item()
+    assert fxquant.refit_steps(gm, widen=True) == 1
+    gm(x, ei)  # 50x smaller values: the grid stays
+    assert point.step.item() == wide
+    fxquant.refit_steps(gm, widen=True)
+    gm(100 * x, ei)  # larger values: widened to their least-error step
+    assert point.step.item() == pytest.approx(_least_error_step(100 * x, -8, 7), rel=1e-5)
+    assert point.step.item() > wide
+    fxquant.refit_steps(gm)  # a plain refit fits the batch, narrower or not
+    gm(x, ei)
+    assert point.step.item() == pytest.approx(_least_error_step(x, -8, 7), rel=1e-5)
+    with pytest.raises(TypeError, match="widen"):
+        fxquant.refit_steps(gm, widen=1)
+    assert point.step_ready
+
+
 def test_lsq_start_keeps_a_two_bit_grid_alive():
     """On a 2-bit grid LSQ's own start (2 mean|x|) rounds most of a Gaussian to zero; the
     least-error start keeps most values non-zero, so a ReLU after it passes a gradient."""
