@@ -196,7 +196,7 @@ def prepare(method: str, target: float, data: Any, model: torch.nn.Module,
     common = {"target_bits": target, "midrise": opts.signed_grid == "midrise",
               "shared_step": args.shared_step, "input_format": opts.input_format,
               "quantize_logits": opts.quantize_logits, "select": args.select,
-              "refit_epochs": args.lsq_refit}
+              "refit_epochs": args.lsq_refit, "refit_widen": args.refit_widen}
     if method == "learned":
         return LearnedBits(penalty=opts.penalty, bits_lr=opts.bits_lr, max_bits=opts.max_bits,
                            shared_bits=opts.shared_bits, **common).prepare(model, data, lint="off")
@@ -210,7 +210,8 @@ def prepare(method: str, target: float, data: Any, model: torch.nn.Module,
     if method in LSQ_METHODS and args.shared_step:
         # the hidden output, rounded, then ReLU'd, is the next layer's input: one grid
         fxquant.share_step(gm, "conv2_input_quant", "conv1_quant")
-    return QuantTraining(gm, refit_epochs=args.lsq_refit, anneal_every=args.anneal,
+    return QuantTraining(gm, refit_epochs=args.lsq_refit, refit_widen=args.refit_widen,
+                         anneal_every=args.anneal,
                          anneal_bits=ANNEAL_BITS, anneal_refit_epochs=args.anneal_refit,
                          target_bits=target, select=args.select)
 
@@ -263,6 +264,9 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.lsq_refit and args.method not in LSQ_METHODS:
         p.error(f"--lsq-refit refits learned steps; --method {args.method} has none, so it "
                 "would be ignored")
+    if args.refit_widen and not (args.lsq_refit or args.anneal_refit):
+        p.error("--refit-widen changes how refits fit the steps; please give --lsq-refit N "
+                "or --anneal-refit R too (without refits it would be ignored)")
     # each budget, built on a stand-in graph and model
     graph = Data(x=torch.full((4, 8), 0.125), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]),
                  num_nodes=4)
@@ -334,6 +338,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lsq-refit", type=training.epochs_arg, default=0, metavar="N",
                    help="fit the learned steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
+    p.add_argument("--refit-widen", action="store_true",
+                   help="with --lsq-refit or --anneal-refit: refits never narrow a grid "
+                        "(fxquant.refit_steps(widen=True))")
     p.add_argument("--root", default=None)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
@@ -404,6 +411,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         })
     payload = {"dataset": args.dataset, "model": "gcn", "sites": list(SITES),
                "epochs": args.epochs, "lsq_refit": args.lsq_refit,
+               "refit_widen": args.refit_widen,
                "penalty": args.penalty, "select": args.select, "signed_grid": args.signed_grid,
                "shared_step": args.shared_step, "max_bits": args.max_bits,
                "shared_bits": args.shared_bits, "bits_lr": args.bits_lr,
@@ -427,6 +435,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "anneal_every" in settings:
             payload["anneal"] = settings["anneal_every"]
         payload["anneal_refit"] = settings.get("anneal_refit_epochs", 0)
+        payload["refit_widen"] = settings.get("refit_widen", False)
         if "last_aggregate_bits" in settings:
             payload["last_aggregate_bits"] = settings["last_aggregate_bits"]
         payload["penalty"] = settings.get("penalty", 0.0)

@@ -191,10 +191,11 @@ def test_degree_flags_in_the_json_and_their_errors(tmp_path, capsys):
     bits_pareto.main(["--method", "degree", "--degree-rule", "hub-messages", "--target-bits",
                       "2", "--seeds", "1", "--epochs", "2", "--signed-grid", "midrise",
                       "--anneal", "1", "--anneal-refit", "1", "--last-aggregate-bits", "4",
-                      "--select", "budget", "--json", str(out)])
+                      "--select", "budget", "--refit-widen", "--json", str(out)])
     payload = json.loads(out.read_text())
     assert (payload["degree_rule"], payload["anneal"], payload["anneal_refit"],
-            payload["last_aggregate_bits"]) == ("hub-messages", 1, 1, 4)
+            payload["last_aggregate_bits"], payload["refit_widen"]) == ("hub-messages", 1, 1, 4,
+                                                                        True)
     assert bits_pareto._label(payload, "degree") == ("degree (midrise, hub-messages, last "
                                                      "aggregate 4 bits, anneal 1, refit 1 "
                                                      "after each drop, within budget)")
@@ -210,6 +211,7 @@ def test_degree_flags_in_the_json_and_their_errors(tmp_path, capsys):
                          (["--method", "int", "--max-bits", "4"], "--max-bits"),
                          (["--method", "int", "--bits-lr", "0.1"], "--bits-lr are for"),
                          (["--method", "degree", "--hub-quantile", "0.5"], "--hub-quantile"),
+                         (["--method", "degree", "--refit-widen"], "--refit-widen"),
                          (["--method", "degree", "--degree-rule", "hub-messages",
                            "--hub-quantile", "1"], "--hub-quantile")):
         with pytest.raises(SystemExit):
