@@ -89,3 +89,21 @@ def test_merge_joins_consecutive_seed_ranges():
     other["dataset"] = "CiteSeer"
     with pytest.raises(ValueError, match="different commands"):
         select_bits.merge([payload(0, [0.7], 1.6), other])
+
+
+def test_the_recommended_recipe_is_the_published_choice():
+    """fxquant.recipes.RECOMMENDED is the candidate that docs/results/bits_selection.json
+    chose from the recorded trials (the same recipe and settings), and the published
+    report makes that choice from the published trials."""
+    import json
+
+    import fxquant
+
+    payload = json.loads((select_bits.ROOT / "docs" / "results" / "bits_selection.json")
+                         .read_text())
+    name, settings = select_bits.CANDIDATES[payload["chosen"]]
+    chosen = fxquant.recipes.get(name, target_bits=select_bits.TARGET, **settings)
+    assert chosen == fxquant.recipes.get("recommended", target_bits=select_bits.TARGET)
+    rows = select_bits.load(select_bits.ROOT / payload["trials"])
+    assert next(s["candidate"] for s in select_bits.summarize(rows) if s["budget_met"]) \
+        == payload["chosen"]
