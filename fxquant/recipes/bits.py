@@ -239,8 +239,8 @@ class LearnedBits(_BitsRecipe):
         shared_bits (str, optional): ``"none"`` (a table per site), ``"layer"`` (one per
             layer) or ``"all"`` (one for the model; :func:`fxquant.share_bits`).
             (default: ``"none"``)
-        midrise, shared_step, input_format, quantize_logits, select, refit_epochs, step_lr,
-            refit_widen: as :class:`HubMessages`.
+        midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen: as :class:`HubMessages`.
     """
 
     name: ClassVar[str] = "learned-bits"
@@ -317,8 +317,8 @@ class BudgetBits(_BitsRecipe):
             ``"random"`` (a fixed pseudo-random order) or ``"degree"`` (message rows by their
             target's in-degree, hubs lowest, as :class:`HubMessages`; other sites random).
             (default: ``"random"``)
-        midrise, shared_step, input_format, quantize_logits, select, refit_epochs, step_lr,
-            refit_widen: as :class:`HubMessages`.
+        midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen: as :class:`HubMessages`.
 
     Example:
         >>> from torch_geometric.data import Data
