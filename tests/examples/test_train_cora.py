@@ -121,9 +121,9 @@ def test_lsq_refit_refits_the_steps_on_the_first_epochs(monkeypatch):
     calls = []
     real = fxquant.refit_steps
 
-    def spy(gm):
+    def spy(gm, **kwargs):
         calls.append(len(forwards))
-        return real(gm)
+        return real(gm, **kwargs)
 
     monkeypatch.setattr(fxquant.recipes.core, "refit_steps", spy)
     run = fxquant.recipes.QuantTraining(model, refit_epochs=3)
