@@ -101,6 +101,11 @@ class _BitsRecipe(Recipe):
     def extra_entries(self, mapping: QuantMapping, layers: list[Node], data: Any) -> None:
         """Entries a subclass adds between the global ones and the per-layer grids."""
 
+    def _training_common(self) -> dict[str, Any]:
+        """The :class:`~fxquant.recipes.QuantTraining` settings every bit recipe passes."""
+        return {"refit_epochs": self.refit_epochs, "refit_widen": self.refit_widen,
+                "target_bits": self.target_bits, "select": self.select, "step_lr": self.step_lr}
+
     def tie(self, gm: GraphModule) -> None:
         if self.shared_step:
             tie_steps(gm)
@@ -218,10 +223,8 @@ class HubMessages(_BitsRecipe):
                              site="aggregate")
 
     def training(self) -> dict[str, Any]:
-        return {"refit_epochs": self.refit_epochs, "anneal_every": self.anneal_every,
-                "anneal_bits": self.anneal_bits,
-                "anneal_refit_epochs": self.anneal_refit_epochs, "target_bits": self.target_bits,
-                "select": self.select, "step_lr": self.step_lr, "refit_widen": self.refit_widen}
+        return {**self._training_common(), "anneal_every": self.anneal_every,
+                "anneal_bits": self.anneal_bits, "anneal_refit_epochs": self.anneal_refit_epochs}
 
 
 @dataclass(frozen=True)
@@ -281,9 +284,7 @@ class LearnedBits(_BitsRecipe):
         _share_tables(gm, self.shared_bits)
 
     def training(self) -> dict[str, Any]:
-        return {"refit_epochs": self.refit_epochs, "penalty": self.penalty,
-                "target_bits": self.target_bits, "bits_lr": self.bits_lr,
-                "select": self.select, "step_lr": self.step_lr, "refit_widen": self.refit_widen}
+        return {**self._training_common(), "penalty": self.penalty, "bits_lr": self.bits_lr}
 
 
 @dataclass(frozen=True)
@@ -385,8 +386,6 @@ class BudgetBits(_BitsRecipe):
         _share_tables(gm, self.shared_bits)
 
     def training(self) -> dict[str, Any]:
-        return {"refit_epochs": self.refit_epochs, "target_bits": self.target_bits,
-                "bits_lr": self.bits_lr, "select": self.select, "project": True,
+        return {**self._training_common(), "bits_lr": self.bits_lr, "project": True,
                 "anneal_every": self.anneal_every, "anneal_bits": self.anneal_bits,
-                "anneal_refit_epochs": self.anneal_refit_epochs, "step_lr": self.step_lr,
-                "refit_widen": self.refit_widen}
+                "anneal_refit_epochs": self.anneal_refit_epochs}
