@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from fxquant.errors import FxquantValueError
 from fxquant.quant._last import LastInput
 
-__all__ = ["lsq_round"]
+__all__ = ["RoundedFeatures", "lsq_round", "lsq_round_features"]
 
 
 #: values per chunk of rows in eager mode (the temporaries stay in cache)
@@ -93,7 +95,7 @@ def _row_sums(t: Tensor) -> Tensor:
 class _LsqRound(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor,
-                gain: float, offset: float) -> Tensor:
+                gain: float, offset: float, features: bool = False) -> Tensor:
         sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
         ctx.save_for_backward(x, s, qmin, qmax)
         ctx.gain = gain
@@ -107,6 +109,8 @@ class _LsqRound(torch.autograd.Function):
             s_e, lo_e, hi_e = (_per_entry(t, row) for t in (sx, lo, hi))
             y.view(-1).index_copy_(0, flat, torch.maximum(torch.minimum(values / s_e, hi_e),
                                                           lo_e).round_().mul_(s_e))
+            if features:  # the caller (lsq_round_features) sets its features' info
+                y.__class__ = RoundedFeatures
             return y
         rows = x.shape or (1,)  # written through views of at least one dimension
         xc = x.contiguous().reshape(rows)
@@ -121,7 +125,7 @@ class _LsqRound(torch.autograd.Function):
         x, s, qmin, qmax = ctx.saved_tensors
         sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
         if ctx.entries is not None:
-            return (None, *_sparse_backward(ctx, x, grad, s, qmin, qmax, sx, lo, hi), None, None)
+            return (None, *_sparse_backward(ctx, x, grad, s, qmin, qmax), None, None, None)
         rows = x.shape or (1,)
         xc, gc = x.contiguous().reshape(rows), grad.contiguous().reshape(rows)
         want_x = ctx.needs_input_grad[0]  # not for inputs such as a dataset's features
@@ -145,21 +149,31 @@ class _LsqRound(torch.autograd.Function):
         per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
         sums = [None if p[0] is None else torch.cat(p).view(per_row)  # (one chunk at least)
                 for p in zip(*parts, strict=True)]
-        grad_s, grad_lo, grad_hi = _step_and_range_grads(ctx, s, qmin, qmax, sx, *sums)
-        return grad_x, grad_s, grad_lo, grad_hi, None, None
+        grad_s, grad_lo, grad_hi = _step_and_range_grads(ctx.gain, s, qmin, qmax, sx, *sums)
+        return grad_x, grad_s, grad_lo, grad_hi, None, None, None
 
 
-def _sparse_backward(ctx: Any, x: Tensor, grad: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor,
-                     sx: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor | None, ...]:
+def _sparse_backward(ctx: Any, x: Tensor, grad: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor
+                     ) -> tuple[Tensor | None, ...]:
     """The gradients of ``s``, ``qmin`` and ``qmax`` from the non-zero entries of ``x``
     alone (a zero is on the grid and inside the range: it adds nothing to them)."""
-    flat, row, values, _ = ctx.entries
-    rows = x.shape[0]
+    flat = ctx.entries[0]
     g = grad.contiguous().view(-1).index_select(0, flat)
+    return _entry_grads(x, ctx.entries, g, s, qmin, qmax, ctx.gain)
+
+
+def _entry_grads(x: Tensor, entries: tuple[Tensor, Tensor, Tensor, bool], g: Tensor,
+                 s: Tensor, qmin: Tensor, qmax: Tensor, gain: float
+                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients of ``s``, ``qmin`` and ``qmax`` given the output's gradient ``g`` at
+    the non-zero ``entries`` of ``x`` (see :func:`_sparse_entries`)."""
+    _, row, values, _ = entries
+    sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
     s_e, lo_e, hi_e = (_per_entry(t, row) for t in (sx, lo, hi))
     u = values / s_e
     c = torch.maximum(torch.minimum(u, hi_e), lo_e)
     outside = c != u
+    rows = x.shape[0]
     per_row = (-1,) + (1,) * (x.dim() - 1)
 
     def row_sums(values: Tensor) -> Tensor:
@@ -167,7 +181,7 @@ def _sparse_backward(ctx: Any, x: Tensor, grad: Tensor, s: Tensor, qmin: Tensor,
 
     sums = _sums(u, c, outside, g, 0.0, s.requires_grad,
                  qmin.requires_grad or qmax.requires_grad, row_sums)
-    return _step_and_range_grads(ctx, s, qmin, qmax, sx, *sums)
+    return _step_and_range_grads(gain, s, qmin, qmax, sx, *sums)
 
 
 def _sums(u: Tensor, c: Tensor, outside: Tensor, g: Tensor, offset: float, want_s: bool,
@@ -188,13 +202,13 @@ def _sums(u: Tensor, c: Tensor, outside: Tensor, g: Tensor, offset: float, want_
     return d, out, above
 
 
-def _step_and_range_grads(ctx: Any, s: Tensor, qmin: Tensor, qmax: Tensor, sx: Tensor,
+def _step_and_range_grads(gain: float, s: Tensor, qmin: Tensor, qmax: Tensor, sx: Tensor,
                           d: Tensor | None, out: Tensor | None, above: Tensor | None
                           ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """The gradients of ``s``, ``qmin`` and ``qmax`` from :func:`_sums`' per-row sums."""
     grad_s = grad_lo = grad_hi = None
     if d is not None:
-        grad_s = _reduce(d, s, ctx.gain)
+        grad_s = _reduce(d, s, gain)
     if out is not None and above is not None:
         if qmax.requires_grad:
             grad_hi = _reduce_times(above, qmax, _rows_of(sx, above))
@@ -277,3 +291,157 @@ def lsq_round(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
     lo = qmin if isinstance(qmin, Tensor) else torch.tensor(float(qmin), device=x.device)
     hi = qmax if isinstance(qmax, Tensor) else torch.tensor(float(qmax), device=x.device)
     return _LsqRound.apply(x, s, lo, hi, gain, float(offset))
+
+
+class _Features(NamedTuple):
+    """What a layer's linear transform needs to give a rounded mostly-zero input's step and
+    range their gradients from the non-zero entries alone."""
+
+    entries: tuple[Tensor, Tensor, Tensor, bool]  # (flat, rows, values, -0.0) of the input
+    s: Tensor
+    qmin: Tensor
+    qmax: Tensor
+    gain: float
+    scale: Tensor | None  # per entry: what dropouts since the rounding multiplied it by
+    version: int  # the rounded tensor's version counter when this was made
+
+
+class RoundedFeatures(Tensor):
+    """The output of :func:`lsq_round_features`: a plain tensor to every op except a
+    dropout (in training, on the CPU) and ``F.linear`` (``torch.nn.Linear``, PyG's
+    ``Linear``), which give the learned step and ranges their gradients without the dense
+    gradient of the whole input (on Cora, 2708 x 1433 values of which 1.3% are non-zero).
+    Every other op, and either of those two where the values were changed in place since,
+    sees a plain tensor whose gradient flows as :func:`lsq_round`'s does. Results are plain
+    tensors, except a dropout's, which keeps this type."""
+
+    _fxquant_features: _Features | None = None
+
+    @classmethod
+    def __torch_function__(cls, func: Callable[..., Any], types: Any, args: tuple = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        first = args[0] if args else None
+        if isinstance(first, RoundedFeatures):
+            if func is F.linear:
+                out = _fused_linear(first, *args[1:], **kwargs)
+                if out is not None:
+                    return out
+            elif func is F.dropout:
+                out = _features_dropout(first, *args[1:], **kwargs)
+                if out is not None:
+                    return out
+            elif func is Tensor.__repr__:  # a tensor's, grad_fn included
+                setattr(first, "__class__", Tensor)  # noqa: B010 (the type of this tensor)
+                try:
+                    return repr(first)
+                finally:
+                    setattr(first, "__class__", RoundedFeatures)  # noqa: B010
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def _valid_features(t: RoundedFeatures) -> _Features | None:
+    info = t._fxquant_features
+    if info is None or t._version != info.version or not torch.is_grad_enabled():
+        return None  # changed in place since it was rounded: the plain path
+    return info
+
+
+def _as_features(t: Tensor, info: _Features) -> RoundedFeatures:
+    """``t`` itself made a :class:`RoundedFeatures` (a view of it would refuse in-place
+    ops where a custom autograd function made ``t``), carrying ``info``."""
+    t.__class__ = RoundedFeatures
+    out = cast(RoundedFeatures, t)
+    out._fxquant_features = info._replace(version=out._version)
+    return out
+
+
+def _features_dropout(t: RoundedFeatures, p: Any = 0.5, training: Any = True,
+                      inplace: Any = False) -> RoundedFeatures | None:
+    """``F.dropout`` as torch runs it on the CPU (the same draws, the same values), noting
+    what it multiplied each non-zero entry by; None where torch's own should run."""
+    info = _valid_features(t)
+    if info is None or inplace is not False or training is not True \
+            or not isinstance(p, float) or not 0.0 < p < 1.0 or t.device.type != "cpu":
+        return None
+    with torch._C.DisableTorchFunctionSubclass():
+        noise = torch.empty_like(t).bernoulli_(1 - p)
+        noise.div_(1 - p)
+        scale = noise.view(-1).index_select(0, info.entries[0])
+        out = t * noise
+    return _as_features(out, info._replace(
+        scale=scale if info.scale is None else scale * info.scale))
+
+
+def _fused_linear(t: RoundedFeatures, weight: Any, bias: Any = None) -> Tensor | None:
+    """``F.linear(t, weight, bias)`` with the gradients of ``t``'s step and ranges from its
+    non-zero entries; None where the plain path should run."""
+    info = _valid_features(t)
+    if info is None or type(weight) not in (Tensor, nn.Parameter) \
+            or (bias is not None and type(bias) not in (Tensor, nn.Parameter)) \
+            or t.dim() != 2 or weight.dim() != 2 or weight.dtype != t.dtype \
+            or weight.device != t.device or not t.is_contiguous() \
+            or torch.is_autocast_enabled(t.device.type):
+        return None
+    with torch._C.DisableTorchFunctionSubclass():
+        values = t.detach()
+    return _FeaturesLinear.apply(values, weight, bias, info.s, info.qmin, info.qmax, info)
+
+
+class _FeaturesLinear(torch.autograd.Function):
+    """``F.linear`` of rounded features that need no gradient themselves: the gradient of
+    their step and ranges gathered at their non-zero entries (``out_grad[row] . W[:, col]``)
+    instead of through the dense ``out_grad @ W``."""
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, weight: Tensor, bias: Tensor | None, s: Tensor,
+                qmin: Tensor, qmax: Tensor, info: _Features) -> Tensor:
+        ctx.save_for_backward(values, weight, s, qmin, qmax)
+        ctx.info = info
+        ctx.has_bias = bias is not None
+        return F.linear(values, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        values, weight, s, qmin, qmax = ctx.saved_tensors
+        info: _Features = ctx.info
+        grad_w = grad.t().mm(values) if ctx.needs_input_grad[1] else None
+        grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        flat, row = info.entries[0], info.entries[1]
+        col = flat - row * values.shape[1]
+        columns = weight.t().contiguous()  # (a gather from the transposed view is ~15x slower)
+        g = (grad.index_select(0, row) * columns.index_select(0, col)).sum(1)
+        if info.scale is not None:
+            g = g * info.scale
+        grads = _entry_grads(values, info.entries, g, s, qmin, qmax, info.gain)
+        return (None, grad_w, grad_b, *grads, None)
+
+
+def lsq_round_features(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
+                       gain: float = 1.0) -> Tensor:
+    """:func:`lsq_round` of a layer's input features. Where ``x`` needs no gradient and is
+    mostly zeros (a dataset's bag-of-words features), the result is a
+    :class:`RoundedFeatures`, whose dropout and linear transform give the step and ranges
+    their gradients from the non-zero entries alone; the values and gradients are those
+    of :func:`lsq_round` (up to the order of a sum's terms).
+
+    Example:
+        >>> x = torch.zeros(300, 400)
+        >>> x[::7, ::5] = 0.3
+        >>> s = torch.tensor(0.1, requires_grad=True)
+        >>> y = lsq_round_features(x, s, -8, 7)
+        >>> type(y).__name__, torch.equal(y, lsq_round(x, s, -8, 7))
+        ('RoundedFeatures', True)
+    """
+    lo = qmin if isinstance(qmin, Tensor) else torch.tensor(float(qmin), device=x.device)
+    hi = qmax if isinstance(qmax, Tensor) else torch.tensor(float(qmax), device=x.device)
+    wanted = torch.is_grad_enabled() and x.dim() == 2 and type(x) is Tensor \
+        and (s.requires_grad or lo.requires_grad or hi.requires_grad)
+    y = _LsqRound.apply(x, s, lo, hi, gain, 0.0, wanted)
+    if isinstance(y, RoundedFeatures):
+        entries = _sparse_entries(x, s.to(x.dtype), lo.to(x.dtype), hi.to(x.dtype))
+        assert entries is not None  # (the last input's, which the rounding just used)
+        return _as_features(y, _Features(entries, s, lo, hi, gain, None, 0))
+    return y

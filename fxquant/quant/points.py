@@ -26,7 +26,7 @@ from fxquant.formats import IntFormat, TopN
 from fxquant.modes import Grad, Rounding
 from fxquant.quant._last import LastInput
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
-from fxquant.quant.lsq import lsq_round
+from fxquant.quant.lsq import lsq_round, lsq_round_features
 from fxquant.quant.nodes import LayerMasks, NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
@@ -415,12 +415,21 @@ class QuantPoint(nn.Module):
         c = self.config
         if rows is None and c.rounding is Rounding.NEAREST and c.grad is Grad.STE \
                 and c.grad_format is None:  # the common case: one fused function
-            return lsq_round(x, self._step(x.dtype, self._top()), number.qmin, number.qmax,
-                             gain, number.offset)
+            return self._lsq_round(x, self._step(x.dtype, self._top()), number.qmin,
+                                   number.qmax, gain, number.offset)
         s = self._scaled_step(gain, x.dtype, self._top())
         y = torch.clamp(x / s, number.level(number.qmin), number.max_finite)
         codes = torch.ops.fxquant.quantize.default(y, rows=rows, numerics=NUMERICS, **self._args)
         return codes * s
+
+    def _lsq_round(self, x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
+                   gain: float, offset: float) -> Tensor:
+        """:func:`~fxquant.quant.lsq.lsq_round`; at an input site on a grid with zero, its
+        form for features (a dataset's mostly-zero features then give the step its
+        gradient without a dense product in the layer's linear transform)."""
+        if self.site is Site.INPUT and not offset:
+            return lsq_round_features(x, s, qmin, qmax, gain)
+        return lsq_round(x, s, qmin, qmax, gain, offset)
 
     def _node_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
                    ids: Tensor | None) -> Tensor:
@@ -504,8 +513,8 @@ class QuantPoint(nn.Module):
                 self._init_step(x, lo, hi, number.offset)
             levels = float((qmax.detach() + number.offset).mean()) if qmax.numel() else 1.0
             gain = 1.0 / math.sqrt(max(x.numel(), 1) * levels)
-            return lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
-                             number.offset).to(x.dtype)
+            return self._lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
+                                   number.offset).to(x.dtype)
         if self.config.scale.per_row:
             bounds = x.detach().abs().flatten(1).amax(1).view(shape)
         else:
