@@ -369,9 +369,31 @@ def _features_dropout(t: RoundedFeatures, p: Any = 0.5, training: Any = True,
         noise = torch.empty_like(t).bernoulli_(1 - p)
         noise.div_(1 - p)
         scale = noise.view(-1).index_select(0, info.entries[0])
-        out = t * noise
+        if info.entries[3] or not t.is_contiguous():  # (x had -0.0: its zeros keep signs)
+            out = t * noise
+        else:
+            out = _DropFeatures.apply(t, noise, info.entries[0], scale)
     return _as_features(out, info._replace(
         scale=scale if info.scale is None else scale * info.scale))
+
+
+class _DropFeatures(torch.autograd.Function):
+    """``t * noise`` where ``t`` is zero (+0.0) outside its entries at ``flat``: zeros and
+    the entries' products (``scale``: the noise there), the values of the dense product
+    without reading the whole of ``t`` and ``noise``."""
+
+    @staticmethod
+    def forward(ctx: Any, t: Tensor, noise: Tensor, flat: Tensor, scale: Tensor) -> Tensor:
+        ctx.save_for_backward(noise)
+        out = torch.zeros_like(t, memory_format=torch.contiguous_format)
+        out.view(-1).index_copy_(0, flat, t.reshape(-1).index_select(0, flat) * scale)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        (noise,) = ctx.saved_tensors
+        return grad * noise, None, None, None
 
 
 def _fused_linear(t: RoundedFeatures, weight: Any, bias: Any = None) -> Tensor | None:

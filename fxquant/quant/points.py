@@ -114,10 +114,11 @@ def _code_range(bits: Any, number: IntFormat) -> tuple[Any, Any]:
 _ROWS: LastInput[Tensor] = LastInput()
 
 
-def _input_row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
-    """:func:`_row_magnitudes` of ``x``, kept for the next call while ``x`` is unchanged
-    (eager, no gradient); the result is shared between calls and never written to."""
-    if torch.compiler.is_compiling() or x.requires_grad:
+def _input_row_magnitudes(x: Tensor, finite_only: bool, keep: bool = True) -> Tensor:
+    """:func:`_row_magnitudes` of ``x``, kept for the next calls while ``x`` is unchanged
+    (eager, no gradient, ``keep``: an input site's, a dataset's features every step); the
+    result is shared between calls and never written to."""
+    if torch.compiler.is_compiling() or x.requires_grad or not keep:
         return _row_magnitudes(x.detach(), finite_only)
     return _ROWS.get(x, finite_only, lambda: _row_magnitudes(x, finite_only))
 
@@ -438,7 +439,7 @@ class QuantPoint(nn.Module):
         assert rb is not None
         nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
         fits = self.seen_range is not None and self.training
-        rows_range = _input_row_magnitudes(x, finite_only=fits)
+        rows_range = _input_row_magnitudes(x, finite_only=fits, keep=self.site is Site.INPUT)
         if row_nodes is not None:  # per node: the max over its rows (its messages)
             empty = -math.inf if fits else 0.0  # a node without (finite) messages: unseen
             node_range = torch.full((num_nodes,), empty, dtype=rows_range.dtype,

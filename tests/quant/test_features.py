@@ -166,3 +166,25 @@ def test_transformed_gcn_trains_the_same(monkeypatch):
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6,
                                    msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_entries_are_found_once_across_evaluations(monkeypatch):
+    """Training steps with an evaluation after each (as a training loop runs): the
+    features' non-zero entries are found once, though other tensors pass in between."""
+    found = []
+    real = lsq._nonzero_entries
+
+    def spy(x):
+        found.append(x)
+        return real(x)
+
+    monkeypatch.setattr(lsq, "_nonzero_entries", spy)
+    lsq._ENTRIES.clear()
+    x = features()
+    s = torch.tensor(0.05, requires_grad=True)
+    for _ in range(3):
+        lsq_round_features(x, s, -7.0, 7.0)
+        with torch.no_grad():
+            for other in (torch.randn(300, 400), torch.randn(500, 200)):
+                lsq_round(other, s, -7.0, 7.0)
+    assert sum(f is x for f in found) == 1

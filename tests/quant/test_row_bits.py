@@ -168,19 +168,26 @@ def test_unseen_nodes_take_the_bits_of_the_nearest_seen_range():
 
 
 def test_ranges_of_an_unchanged_input_are_reused_and_follow_in_place_changes():
-    """A dataset's features (the same tensor every step, no gradient): the per-node ranges
-    are computed once and reused; an in-place change, another tensor, a NaN (finite values
-    only while training) are seen in the next forward."""
+    """A dataset's features at an input site (the same tensor every step, no gradient): the
+    per-node ranges are computed once and reused, also after an evaluation in between; an
+    in-place change, another tensor, a NaN (finite values only while training) are seen in
+    the next forward. Other sites' tensors are new every forward: never kept."""
     from fxquant.quant import points
 
     config = QuantConfig("int8", scale="tensor", range="lsq",
                          node_bits=NodeBits.learned_init(4, 4.0))
-    point = QuantPoint(config, "lin")
+    point = QuantPoint(config, "lin", "input")
     x = torch.tensor([[1.0, 0.5], [2.0, 0.0], [4.0, -1.0], [0.5, 0.25]])
     point(x)
     first = points._ROWS.value
+    with torch.no_grad():
+        point.eval()(x * 3)  # an evaluation in between (other ranges: all values)
+        point.train()
     point(x)
     assert points._ROWS.value is first  # reused
+    points._ROWS.clear()
+    QuantPoint(config, "lin", "output")(x)
+    assert points._ROWS.value is None
     x[3, 1] = -16.0  # in place
     point(x)
     assert point.seen_range.tolist() == [1.0, 2.0, 4.0, 16.0]
