@@ -142,8 +142,8 @@ class _LsqRound(torch.autograd.Function):
                 u.sub_(ctx.offset)
             c = torch.clamp(u, lo_c, hi_c)
             outside = c != u
-            if grad_rows is not None:
-                grad_rows[sl].copy_(g_c).masked_fill_(outside, 0)
+            if grad_rows is not None:  # (torch.where: about twice masked_fill_'s speed)
+                torch.where(outside, g_c.new_zeros(()), g_c, out=grad_rows[sl])
             parts.append(_sums(u, c, outside, g_c, ctx.offset, want_s, want_lo or want_hi,
                                _row_sums))
         per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
@@ -192,13 +192,14 @@ def _sums(u: Tensor, c: Tensor, outside: Tensor, g: Tensor, offset: float, want_
     for the range, the gradient outside the range and the part of it above (``u > 0``;
     NaN: neither)."""
     out = above = d = None
-    if want_range:
-        g_out = g.masked_fill(~outside | (c != c), 0)
+    zero = g.new_zeros(())
+    if want_range:  # (NaN: c is NaN too, and outside)
+        g_out = torch.where(outside & (c == c), g, zero)
         out = row_sums(g_out)
-        above = row_sums(g_out.masked_fill_(u <= 0, 0))
+        above = row_sums(torch.where(u > 0, g_out, zero))
     if want_s:
         d = row_sums(c.round_().nan_to_num_(nan=-offset).sub_(
-            u.masked_fill_(outside, -offset)).mul_(g))
+            torch.where(outside, zero - offset, u)).mul_(g))
     return d, out, above
 
 
