@@ -48,7 +48,8 @@ class LastInput(Generic[T]):
                     self._entries.insert(0, self._entries.pop(i))
                 return value
         value = compute()
-        live = [e for e in self._entries if e[0]() is not None and e[0]() is not x]
+        live = [e for e in self._entries if e[0]() is not None
+                and not (e[0]() is x and (e[1] != x._version or e[2] == key))]  # not stale
         self._entries = [(weakref.ref(x), x._version, key, value), *live][:self.slots]
         return value
 

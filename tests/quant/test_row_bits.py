@@ -180,8 +180,9 @@ def test_ranges_of_an_unchanged_input_are_reused_and_follow_in_place_changes():
     x = torch.tensor([[1.0, 0.5], [2.0, 0.0], [4.0, -1.0], [0.5, 0.25]])
     point(x)
     first = points._ROWS.value
-    with torch.no_grad():
-        point.eval()(x * 3)  # an evaluation in between (other ranges: all values)
+    with torch.no_grad():  # an evaluation in between (its ranges: of all values)
+        point.eval()(x)
+        point(x * 3)
         point.train()
     point(x)
     assert points._ROWS.value is first  # reused
