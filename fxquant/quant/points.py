@@ -437,7 +437,6 @@ class QuantPoint(nn.Module):
         """Each row's bit-width (a float tensor, straight-through rounded when learned)."""
         rb = self.config.node_bits
         assert rb is not None
-        nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
         fits = self.seen_range is not None and self.training
         rows_range = _input_row_magnitudes(x, finite_only=fits, keep=self.site is Site.INPUT)
         if row_nodes is not None:  # per node: the max over its rows (its messages)
@@ -452,20 +451,28 @@ class QuantPoint(nn.Module):
             table = self.row_bits_table
         else:
             table = self.row_bits
-        known = (nodes >= 0) & (nodes < table.shape[0])
+        # every node of the table in order (a full batch, eager): no lookups by id
+        full = ids is None and num_nodes == table.shape[0] and not torch.compiler.is_compiling()
+        nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
+        known = None if full else (nodes >= 0) & (nodes < table.shape[0])
         if self.seen_range is not None:
             if self.training:
                 with torch.no_grad():  # the largest range each node has shown (-inf: unseen)
-                    safe = torch.where(known, nodes, 0)
-                    value = torch.where(known, node_range.to(self.seen_range.dtype), -math.inf)
-                    self.seen_range.scatter_reduce_(0, safe, value, "amax")
+                    seen = self.seen_range
+                    if known is None:
+                        torch.maximum(seen, node_range.to(seen.dtype), out=seen)
+                    else:
+                        seen.scatter_reduce_(0, torch.where(known, nodes, 0), torch.where(
+                            known, node_range.to(seen.dtype), -math.inf), "amax")
                     if dist.is_available() and dist.is_initialized() \
                             and dist.get_world_size() > 1:  # every rank knows every node
-                        dist.all_reduce(self.seen_range, op=dist.ReduceOp.MAX)
+                        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+            elif known is None:
+                known = torch.isfinite(self.seen_range)
             else:
                 known = known & torch.isfinite(lookup(self.seen_range, nodes))
-        bits = lookup(table, nodes)
-        if torch.compiler.is_compiling() or not bool(known.all()):
+        bits = table if full else lookup(table, nodes)
+        if known is not None and (torch.compiler.is_compiling() or not bool(known.all())):
             bits = torch.where(known, bits, self._nearest_seen(node_range, table))
         if self.row_bits is not None:
             bits = _ClampInward.apply(bits, rb.min_bits, rb.max_bits)
