@@ -78,6 +78,15 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
 NAMED_ONLY = frozenset({"int8-lsq-p"})
 
 
+def selected(only: str | None, protect: tuple[float, float]) -> dict[str, Config]:
+    """The rows a run trains: FP32 and those ``--only`` names, or every row but
+    :data:`NAMED_ONLY`."""
+    table_rows = rows(protect)
+    wanted = set(table_rows) - NAMED_ONLY if not only \
+        else {"fp32", *(k.strip() for k in only.split(","))}
+    return {k: c for k, c in table_rows.items() if k in wanted}
+
+
 def _degree_quant(bits: int, protect: tuple[float, float]) -> Config:
     """Degree-Quant as its reference code runs it (``fxquant.recipes.DegreeQuant``)."""
     return Config(f"INT{bits} Degree-Quant (GC-PER)", f"int{bits}:asym", scale="tensor",
@@ -250,10 +259,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
             with open(args.json, "w") as f:
                 json.dump(payload, f, indent=1)
         return configs
-    table_rows = rows(args.protect)
-    wanted = set(table_rows) - NAMED_ONLY if not args.only \
-        else {"fp32", *(k.strip() for k in args.only.split(","))}
-    configs = [c for k, c in table_rows.items() if k in wanted]
+    configs = list(selected(args.only, args.protect).values())
     data, num_classes = training.load_data(args.dataset, args.root, "dq_table.py")
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for cfg in configs:

@@ -170,6 +170,16 @@ def test_dq_table_smoke(tmp_path, capsys):
     assert "| INT8 |" in printed and "| MXFP4 (E2M1, block-32) |" in printed
 
 
+def test_dq_table_rows_named_only_run_when_named():
+    """The default table keeps its rows: INT8 LSQ runs only when --only names it."""
+    from examples import dq_table
+
+    default = dq_table.selected(None, (0.0, 0.2))
+    assert "int8-lsq-p" not in default and {"fp32", "int8", "int4-lsq-p"} <= set(default)
+    assert list(dq_table.selected("int8-lsq-p", (0.0, 0.2))) == ["fp32", "int8-lsq-p"]
+    assert dq_table.selected("int8-lsq-p", (0.0, 0.2))["int8-lsq-p"].range == "lsq"
+
+
 def test_dq_table_merge_by_row_and_seed(tmp_path):
     """--from-json A B --json OUT: rows merged by seed, a later file's re-run of a row
     replaces the earlier one seed for seed, new seeds are appended, epoch times follow."""
