@@ -1,9 +1,14 @@
 """Every example script refuses, before any work, flags it would ignore or could not run:
 exit 2 with a message naming the flag."""
 
+from pathlib import Path
+
 import pytest
 
 from examples import bits_pareto, dq_table, train_cora, train_ddp
+
+#: published results (a benchmark's JSON beside the tables)
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 CASES = [
     (train_cora, ["--format", "int8", "--momentum", "1.5"], "--momentum"),
@@ -27,6 +32,8 @@ CASES = [
     (dq_table, ["--plot", "x.png"], "--plot"),
     (dq_table, ["--only", "bogus"], "--only"),
     (dq_table, ["--only", "int8", "--lsq-refit", "5"], "--lsq-refit"),
+    (dq_table, ["--from-json", str(RESULTS / "dq_reference_cora_gcn.json")], "--from-json"),
+    (dq_table, ["--from-json", "no/such/file.json"], "--from-json"),
     (train_ddp, ["--scale", "bogus"], "--scale"),
     (train_ddp, ["--momentum", "1.5"], "--momentum"),
     (train_ddp, ["--dropout", "1.5"], "--dropout"),
