@@ -109,8 +109,8 @@ class _LsqRound(torch.autograd.Function):
             s_e, lo_e, hi_e = (_per_entry(t, row) for t in (sx, lo, hi))
             y.view(-1).index_copy_(0, flat, torch.maximum(torch.minimum(values / s_e, hi_e),
                                                           lo_e).round_().mul_(s_e))
-            if features:  # the caller (lsq_round_features) sets its features' info
-                y.__class__ = RoundedFeatures
+            if features:  # what its dropout and linear transform need (lsq_round_features)
+                return _as_features(y, _Features(ctx.entries, s, qmin, qmax, gain, None, 0))
             return y
         rows = x.shape or (1,)  # written through views of at least one dimension
         xc = x.contiguous().reshape(rows)
@@ -289,9 +289,12 @@ def lsq_round(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
                 or not math.isfinite(value) or value < 0:
             raise FxquantValueError(f"lsq_round: {name} must be a finite number >= 0, got "
                                     f"{value!r}")
-    lo = qmin if isinstance(qmin, Tensor) else torch.tensor(float(qmin), device=x.device)
-    hi = qmax if isinstance(qmax, Tensor) else torch.tensor(float(qmax), device=x.device)
-    return _LsqRound.apply(x, s, lo, hi, gain, float(offset))
+    return _LsqRound.apply(x, s, _tensor(qmin, x), _tensor(qmax, x), gain, float(offset))
+
+
+def _tensor(bound: Tensor | float, x: Tensor) -> Tensor:
+    """A bound of the range as a tensor on ``x``'s device."""
+    return bound if isinstance(bound, Tensor) else torch.tensor(float(bound), device=x.device)
 
 
 class _Features(NamedTuple):
@@ -458,13 +461,7 @@ def lsq_round_features(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor 
         >>> type(y).__name__, torch.equal(y, lsq_round(x, s, -8, 7))
         ('RoundedFeatures', True)
     """
-    lo = qmin if isinstance(qmin, Tensor) else torch.tensor(float(qmin), device=x.device)
-    hi = qmax if isinstance(qmax, Tensor) else torch.tensor(float(qmax), device=x.device)
+    lo, hi = _tensor(qmin, x), _tensor(qmax, x)
     wanted = torch.is_grad_enabled() and x.dim() == 2 and type(x) is Tensor \
         and (s.requires_grad or lo.requires_grad or hi.requires_grad)
-    y = _LsqRound.apply(x, s, lo, hi, gain, 0.0, wanted)
-    if isinstance(y, RoundedFeatures):
-        entries = _sparse_entries(x, s.to(x.dtype), lo.to(x.dtype), hi.to(x.dtype))
-        assert entries is not None  # (the last input's, which the rounding just used)
-        return _as_features(y, _Features(entries, s, lo, hi, gain, None, 0))
-    return y
+    return _LsqRound.apply(x, s, lo, hi, gain, 0.0, wanted)
