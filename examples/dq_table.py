@@ -2,16 +2,17 @@
 table on unmodified PyG models, next to FP8 and the OCP MX FP4 formats.
 
 Rows: FP32 | INT8 | INT8 + protection | INT8 asymmetric with a percentile range | INT4 |
-INT4 + protection | INT4 LSQ + protection (and INT8, ``int8-lsq-p``, when ``--only`` names
-it) | INT8 and INT4 Degree-Quant as its reference code
-runs it (``int8-dq``, ``int4-dq``: ``fxquant.recipes.DegreeQuant``) | INT4 with a per-row
-scale | E4M3 | MXFP4 (E2M1, block-32 E8M0 scale) | E2M1 with a per-row scale. Integer
-rows use a per-tensor scale from the current batch's min/max (LSQ: a learned step;
-``int8-pct``: the 0.1th-99.9th percentile) as Degree-Quant does, except "per-row" (one
-float32 scale per row: per node, per edge for messages, per output channel for weights);
-protection is Degree-Quant's (``--protect``). Seeds are paired: every row of one seed starts from the
-same initial weights, and the table reports each row's mean difference to FP32 with its
-95% interval.
+INT4 + protection | INT4 LSQ + protection (and, when ``--only`` names them, INT8
+``int8-lsq-p`` and ``int4-lsq-pe``: INT4 with the layers' per-edge arguments rounded too,
+e.g. GAT's attention coefficients; not for GIN, which has none) | INT8 and INT4
+Degree-Quant as its reference code runs it (``int8-dq``, ``int4-dq``:
+``fxquant.recipes.DegreeQuant``) | INT4 with a per-row scale | E4M3 | MXFP4 (E2M1, block-32
+E8M0 scale) | E2M1 with a per-row scale. Integer rows use a per-tensor scale from the
+current batch's min/max (LSQ: a learned step; ``int8-pct``: the 0.1th-99.9th percentile)
+as Degree-Quant does, except "per-row" (one float32 scale per row: per node, per edge for
+messages, per output channel for weights); protection is Degree-Quant's (``--protect``).
+Seeds are paired: every row of one seed starts from the same initial weights, and the
+table reports each row's mean difference to FP32 with its 95% interval.
 
 Run (data: ``FXQUANT_DATA`` or ``--root``):
 
@@ -62,6 +63,8 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
                              sites=every, protect=protect),
         "int8-lsq-p": Config("INT8 LSQ + protection", "int8", scale="tensor", range="lsq",
                              sites=every, protect=protect),
+        "int4-lsq-pe": Config("INT4 LSQ + protection, edge site too", "int4", scale="tensor",
+                              range="lsq", sites=[*every, "edge"], protect=protect),
         "int4-pct-p": Config("INT4 percentile 99.9 + protection", "int4", scale="tensor",
                              range="percentile:99.9", momentum=0.01, sites=every,
                              protect=protect),
@@ -75,7 +78,9 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
 
 
 #: rows that run only when ``--only`` names them (the default table keeps its rows)
-NAMED_ONLY = frozenset({"int8-lsq-p"})
+NAMED_ONLY = frozenset({"int8-lsq-p", "int4-lsq-pe"})
+#: rows with the ``edge`` site, which a layer without per-edge arguments (GIN) lacks
+EDGE_ROWS = frozenset({"int4-lsq-pe"})
 
 
 def _not_a_table(path: str) -> str | None:
@@ -150,6 +155,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         unknown = sorted(set(wanted) - set(keys))
         if unknown or not wanted:
             p.error(f"--only: unknown row keys {unknown}; keys: {list(keys)}")
+        edge = sorted(set(wanted) & EDGE_ROWS)
+        if edge and args.model == "gin":
+            p.error(f"--only {','.join(edge)} with --model gin: these rows round the layers' "
+                    "per-edge arguments, and GINConv's messages take none; please drop them")
         if args.lsq_refit and not any(keys[k].range == "lsq" for k in wanted):
             p.error("--lsq-refit refits learned steps; none of the --only rows has one, so it "
                     "would be ignored")

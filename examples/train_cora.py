@@ -34,6 +34,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from tabulate import tabulate
@@ -112,7 +113,9 @@ def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
     """The quantization points of one configuration, at every site it names."""
     mapping = fxquant.QuantMapping()
     for site in cfg.sites:
-        protect = cfg.protect if site != "weight" else None
+        protect: Any = cfg.protect if site != "weight" else None
+        if protect is not None and site in ("linear", "edge"):  # inside the layer: its mask
+            protect = fxquant.Protection(*protect, share="layer")
         number = cfg.number if cfg.kind != "top" else int(cfg.number)  # type: ignore[arg-type]
         scale = cfg.scale if cfg.kind in ("format", "int") else None
         momentum = cfg.momentum if scale is not None and scale.startswith("tensor") and \

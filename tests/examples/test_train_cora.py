@@ -178,6 +178,27 @@ def test_dq_table_rows_named_only_run_when_named():
     assert "int8-lsq-p" not in default and {"fp32", "int8", "int4-lsq-p"} <= set(default)
     assert list(dq_table.selected("int8-lsq-p", (0.0, 0.2))) == ["fp32", "int8-lsq-p"]
     assert dq_table.selected("int8-lsq-p", (0.0, 0.2))["int8-lsq-p"].range == "lsq"
+    assert "int4-lsq-pe" not in default
+
+
+def test_dq_table_edge_row_rounds_attention():
+    """int4-lsq-pe rounds GAT's attention coefficients (the edge site) on top of the
+    int4-lsq-p row's sites, with the same learned-step INT4 grid and protection."""
+    import warnings
+
+    from torch_geometric.data import Data
+
+    from examples import dq_table
+
+    data = Data(x=torch.rand(12, 6), edge_index=torch.randint(0, 12, (2, 40)), num_nodes=12)
+    rows = dq_table.selected("int4-lsq-pe", (0.0, 0.2))
+    cfg, plain = rows["int4-lsq-pe"], dq_table.rows((0.0, 0.2))["int4-lsq-p"]
+    assert cfg.sites == [*plain.sites, "edge"] and cfg.protect == plain.protect
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = fxquant.transform(training.make_model("gat64", 6, 3), train_cora.mapping_for(cfg, data))
+    edge = [m for m in gm.modules() if isinstance(m, fxquant.QuantPoint) and m.site.value == "edge"]
+    assert len(edge) == 2 and all(m.config.range == "lsq" for m in edge)
 
 
 def test_dq_table_merge_by_row_and_seed(tmp_path):
