@@ -4,10 +4,10 @@ table on unmodified PyG models, next to FP8 and the OCP MX FP4 formats.
 Rows: FP32 | INT8 | INT8 + protection | INT8 asymmetric with a percentile range | INT4 |
 INT4 + protection | INT4 LSQ + protection (and, when ``--only`` names them, INT8
 ``int8-lsq-p`` and ``int4-lsq-pe``: INT4 with the layers' per-edge arguments rounded too,
-e.g. GAT's attention coefficients; not for GIN, which has none) | INT8 and INT4
-Degree-Quant as its reference code runs it (``int8-dq``, ``int4-dq``:
-``fxquant.recipes.DegreeQuant``) | INT4 with a per-row scale | E4M3 | MXFP4 (E2M1, block-32
-E8M0 scale) | E2M1 with a per-row scale. Integer rows use a per-tensor scale from the
+on an unsigned grid, e.g. GAT's attention coefficients; not for GIN, which has none) | INT8
+and INT4 Degree-Quant as its reference code runs it (``int8-dq``, ``int4-dq``:
+``fxquant.recipes.DegreeQuant``) | INT4 with a per-row scale | E4M3 | MXFP4 (E2M1,
+block-32 E8M0 scale) | E2M1 with a per-row scale. Integer rows use a per-tensor scale from the
 current batch's min/max (LSQ: a learned step; ``int8-pct``: the 0.1th-99.9th percentile)
 as Degree-Quant does, except "per-row" (one float32 scale per row: per node, per edge for
 messages, per output channel for weights); protection is Degree-Quant's (``--protect``).
@@ -63,8 +63,9 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
                              sites=every, protect=protect),
         "int8-lsq-p": Config("INT8 LSQ + protection", "int8", scale="tensor", range="lsq",
                              sites=every, protect=protect),
-        "int4-lsq-pe": Config("INT4 LSQ + protection, edge site too", "int4", scale="tensor",
-                              range="lsq", sites=[*every, "edge"], protect=protect),
+        "int4-lsq-pe": Config("INT4 LSQ + protection, edge site too (uint4)", "int4",
+                              scale="tensor", range="lsq", sites=[*every, "edge"],
+                              protect=protect, edge_number="uint4"),
         "int4-pct-p": Config("INT4 percentile 99.9 + protection", "int4", scale="tensor",
                              range="percentile:99.9", momentum=0.01, sites=every,
                              protect=protect),

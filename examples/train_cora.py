@@ -71,6 +71,9 @@ class Config:
     protect: tuple[float, float] | None = None
     #: a named recipe (``fxquant.recipes.get(name, **settings)``) instead of the fields
     recipe: tuple[str, dict] | None = None
+    #: the ``edge`` site's number where it differs from ``number`` (e.g. an unsigned grid
+    #: for attention coefficients, which are never negative)
+    edge_number: str | None = None
     accs: list[float] = field(default_factory=list)
     epoch_ms: list[float] = field(default_factory=list)
 
@@ -117,6 +120,8 @@ def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
         if protect is not None and site in ("linear", "edge"):  # inside the layer: its mask
             protect = fxquant.Protection(*protect, share="layer")
         number = cfg.number if cfg.kind != "top" else int(cfg.number)  # type: ignore[arg-type]
+        if site == "edge" and cfg.edge_number is not None:
+            number = cfg.edge_number
         scale = cfg.scale if cfg.kind in ("format", "int") else None
         momentum = cfg.momentum if scale is not None and scale.startswith("tensor") and \
             cfg.range != "lsq" else None

@@ -182,8 +182,8 @@ def test_dq_table_rows_named_only_run_when_named():
 
 
 def test_dq_table_edge_row_rounds_attention():
-    """int4-lsq-pe rounds GAT's attention coefficients (the edge site) on top of the
-    int4-lsq-p row's sites, with the same learned-step INT4 grid and protection."""
+    """int4-lsq-pe rounds GAT's attention coefficients (the edge site, on an unsigned
+    grid) on top of the int4-lsq-p row's sites, with a learned step and protection."""
     import warnings
 
     from torch_geometric.data import Data
@@ -199,6 +199,9 @@ def test_dq_table_edge_row_rounds_attention():
         gm = fxquant.transform(training.make_model("gat64", 6, 3), train_cora.mapping_for(cfg, data))
     edge = [m for m in gm.modules() if isinstance(m, fxquant.QuantPoint) and m.site.value == "edge"]
     assert len(edge) == 2 and all(m.config.range == "lsq" for m in edge)
+    assert all(m.config.format.spec() == "uint4" for m in edge)  # attention is never negative
+    inside = [m for m in gm.modules() if isinstance(m, fxquant.QuantPoint) and m.site.value == "message"]
+    assert inside and all(m.config.format.spec() == "int4" for m in inside)
 
 
 def test_dq_table_merge_by_row_and_seed(tmp_path):
