@@ -80,8 +80,6 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
 
 #: rows that run only when ``--only`` names them (the default table keeps its rows)
 NAMED_ONLY = frozenset({"int8-lsq-p", "int4-lsq-pe"})
-#: rows with the ``edge`` site, which a layer without per-edge arguments (GIN) lacks
-EDGE_ROWS = frozenset({"int4-lsq-pe"})
 
 
 def _not_a_table(path: str) -> str | None:
@@ -156,7 +154,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         unknown = sorted(set(wanted) - set(keys))
         if unknown or not wanted:
             p.error(f"--only: unknown row keys {unknown}; keys: {list(keys)}")
-        edge = sorted(set(wanted) & EDGE_ROWS)
+        # the edge site needs per-edge arguments, which GIN lacks (a recipe row, such as
+        # Degree-Quant's, places its own sites)
+        edge = sorted(k for k in set(wanted) if "edge" in keys[k].sites and keys[k].recipe is None)
         if edge and args.model == "gin":
             p.error(f"--only {','.join(edge)} with --model gin: these rows round the layers' "
                     "per-edge arguments, and GINConv's messages take none; please drop them")

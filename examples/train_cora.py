@@ -34,7 +34,6 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
 from tabulate import tabulate
@@ -116,7 +115,8 @@ def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
     """The quantization points of one configuration, at every site it names."""
     mapping = fxquant.QuantMapping()
     for site in cfg.sites:
-        protect: Any = cfg.protect if site != "weight" else None
+        protect: tuple[float, float] | fxquant.Protection | None = \
+            cfg.protect if site != "weight" else None
         if protect is not None and site in ("linear", "edge"):  # inside the layer: its mask
             protect = fxquant.Protection(*protect, share="layer")
         number = cfg.number if cfg.kind != "top" else int(cfg.number)  # type: ignore[arg-type]
