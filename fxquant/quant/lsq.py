@@ -132,20 +132,17 @@ class _LsqRound(torch.autograd.Function):
         grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if want_x else None
         grad_rows = grad_x.view(rows) if grad_x is not None else None
         want_s, want_lo, want_hi = s.requires_grad, qmin.requires_grad, qmax.requires_grad
+        fast = _masks_as_floats(gc)
         # per chunk of rows, in place on small buffers: per-row sums for s, and for per-row
-        # ranges of the gradient outside the range and above it
+        # ranges of the gradient below the range and above it
         parts: list[tuple[Tensor | None, Tensor | None, Tensor | None]] = []
         for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
-            g_c = gc[sl]
             u = xc[sl] / s_c
             if ctx.offset:
                 u.sub_(ctx.offset)
-            c = torch.clamp(u, lo_c, hi_c)
-            outside = c != u
-            if grad_rows is not None:  # (torch.where: about twice masked_fill_'s speed)
-                torch.where(outside, g_c.new_zeros(()), g_c, out=grad_rows[sl])
-            parts.append(_sums(u, c, outside, g_c, ctx.offset, want_s, want_lo or want_hi,
-                               _row_sums))
+            parts.append(_grads(u, lo_c, hi_c, gc[sl], ctx.offset,
+                                None if grad_rows is None else grad_rows[sl], want_s,
+                                want_lo or want_hi, _row_sums, fast))
         per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
         sums = [None if p[0] is None else torch.cat(p).view(per_row)  # (one chunk at least)
                 for p in zip(*parts, strict=True)]
@@ -170,51 +167,73 @@ def _entry_grads(x: Tensor, entries: tuple[Tensor, Tensor, Tensor, bool], g: Ten
     _, row, values, _ = entries
     sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
     s_e, lo_e, hi_e = (_per_entry(t, row) for t in (sx, lo, hi))
-    u = values / s_e
-    c = torch.maximum(torch.minimum(u, hi_e), lo_e)
-    outside = c != u
     rows = x.shape[0]
     per_row = (-1,) + (1,) * (x.dim() - 1)
 
     def row_sums(values: Tensor) -> Tensor:
         return values.new_zeros(rows).index_add_(0, row, values).view(per_row)
 
-    sums = _sums(u, c, outside, g, 0.0, s.requires_grad,
-                 qmin.requires_grad or qmax.requires_grad, row_sums)
+    sums = _grads(values / s_e, lo_e, hi_e, g, 0.0, None, s.requires_grad,
+                  qmin.requires_grad or qmax.requires_grad, row_sums, _masks_as_floats(g))
     return _step_and_range_grads(gain, s, qmin, qmax, sx, *sums)
 
 
-def _sums(u: Tensor, c: Tensor, outside: Tensor, g: Tensor, offset: float, want_s: bool,
-          want_range: bool, row_sums: Callable[[Tensor], Tensor]
-          ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """Per-row sums of the gradient's parts (``u``, ``c`` are overwritten): for ``s``,
-    ``grad * d`` with ``d = round(u) - u`` inside, the bound's level outside, 0 for NaN;
-    for the range, the gradient outside the range and the part of it above (``u > 0``;
-    NaN: neither)."""
-    out = above = d = None
-    zero = g.new_zeros(())
-    if want_range:  # (NaN: c is NaN too, and outside)
-        g_out = torch.where(outside & (c == c), g, zero)
-        out = row_sums(g_out)
-        above = row_sums(torch.where(u > 0, g_out, zero))
-    if want_s:
-        d = row_sums(c.round_().nan_to_num_(nan=-offset).sub_(
-            torch.where(outside, zero - offset, u)).mul_(g))
-    return d, out, above
+def _masks_as_floats(g: Tensor) -> bool:
+    """Whether :func:`_grads` may compute with masks of 1.0 and 0.0 in ``g``'s dtype: in
+    eager mode (a comparison written into a float tensor, and a product with it, run
+    several times faster on the CPU than a bool mask and ``torch.where``), where every
+    value of ``g`` is finite (``0 * inf`` is NaN where ``torch.where`` gives 0; a sum that
+    overflows takes the ``where`` path too). Compiled code takes the ``where`` path, which
+    inductor fuses."""
+    return not torch.compiler.is_compiling() and bool(torch.isfinite(g.sum()))
+
+
+def _grads(u: Tensor, lo: Tensor, hi: Tensor, g: Tensor, offset: float, grad_x: Tensor | None,
+           want_s: bool, want_range: bool, row_sums: Callable[[Tensor], Tensor],
+           floats: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients of one chunk, ``u = x / s - offset``: ``x``'s (``g``
+    inside the range, else 0; NaN: 0) written to ``grad_x`` when given, and per-row sums
+    of the rest: for ``s``, ``g * d`` with ``d = round(u) - u`` inside, the bound's level
+    outside, 0 for NaN; for the range, ``g`` below it and ``g`` above it (NaN: neither).
+    ``floats``: compute with float masks (:func:`_masks_as_floats`)."""
+    below = above = d = None
+    c = torch.maximum(torch.minimum(u, hi), lo)  # (NaN stays NaN)
+    if not floats:
+        zero = g.new_zeros(())
+        if grad_x is not None:
+            torch.where(c == u, g, zero, out=grad_x)
+        if want_range:
+            below = row_sums(torch.where(u < lo, g, zero))
+            above = row_sums(torch.where(u > hi, g, zero))
+        if want_s:
+            d = row_sums(c.round().sub_(torch.where(c == u, u, zero - offset))
+                         .nan_to_num_(nan=0.0).mul_(g))
+        return d, below, above
+    inside = torch.eq(c, u, out=torch.empty_like(u))  # 1.0 inside the range, else 0.0
+    if grad_x is not None:
+        torch.mul(g, inside, out=grad_x)
+    if want_range:
+        below = row_sums(torch.lt(u, lo, out=torch.empty_like(u)).mul_(g))
+        above = row_sums(torch.gt(u, hi, out=torch.empty_like(u)).mul_(g))
+    if want_s:  # round(c) - c is round(u) - u inside and 0 outside (c is a bound there)
+        d = c.round().sub_(c)
+        d.add_(c.add_(offset).mul_(inside.neg_().add_(1))).nan_to_num_(nan=0.0)
+        d = row_sums(d.mul_(g))
+    return d, below, above
 
 
 def _step_and_range_grads(gain: float, s: Tensor, qmin: Tensor, qmax: Tensor, sx: Tensor,
-                          d: Tensor | None, out: Tensor | None, above: Tensor | None
+                          d: Tensor | None, below: Tensor | None, above: Tensor | None
                           ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """The gradients of ``s``, ``qmin`` and ``qmax`` from :func:`_sums`' per-row sums."""
+    """The gradients of ``s``, ``qmin`` and ``qmax`` from :func:`_grads`' per-row sums."""
     grad_s = grad_lo = grad_hi = None
     if d is not None:
         grad_s = _reduce(d, s, gain)
-    if out is not None and above is not None:
+    if below is not None and above is not None:
         if qmax.requires_grad:
             grad_hi = _reduce_times(above, qmax, _rows_of(sx, above))
         if qmin.requires_grad:
-            grad_lo = _reduce_times(out - above, qmin, _rows_of(sx, above))
+            grad_lo = _reduce_times(below, qmin, _rows_of(sx, below))
     return grad_s, grad_lo, grad_hi
 
 

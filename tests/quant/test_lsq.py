@@ -116,3 +116,44 @@ def test_only_x_needs_grad_and_meta():
     assert x.grad is not None
     m = lsq_round(torch.randn(5, 3, device="meta"), torch.tensor(0.5, device="meta"), -8, 7)
     assert m.device.type == "meta" and m.shape == (5, 3)
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.5])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_float_masks_give_the_where_path_gradients(offset, per_row):
+    """The eager backward's masks of 1.0 and 0.0 give exactly the gradients of the
+    ``torch.where`` path (compiled code, non-finite gradients), NaN and infinite values
+    of ``x`` included; the `where` path is taken where the gradient is not finite."""
+    from fxquant.quant import lsq
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(300, 8, generator=g) * 4
+    x.view(-1)[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 2.5])
+    s = torch.tensor(0.7)
+    rows = (300, 1) if per_row else ()
+    hi = torch.randint(0, 8, rows, generator=g).float()
+    lo = -hi - 1 if offset else -hi
+    grad = torch.randn(300, 8, generator=g)
+    results = []
+    for floats in (True, False):
+        grad_x = torch.empty_like(x)
+        u = x / s - offset
+        sums = lsq._grads(u, lo, hi, grad, offset, grad_x, True, True, lsq._row_sums, floats)
+        results.append((grad_x, *sums))
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)
+    assert bool(torch.isfinite(results[0][1]).all())  # NaN x adds nothing to d
+    assert lsq._masks_as_floats(grad)
+    grad[0, 0] = float("inf")
+    assert not lsq._masks_as_floats(grad)
+
+
+def test_non_finite_gradients_keep_the_where_semantics():
+    """An infinite output gradient outside the range gives x a gradient of 0 there (the
+    float masks would give NaN) and stays out of the range's gradient."""
+    x = torch.tensor([[0.1, 9.0], [-9.0, 0.2]], requires_grad=True)
+    qmax = torch.tensor(3.0, requires_grad=True)
+    y = lsq_round(x, torch.tensor(0.5), -qmax, qmax)
+    y.backward(torch.tensor([[1.0, 2.0], [float("inf"), 1.0]]))
+    assert torch.equal(x.grad, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    assert float(qmax.grad) == float("-inf")  # above: 2 * 0.5; below: -inf * 0.5 * -1
