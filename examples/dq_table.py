@@ -230,7 +230,7 @@ def merge(paths: Sequence[str]) -> tuple[list[Config], dict]:
     """Rows of several ``--json`` files of one model and dataset, by row and seed; where two
     files ran the same row with the same seed, the later file wins (a row re-run after a
     fix replaces the old one). Returns the rows and the merged payload."""
-    by_name: dict[str, dict[int, tuple[float, list[float]]]] = {}
+    by_name: dict[str, dict[int, tuple[float, list[float], float | None]]] = {}
     meta: dict[str, dict] = {}
     payload: dict = {}
     for path in paths:
@@ -249,7 +249,8 @@ def merge(paths: Sequence[str]) -> tuple[list[Config], dict]:
             meta.setdefault(r["name"], r)
             for i, seed in enumerate(seeds):
                 times = r["epoch_ms"][i * epochs:(i + 1) * epochs] if epochs else []
-                per_seed[seed] = (r["accs"][i], times)
+                vals = r.get("vals") or []  # (files written before vals were recorded)
+                per_seed[seed] = (r["accs"][i], times, vals[i] if i < len(vals) else None)
     fp32_seeds = sorted(next(iter(by_name.values())))
     configs, results = [], []
     for name, per_seed in by_name.items():
@@ -261,8 +262,11 @@ def merge(paths: Sequence[str]) -> tuple[list[Config], dict]:
         c = Config(name, r["number"])
         c.accs = [per_seed[s][0] for s in seeds]
         c.epoch_ms = [t for s in seeds for t in per_seed[s][1]]
+        vals = [per_seed[s][2] for s in seeds]
+        c.vals = [v for v in vals if v is not None] if None not in vals else []
         configs.append(c)
-        results.append({**r, "accs": c.accs, "epoch_ms": c.epoch_ms, "seeds": seeds})
+        results.append({**r, "accs": c.accs, "epoch_ms": c.epoch_ms, "vals": c.vals,
+                        "seeds": seeds})
     merged = {**payload, "results": results}
     merged["args"] = {**payload.get("args", {}), "seeds": len(fp32_seeds),
                       "first_seed": fp32_seeds[0], "json": None, "from_json": list(paths)}
@@ -298,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
                 if isinstance(model, torch.fx.GraphModule) else None
             result = training.fit(model, data, args.epochs, run=run, desc=f"{cfg.name} seed {seed}")
             cfg.accs.append(result.test)
+            cfg.vals.append(result.val)
             cfg.epoch_ms.extend(result.epoch_ms)
             print(f"seed {seed} {cfg.name}: {100 * result.test:.1f}", file=sys.stderr, flush=True)
     print(table(configs, f"{args.model} on {args.dataset}"))

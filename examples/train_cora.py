@@ -75,6 +75,8 @@ class Config:
     edge_number: str | None = None
     accs: list[float] = field(default_factory=list)
     epoch_ms: list[float] = field(default_factory=list)
+    #: the validation accuracy of each run's reported epoch (settings are chosen on these)
+    vals: list[float] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -446,6 +448,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
                 if isinstance(model, torch.fx.GraphModule) else None
             result = training.fit(model, data, args.epochs, run=run, desc=desc, device=device)
             cfg.accs.append(result.test)
+            cfg.vals.append(result.val)
             cfg.epoch_ms.extend(result.epoch_ms)
             runs.update()
             runs.write(f"{desc}: test {100 * result.test:.1f}%", file=sys.stderr)

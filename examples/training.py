@@ -113,12 +113,14 @@ def param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
 
 @dataclass
 class Result:
-    """One training run: the test accuracy at the reported epoch and what it cost."""
+    """One training run: the test (and validation) accuracy at the reported epoch and what
+    it cost."""
 
     test: float
     bits: fxquant.BitReport | None
     within_budget: bool
     epoch_ms: list[float] = field(default_factory=list)
+    val: float = 0.0  # the validation accuracy of the reported epoch (0.0: none above 0)
 
 
 def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining | None = None,
@@ -159,7 +161,8 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
     if quantized and bits is None:  # no epoch scored above 0: the final model's bits
         bits = fxquant.bit_report(model, data.x, data.edge_index)
     return Result(best.metrics["test"] if best is not None else 0.0, bits,
-                  best.within_budget if best is not None else False, times)
+                  best.within_budget if best is not None else False, times,
+                  best.val if best is not None else 0.0)
 
 
 def paired(reference: list[float], other: list[float]) -> str:

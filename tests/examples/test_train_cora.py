@@ -48,6 +48,7 @@ def test_script_smoke_with_json(tmp_path, capsys):
     payload = json.loads(out.read_text())
     assert [r["bits"] for r in payload["results"]] == [32, 16, 8]
     assert all(len(r["accs"]) == 1 for r in payload["results"])
+    assert all(len(r["vals"]) == 1 and 0 <= r["vals"][0] <= 1 for r in payload["results"])
 
 
 @pytest.mark.parametrize(
@@ -168,6 +169,8 @@ def test_dq_table_smoke(tmp_path, capsys):
     dq_table.main(["--from-json", str(out)])
     printed = capsys.readouterr().out
     assert "| INT8 |" in printed and "| MXFP4 (E2M1, block-32) |" in printed
+    rows = json.loads(out.read_text())["results"]  # each run's validation accuracy too
+    assert all(len(r["vals"]) == len(r["accs"]) == 1 and r["vals"][0] > 0 for r in rows)
 
 
 def test_dq_table_rows_named_only_run_when_named():
@@ -232,8 +235,15 @@ def test_dq_table_merge_by_row_and_seed(tmp_path):
     assert merged["results"][1]["seeds"] == [0, 1, 2, 3]
     assert merged["results"][1]["epoch_ms"] == pytest.approx([7.0, 7.0, 7.1, 7.1, 7.2, 7.2, 7.3, 7.3])
     assert merged["args"]["seeds"] == 4
+    assert merged["results"][1]["vals"] == []  # (these files recorded none)
     dq_table.main(["--from-json", str(out), str(c), "--json", str(out)])
     assert json.loads(out.read_text())["results"][1]["accs"] == [0.75, 0.76, 0.77, 0.78]
+    with_vals = payload(0, [("FP32", None, [0.80, 0.81]), ("INT8", "int8", [0.70, 0.71])])
+    for r in with_vals["results"]:
+        r["vals"] = [a - 0.1 for a in r["accs"]]
+    a.write_text(json.dumps(with_vals))
+    dq_table.main(["--from-json", str(a), "--json", str(out)])  # validation accuracies kept
+    assert json.loads(out.read_text())["results"][1]["vals"] == pytest.approx([0.60, 0.61])
     gap = tmp_path / "gap.json"
     gap.write_text(json.dumps(payload(3, [("FP32", None, [0.9, 0.9]), ("X", "int8", [0.5])])))
     with pytest.raises(SystemExit, match="not a prefix"):
