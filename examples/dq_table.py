@@ -262,8 +262,8 @@ def merge(paths: Sequence[str]) -> tuple[list[Config], dict]:
         c = Config(name, r["number"])
         c.accs = [per_seed[s][0] for s in seeds]
         c.epoch_ms = [t for s in seeds for t in per_seed[s][1]]
-        vals = [per_seed[s][2] for s in seeds]
-        c.vals = [v for v in vals if v is not None] if None not in vals else []
+        vals = [v for s in seeds if (v := per_seed[s][2]) is not None]
+        c.vals = vals if len(vals) == len(seeds) else []  # (none where a file lacks them)
         configs.append(c)
         results.append({**r, "accs": c.accs, "epoch_ms": c.epoch_ms, "vals": c.vals,
                         "seeds": seeds})

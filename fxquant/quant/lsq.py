@@ -200,21 +200,23 @@ def _grads(u: Tensor, lo: Tensor, hi: Tensor, g: Tensor, offset: float, grad_x: 
     c = torch.maximum(torch.minimum(u, hi), lo)  # (NaN stays NaN)
     if not floats:
         zero = g.new_zeros(())
+        within = c == u
         if grad_x is not None:
-            torch.where(c == u, g, zero, out=grad_x)
+            torch.where(within, g, zero, out=grad_x)
         if want_range:
             below = row_sums(torch.where(u < lo, g, zero))
             above = row_sums(torch.where(u > hi, g, zero))
         if want_s:
-            d = row_sums(c.round().sub_(torch.where(c == u, u, zero - offset))
+            d = row_sums(c.round().sub_(torch.where(within, u, zero - offset))
                          .nan_to_num_(nan=0.0).mul_(g))
         return d, below, above
     inside = torch.eq(c, u, out=torch.empty_like(u))  # 1.0 inside the range, else 0.0
     if grad_x is not None:
         torch.mul(g, inside, out=grad_x)
-    if want_range:
-        below = row_sums(torch.lt(u, lo, out=torch.empty_like(u)).mul_(g))
-        above = row_sums(torch.gt(u, hi, out=torch.empty_like(u)).mul_(g))
+    if want_range:  # (one buffer for both masks: each is summed before the next)
+        mask = torch.empty_like(u)
+        below = row_sums(torch.lt(u, lo, out=mask).mul_(g))
+        above = row_sums(torch.gt(u, hi, out=mask).mul_(g))
     if want_s:  # round(c) - c is round(u) - u inside and 0 outside (c is a bound there)
         d = c.round().sub_(c)
         d.add_(c.add_(offset).mul_(inside.neg_().add_(1))).nan_to_num_(nan=0.0)
