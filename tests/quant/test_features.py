@@ -188,3 +188,107 @@ def test_entries_are_found_once_across_evaluations(monkeypatch):
             for other in (torch.randn(300, 400), torch.randn(500, 200)):
                 lsq_round(other, s, -7.0, 7.0)
     assert sum(f is x for f in found) == 1
+
+
+@pytest.fixture
+def scratch(monkeypatch):
+    """A fresh pool of scratch memory that serves every size (the library's serves
+    tensors of 1 MiB and more)."""
+    pool = lsq._Scratch(min_bytes=0)
+    monkeypatch.setattr(lsq, "_SCRATCH", pool)
+    lsq._ENTRIES.clear()
+    return pool
+
+
+def _features(seed: int = 0) -> torch.Tensor:
+    """:func:`features` without the -0.0 (whose sign a rounding keeps by another path)."""
+    x = features(seed=seed)
+    x[0, 3] = 0.0
+    return x
+
+
+def _step(x, s, lin, seed):
+    """Round ``x``, drop out, transform: the rounded features, their dropout and the output."""
+    y = lsq_round_features(x, s, -7.0, 7.0)
+    torch.manual_seed(seed)
+    dropped = F.dropout(y, 0.5)
+    return y, dropped, lin(dropped)
+
+
+def _expected(x, s, seed):
+    y = lsq_round(x, s, -7.0, 7.0).detach()
+    torch.manual_seed(seed)
+    return y, F.dropout(y, 0.5)
+
+
+def test_scratch_memory_is_reused_and_zeroed_in_full(scratch):
+    """A training step's rounded features and their dropout reuse the memory of the step
+    before once nothing refers to it, and hold exactly the plain path's values even where
+    a caller wrote into the earlier tensors before letting them go."""
+    x, lin = _features(), torch.nn.Linear(400, 8)
+    s = torch.tensor(0.05, requires_grad=True)
+    y, dropped, out = _step(x, s, lin, seed=1)
+    first = {y.data_ptr(), dropped.data_ptr()}
+    assert len(first) == 2 and len(scratch._blocks) == 2
+    out.sum().backward()
+    with torch.no_grad():
+        y.fill_(3.0)
+        dropped.fill_(-1.0)
+    del y, dropped, out
+    for seed in (2, 3):
+        y, dropped, out = _step(x, s, lin, seed)
+        assert {y.data_ptr(), dropped.data_ptr()} == first
+        want_y, want_dropped = _expected(x, s, seed)
+        assert torch.equal(y, want_y) and torch.equal(dropped, want_dropped)
+        out.sum().backward()
+        del y, dropped, out
+
+
+@pytest.mark.parametrize("holder", ["tensor", "view", "detached", "numpy", "graph"])
+def test_scratch_memory_in_use_is_never_reused(scratch, holder):
+    """While anything still refers to a step's tensors (the tensor, a view of it, a
+    detached tensor, a NumPy array, an autograd graph not yet run backward, which holds
+    the dropout's output), the next step writes elsewhere and the held values stay as they
+    were."""
+    x, lin = _features(), torch.nn.Linear(400, 8)
+    s = torch.tensor(0.05, requires_grad=True)
+    y, dropped, out = _step(x, s, lin, seed=1)
+    held: list = [out] if holder == "graph" else [
+        t if holder == "tensor" else t[1:] if holder == "view" else t.detach()
+        if holder == "detached" else t.detach().numpy() for t in (y, dropped)]
+    kept = {dropped.data_ptr()} if holder == "graph" else {y.data_ptr(), dropped.data_ptr()}
+    before = [t.detach().clone()[1 if holder == "view" else 0:] for t in (y, dropped)]
+    del y, dropped, out
+    y2, dropped2, _ = _step(x, s, lin, seed=2)
+    assert not kept & {y2.data_ptr(), dropped2.data_ptr()}
+    want_y, want_dropped = _expected(x, s, 2)
+    assert torch.equal(y2, want_y) and torch.equal(dropped2, want_dropped)
+    if holder != "graph":
+        for t, was in zip(held, before, strict=True):
+            assert torch.equal(torch.as_tensor(t), was)
+        return
+    held[0].sum().backward()  # the first step's gradients, as the plain path gives them
+    got = (s.grad.clone(), lin.weight.grad.clone())
+    s.grad = lin.weight.grad = None
+    torch.manual_seed(1)
+    lin(F.dropout(lsq_round(x, s, -7.0, 7.0), 0.5)).sum().backward()
+    torch.testing.assert_close(got[0], s.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(got[1], lin.weight.grad)
+
+
+def test_scratch_memory_follows_the_features(scratch):
+    """Other features let the earlier blocks go, and so do features that are freed."""
+    lin = torch.nn.Linear(400, 8)
+    s = torch.tensor(0.05, requires_grad=True)
+    x = _features()
+    _step(x, s, lin, seed=1)[2].sum().backward()
+    before = [b for b in scratch._blocks]
+    assert len(before) == 2
+    x2 = _features(seed=1)
+    _step(x2, s, lin, seed=1)[2].sum().backward()
+    assert len(scratch._blocks) == 2 and not any(b is a for b in scratch._blocks for a in before)
+    del x, x2
+    lsq._ENTRIES.clear()  # (the cache of non-zero entries holds the features' positions)
+    import gc
+    gc.collect()
+    assert scratch._blocks == []
