@@ -306,24 +306,29 @@ class _Scratch:
 
     def zeros(self, like: Tensor, owner: Tensor) -> Tensor:
         """A contiguous tensor of zeros shaped as ``like``."""
+        block = self._free_block(like, owner)
+        if block is None:  # (small, not on the CPU, or every block in use)
+            return torch.zeros_like(like, memory_format=torch.contiguous_format)
+        strides = [math.prod(like.shape[i + 1:]) for i in range(like.dim())]
+        return like.new_empty(0).set_(block, 0, like.shape, strides).zero_()
+
+    def _free_block(self, like: Tensor, owner: Tensor) -> torch.UntypedStorage | None:
+        """A block for ``like`` that no tensor refers to (a new one while fewer than
+        ``slots`` are held), or None."""
         nbytes = like.numel() * like.element_size()
         count = self._use_count
         if count is None or like.device.type != "cpu" or nbytes < self.min_bytes:
-            return torch.zeros_like(like, memory_format=torch.contiguous_format)
+            return None
         with self._lock:
             if self._owner is None or self._owner() is not owner:  # other features: let go
                 self._blocks = []
                 self._owner = weakref.ref(owner, lambda _: self.clear())
             block = next((b for b in self._blocks if b.nbytes() == nbytes
                           and count(b._cdata) == 1), None)  # only this list holds it
-            if block is None:
-                if len(self._blocks) >= self.slots:  # all in use (e.g. graphs kept)
-                    return torch.zeros_like(like, memory_format=torch.contiguous_format)
+            if block is None and len(self._blocks) < self.slots:
                 block = torch.UntypedStorage(nbytes, device=like.device)
                 self._blocks.append(block)
-            strides = [math.prod(like.shape[i + 1:]) for i in range(like.dim())]
-            out = like.new_empty(0).set_(block, 0, like.shape, strides)
-        return out.zero_()
+            return block
 
 
 _SCRATCH = _Scratch()

@@ -4,6 +4,8 @@ dense product, and anything else sees a plain tensor."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,10 +16,13 @@ from fxquant.quant import lsq
 from fxquant.quant.lsq import RoundedFeatures, lsq_round, lsq_round_features
 
 
-def features(rows: int = 300, cols: int = 400, seed: int = 0) -> torch.Tensor:
+def features(rows: int = 300, cols: int = 400, seed: int = 0,
+             negative_zero: bool = True) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(rows, cols, generator=g) * (torch.rand(rows, cols, generator=g) < 0.02)
     x[0, :4] = torch.tensor([5.0, -5.0, 0.01, -0.0])  # clipped both ways, small, -0.0
+    if not negative_zero:  # (a -0.0 among the features takes a path that keeps its sign)
+        x[0, 3] = 0.0
     return x
 
 
@@ -136,9 +141,7 @@ def test_transformed_gcn_trains_the_same(monkeypatch, request, reused):
 
     torch.manual_seed(0)
     num_nodes, feats = 200, 500
-    x = features(num_nodes, feats)
-    if reused:
-        x[0, 3] = 0.0  # (a -0.0 among the features takes a path that keeps its sign)
+    x = features(num_nodes, feats, negative_zero=not reused)
     edge_index = torch.randint(0, num_nodes, (2, 1200), generator=torch.Generator().manual_seed(2))
     mapping = fxquant.QuantMapping()
     for site in ("input", "message", "aggregate", "output"):
@@ -207,13 +210,6 @@ def scratch(monkeypatch):
     return pool
 
 
-def _features(seed: int = 0) -> torch.Tensor:
-    """:func:`features` without the -0.0 (whose sign a rounding keeps by another path)."""
-    x = features(seed=seed)
-    x[0, 3] = 0.0
-    return x
-
-
 def _step(x, s, lin, seed):
     """Round ``x``, drop out, transform: the rounded features, their dropout and the output."""
     y = lsq_round_features(x, s, -7.0, 7.0)
@@ -232,7 +228,7 @@ def test_scratch_memory_is_reused_and_zeroed_in_full(scratch):
     """A training step's rounded features and their dropout reuse the memory of the step
     before once nothing refers to it, and hold exactly the plain path's values even where
     a caller wrote into the earlier tensors before letting them go."""
-    x, lin = _features(), torch.nn.Linear(400, 8)
+    x, lin = features(negative_zero=False), torch.nn.Linear(400, 8)
     s = torch.tensor(0.05, requires_grad=True)
     y, dropped, out = _step(x, s, lin, seed=1)
     first = {y.data_ptr(), dropped.data_ptr()}
@@ -257,7 +253,7 @@ def test_scratch_memory_in_use_is_never_reused(scratch, holder):
     detached tensor, a NumPy array, an autograd graph not yet run backward, which holds
     the dropout's output), the next step writes elsewhere and the held values stay as they
     were."""
-    x, lin = _features(), torch.nn.Linear(400, 8)
+    x, lin = features(negative_zero=False), torch.nn.Linear(400, 8)
     s = torch.tensor(0.05, requires_grad=True)
     y, dropped, out = _step(x, s, lin, seed=1)
     held: list = [out] if holder == "graph" else [
@@ -287,15 +283,14 @@ def test_scratch_memory_follows_the_features(scratch):
     """Other features let the earlier blocks go, and so do features that are freed."""
     lin = torch.nn.Linear(400, 8)
     s = torch.tensor(0.05, requires_grad=True)
-    x = _features()
+    x = features(negative_zero=False)
     _step(x, s, lin, seed=1)[2].sum().backward()
-    before = [b for b in scratch._blocks]
+    before = list(scratch._blocks)
     assert len(before) == 2
-    x2 = _features(seed=1)
+    x2 = features(seed=1, negative_zero=False)
     _step(x2, s, lin, seed=1)[2].sum().backward()
     assert len(scratch._blocks) == 2 and not any(b is a for b in scratch._blocks for a in before)
     del x, x2
     lsq._ENTRIES.clear()  # (the cache of non-zero entries holds the features' positions)
-    import gc
     gc.collect()
     assert scratch._blocks == []
