@@ -52,6 +52,9 @@ happens there), then the four take turns for ``--time-rounds`` rounds of
 each reference variant within each round (median and quartiles over rounds: the speed of a
 shared machine drifts by a third over seconds, and a ratio within a round compares steps
 run close together; ``--time-rounds 40 --time-steps 2`` for the published numbers).
+With ``--fast-dropout`` three more models take turns: the reference eager and compiled and
+fxquant compiled, each with :func:`fxquant.fast_dropout` (the same dropout on both sides),
+and fxquant's is compared with all four reference variants.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ from benchmarks.dq_reference_support import (
     reference_path,
 )
 from fxquant.datasets import PLANETOID_NAMES, load_planetoid
+from fxquant.fx.standardize import FastDropout
 from fxquant.quant.config import QuantMapping
 
 SITES = ("input", "weight", "message", "aggregate", "output")
@@ -101,11 +105,12 @@ class GCN(nn.Module):
         super().__init__()
         self.conv1 = GCNConv(in_channels, hidden_channels, cached=True)
         self.conv2 = GCNConv(hidden_channels, out_channels, cached=True)
+        self.dropout = nn.Dropout(0.5)  # F.dropout(x, 0.5, self.training), as a module
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        x = F.dropout(x, p=0.5, training=self.training)
+        x = self.dropout(x)
         x = self.conv1(x, edge_index).relu()
-        x = F.dropout(x, p=0.5, training=self.training)
+        x = self.dropout(x)
         return self.conv2(x, edge_index)
 
 
@@ -364,11 +369,23 @@ def run_accuracy(sides: Sides, rows: list[Row], seeds: list[int], epochs: int,
 
 
 def run_timing(sides: Sides, row: Row, warmup: int, rounds: int, steps: int,
-               log: Callable[[str], None]) -> dict[str, Any]:
-    """Median training-step time (ms) of the reference and fxquant, eager and compiled."""
+               log: Callable[[str], None], fast_dropout: bool = False) -> dict[str, Any]:
+    """Median training-step time (ms) of the reference and fxquant, eager and compiled;
+    with ``fast_dropout`` also both sides' models with :func:`fxquant.fast_dropout`."""
     reference, model, state = sides.build(row, 0)
     reference_c, model_c, _ = sides.build(row, 0)
-    for m in (reference_c, model_c):  # fill the GCN layers' caches before compiling
+    to_compile = [reference_c, model_c]
+    if fast_dropout:
+        fast_ref, _, _ = sides.build(row, 0)
+        fast_ref_c, fast_c, _ = sides.build(row, 0)
+        fast_ref, fast_ref_c, fast_c = (fxquant.fast_dropout(m)
+                                        for m in (fast_ref, fast_ref_c, fast_c))
+        for m in (fast_ref, fast_c):  # a model without nn.Dropout would time the same twice
+            if not any(isinstance(d, FastDropout) for d in m.modules()):
+                raise RuntimeError(f"{row.key}: fast_dropout found no nn.Dropout in "
+                                   f"{type(m).__name__}")
+        to_compile += [fast_ref_c, fast_c]
+    for m in to_compile:  # fill the GCN layers' caches before compiling
         torch.set_rng_state(state)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -377,6 +394,10 @@ def run_timing(sides: Sides, row: Row, warmup: int, rounds: int, steps: int,
         "reference eager": reference,
         "reference compiled": cast(nn.Module, torch.compile(reference_c)),
         "fxquant eager": model, "fxquant compiled": cast(nn.Module, torch.compile(model_c))}
+    if fast_dropout:
+        variants |= {FAST + "reference eager": fast_ref,
+                     FAST + "reference compiled": cast(nn.Module, torch.compile(fast_ref_c)),
+                     FAST + "fxquant compiled": cast(nn.Module, torch.compile(fast_c))}
     optimizers: dict[str, torch.optim.Optimizer] = {}
     times: dict[str, list[float]] = {}
     errors: dict[str, str] = {}
@@ -413,18 +434,30 @@ def run_timing(sides: Sides, row: Row, warmup: int, rounds: int, steps: int,
             per_round[name].append(statistics.median(this_round))
     median = {name: statistics.median(t) for name, t in times.items()}
     log(f"{row.key} epoch ms: " + ", ".join(f"{k} {v:.1f}" for k, v in median.items()))
-    return {"row": row.key, "median_ms": median, "warmup_s": warm_s, "errors": errors,
-            "steps": {name: len(t) for name, t in times.items()},
-            "round_ratios": _round_ratios(per_round)}
+    out = {"row": row.key, "median_ms": median, "warmup_s": warm_s, "errors": errors,
+           "steps": {name: len(t) for name, t in times.items()},
+           "round_ratios": _round_ratios(per_round)}
+    if fast_dropout:
+        out["round_ratios_fast_dropout"] = _round_ratios(per_round, FAST + "fxquant compiled",
+                                                         REFERENCES)
+    return out
 
 
-def _round_ratios(per_round: dict[str, list[float]]) -> dict[str, list[float]]:
-    """fxquant compiled over each reference variant, round by round (the machine's speed
+#: the prefix of the timing variants whose models run :func:`fxquant.fast_dropout`
+FAST = "fast dropout, "
+#: the reference's timing variants
+REFERENCES = ("reference eager", "reference compiled", FAST + "reference eager",
+              FAST + "reference compiled")
+
+
+def _round_ratios(per_round: dict[str, list[float]], ours_name: str = "fxquant compiled",
+                  references: Sequence[str] = REFERENCES[:2]) -> dict[str, list[float]]:
+    """``ours_name`` over each of ``references``, round by round (the machine's speed
     drifts between rounds; a ratio within one round compares steps run seconds apart):
     ``[median, first quartile, third quartile]`` of the rounds' ratios."""
     out: dict[str, list[float]] = {}
-    ours = per_round.get("fxquant compiled")
-    for name in ("reference eager", "reference compiled"):
+    ours = per_round.get(ours_name)
+    for name in references:
         theirs = per_round.get(name)
         if ours and theirs and len(ours) == len(theirs):
             ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
@@ -488,6 +521,22 @@ def report(results: list[Result], timings: list[dict[str, Any]], header: str) ->
                                               "per round / reference eager (median [IQR])",
                                               "per round / reference compiled"],
                           tablefmt="github") if timings else "(no timing rows)"
+    fast = [t for t in timings if "round_ratios_fast_dropout" in t]
+    if fast:
+        rows = []
+        for t in fast:
+            m, r = t["median_ms"], t["round_ratios_fast_dropout"]
+            rows.append([t["row"], *(f"{m[k]:.1f}" if k in m else "fails"
+                                     for k in (*REFERENCES[2:], FAST + "fxquant compiled")),
+                         *(f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" if (v := r.get(k)) else "-"
+                           for k in REFERENCES)])
+        time_table += "\n\nWith `fxquant.fast_dropout` (`--fast-dropout`): step (ms), and " \
+            "fxquant compiled with it over each reference variant per round (median [IQR]):\n\n" \
+            + tabulate(rows, headers=["row", "reference eager, fast dropout",
+                                      "reference compiled, fast dropout",
+                                      "fxquant compiled, fast dropout", "/ reference eager",
+                                      "/ reference compiled", "/ reference eager, fast dropout",
+                                      "/ reference compiled, fast dropout"], tablefmt="github")
     return f"{header}\n\n{table}\n\n{configs}\n\nMedian training step (ms):\n\n{time_table}\n"
 
 
@@ -506,6 +555,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--protect", default="0:0.2", metavar="P_MIN:P_MAX")
     p.add_argument("--time-rows", default="int8,int4",
                    help="rows to time eager and compiled ('' for none; default: int8,int4)")
+    p.add_argument("--fast-dropout", action="store_true",
+                   help="also time both sides with fxquant.fast_dropout (their dropout's mask "
+                        "from one torch.rand draw)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per model (compiles)")
     p.add_argument("--time-rounds", type=int, default=5)
     p.add_argument("--time-steps", type=int, default=10)
@@ -565,8 +617,8 @@ def main(argv: Sequence[str] | None = None) -> str | None:
                                args.jobs, (args.reference, args.dataset, args.root,
                                            args.protect))
     accuracy_s = time.perf_counter() - start
-    timings = [run_timing(sides, ROWS[k], args.warmup, args.time_rounds, args.time_steps, log)
-               for k in args.time_rows]
+    timings = [run_timing(sides, ROWS[k], args.warmup, args.time_rounds, args.time_steps, log,
+                          args.fast_dropout) for k in args.time_rows]
     duration = time.perf_counter() - start
     header = (f"## bench_dq_reference\n\n`python -m benchmarks.bench_dq_reference` on "
               f"{machine()}; GCN on {args.dataset}, {len(seeds)} paired seeds x "

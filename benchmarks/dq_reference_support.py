@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import scatter
 
@@ -244,6 +243,7 @@ class ReferenceGCN(nn.Module):
                           layer_quantizers=lq_hidden, mp_quantizers=mq)
         self.prob_mask = prob_mask
         self.generator = generator
+        self.dropout = nn.Dropout(0.5)  # F.dropout(x, 0.5, self.training), as a module
 
     def _mask(self, n: int, device: torch.device) -> Tensor:
         if not self.training or self.prob_mask is None:
@@ -251,9 +251,9 @@ class ReferenceGCN(nn.Module):
         return torch.bernoulli(self.prob_mask, generator=self.generator).to(torch.bool)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        x = F.dropout(x, p=0.5, training=self.training)
+        x = self.dropout(x)
         x = self.conv1(x, edge_index, self._mask(x.shape[0], x.device)).relu()
-        x = F.dropout(x, p=0.5, training=self.training)
+        x = self.dropout(x)
         return self.conv2(x, edge_index, self._mask(x.shape[0], x.device))
 
 

@@ -58,6 +58,23 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     # ... refits that never narrow a grid (a narrowing refit clips the largest messages)
     "hub-refit30-widen": ("hub-messages", {"refit_epochs": 30, "refit_widen": True}),
     "hub-refit50-widen": ("hub-messages", {"refit_epochs": 50, "refit_widen": True}),
+    # one change at a time around hub-refit30-widen
+    "hub-widen-anneal40": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                            "anneal_every": 40}),
+    "hub-widen-anneal1": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                           "anneal_bits": 1}),
+    "hub-widen-last5": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                         "last_aggregate_bits": 5}),
+    "hub-widen-q0.85": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                         "hub_quantile": 0.85}),
+    "hub-refit20-widen": ("hub-messages", {"refit_epochs": 20, "refit_widen": True}),
+    # ... and refitted after each annealing drop too (a drop leaves a step fitted for a
+    # wider grid, which clips the narrower one; a widening refit lets it grow at once)
+    "hub-widen-droprefit1": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                              "anneal_refit_epochs": 1}),
+    "hub-widen-droprefit3": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                              "anneal_refit_epochs": 3}),
+    "hub-droprefit1-widen": ("hub-messages", {"refit_widen": True, "anneal_refit_epochs": 1}),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection

@@ -26,6 +26,7 @@ from fxquant._version import __version__ as __version__
 from fxquant.errors import FxquantError, warn_renamed
 from fxquant.formats import Format, IntFormat, TopN
 from fxquant.fx import GNNTracer, TraceError, trace
+from fxquant.fx.standardize import fast_dropout
 from fxquant.linter import (
     Finding,
     FunctionalizeError,
@@ -87,6 +88,7 @@ __all__ = [
     "bit_penalty",
     "bit_report",
     "check",
+    "fast_dropout",
     "functionalize_inplace",
     "lint",
     "load",

@@ -4,6 +4,8 @@
 symbolic tracing with the mode the model was in. :func:`functional_dropout_to_module`
 compares the graphs traced in train and in eval mode and turns every such call into an
 ``nn.Dropout`` submodule, so ``gm.train()`` / ``gm.eval()`` switch it as in the original.
+:func:`fast_dropout` swaps ``nn.Dropout`` submodules for :class:`FastDropout`, whose mask
+costs a third as much on CPU, eager and compiled.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node, map_arg
 from torch.fx.operator_schemas import normalize_function
 from torch.fx.passes.infra.pass_base import PassResult
 
+import fxquant._ops.dropout  # noqa: F401  (registers torch.ops.fxquant.dropout)
+from fxquant.errors import FxquantTypeError
 from fxquant.fx.graph_utils import free_name
 
-__all__ = ["functional_dropout_to_module"]
+__all__ = ["FastDropout", "fast_dropout", "functional_dropout_to_module"]
 
 _DROPOUT_MODULES: dict[Callable[..., Any], type[nn.Module]] = {
     F.dropout: nn.Dropout,
@@ -105,3 +109,65 @@ def functional_dropout_to_module(gm: GraphModule, train_graph: Graph,
         gm.graph.lint()
         gm.recompile()
     return PassResult(gm, changed)
+
+
+class FastDropout(nn.Dropout):
+    """``nn.Dropout`` whose training-mode mask comes from one ``torch.rand`` draw
+    (``torch.ops.fxquant.dropout``), which ``torch.compile`` calls as it is.
+
+    The same distribution as ``nn.Dropout`` (each value kept with probability ``1 - p``
+    and scaled by ``1 / (1 - p)``), other random numbers: for a given seed the masks
+    differ from ``nn.Dropout``'s. Out of place also where ``inplace=True``. In evaluation,
+    and for tensors that are not floating point, it is ``nn.Dropout``.
+    """
+
+    def forward(self, input: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0 or not input.is_floating_point():
+            return super().forward(input)
+        return torch.ops.fxquant.dropout(input, float(self.p))[0]
+
+
+def fast_dropout(model: nn.Module) -> nn.Module:
+    """Replace every ``torch.nn.Dropout`` in ``model`` by a :class:`FastDropout` of the same
+    ``p``, in place; returns ``model`` (a new module where ``model`` is itself a dropout).
+
+    On CPU, ``nn.Dropout`` draws its mask with ``bernoulli_`` and ``torch.compile`` with a
+    random number per value generated one at a time; one ``torch.rand`` draw takes a third
+    of either (Cora's 2708 x 1433 input features: about 13 ms against 45 ms on one
+    thread), and for a two-layer GCN on Cora the input's dropout is most of a training
+    step. The masks follow ``torch.manual_seed`` but are other masks than
+    ``nn.Dropout``'s. Only ``nn.Dropout`` itself is replaced (not its subclasses, nor
+    ``Dropout1d``/``2d``/``3d`` or ``AlphaDropout``, which drop otherwise). Apply it to
+    the model you train, before ``torch.compile``; :func:`fxquant.load` rebuilds the
+    model with ``nn.Dropout`` (no state differs). Functional ``F.dropout`` calls in a
+    model's ``forward`` are not modules: trace the model first (:func:`fxquant.trace` or
+    :func:`fxquant.transform` turn them into ``nn.Dropout`` submodules).
+
+    Args:
+        model (torch.nn.Module): the model, e.g. a transformed ``GraphModule``.
+
+    Example:
+        >>> import fxquant
+        >>> from torch_geometric.nn.models import GCN
+        >>> gm = fxquant.fast_dropout(fxquant.trace(GCN(4, 8, num_layers=2, dropout=0.5)))
+        >>> [type(m).__name__ for m in gm.modules() if isinstance(m, torch.nn.Dropout)]
+        ['FastDropout']
+        >>> gm.eval()(torch.ones(3, 4), torch.tensor([[0, 1], [1, 2]])).shape
+        torch.Size([3, 8])
+    """
+    if not isinstance(model, nn.Module):
+        raise FxquantTypeError(f"fast_dropout: model must be a torch.nn.Module, got "
+                               f"{type(model).__name__}")
+    if type(model) is nn.Dropout:
+        return _fast(model)
+    for child in list(model.modules()):
+        for attr, sub in list(child.named_children()):
+            if type(sub) is nn.Dropout:
+                setattr(child, attr, _fast(sub))
+    return model
+
+
+def _fast(module: nn.Dropout) -> FastDropout:
+    fast = FastDropout(module.p, module.inplace)
+    fast.train(module.training)
+    return fast

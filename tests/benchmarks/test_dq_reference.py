@@ -6,7 +6,9 @@ The reference is not part of this repository: without a checkout named by
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +96,39 @@ def test_round_ratios_pair_steps_of_the_same_round():
     timing = {"row": "int8-dq", "round_ratios": ratios,
               "median_ms": {k: v[0] for k, v in per_round.items()}}
     assert "0.50 [0.50, 0.50]" in bench_dq_reference.report([], [timing], "## header")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_fast_dropout_ratios_compare_with_every_reference_variant():
+    fast = bench_dq_reference.FAST
+    per_round = {"reference eager": [200.0, 200.0], "reference compiled": [100.0, 100.0],
+                 fast + "reference eager": [80.0, 80.0], fast + "reference compiled": [90.0] * 2,
+                 "fxquant compiled": [100.0, 100.0], fast + "fxquant compiled": [40.0, 40.0]}
+    ratios = bench_dq_reference._round_ratios(per_round, fast + "fxquant compiled",
+                                              bench_dq_reference.REFERENCES)
+    assert {k: v[0] for k, v in ratios.items()} == pytest.approx(
+        {"reference eager": 0.2, "reference compiled": 0.4, fast + "reference eager": 0.5,
+         fast + "reference compiled": 40 / 90})
+    timing = {"row": "int8-dq", "round_ratios": bench_dq_reference._round_ratios(per_round),
+              "round_ratios_fast_dropout": ratios,
+              "median_ms": {k: v[0] for k, v in per_round.items()}}
+    body = bench_dq_reference.report([], [timing], "## header")
+    assert "fast_dropout" in body and "0.20 [0.20, 0.20]" in body and "0.50 [0.50, 0.50]" in body
+
+
+@needs_reference
+@pytest.mark.slow
+@pytest.mark.usefixtures("isolated_imports")
+def test_fast_dropout_timing_runs_with_a_checkout(tmp_path):
+    """--fast-dropout times both sides with fxquant.fast_dropout: the reference's dropout
+    and fxquant's are both swapped, and the JSON carries the extra ratios."""
+    out = tmp_path / "t.json"
+    body = bench_dq_reference.main([
+        "--accuracy-from", str(ROOT / "docs" / "results" / "dq_reference_cora_gcn.json"),
+        "--time-rows", "int8-dq", "--time-rounds", "1", "--time-steps", "1", "--warmup", "1",
+        "--fast-dropout", "--no-write", "--json", str(out)])
+    assert body is not None and "fast dropout" in body
+    timing = json.loads(out.read_text())["timing"][0]
+    assert set(timing["round_ratios_fast_dropout"]) == set(bench_dq_reference.REFERENCES)

@@ -1,0 +1,135 @@
+"""fxquant.fast_dropout: nn.Dropout with one torch.rand draw for its mask, eager and
+compiled (torch.ops.fxquant.dropout)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch_geometric.nn.models import GCN
+
+import fxquant
+from fxquant.errors import FxquantTypeError
+from fxquant.fx.standardize import FastDropout
+
+
+def _edges() -> torch.Tensor:
+    return torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
+def test_op_keeps_each_value_with_probability_one_minus_p_and_scales_it(p):
+    torch.manual_seed(0)
+    x = torch.randn(200, 500)
+    y, keep = torch.ops.fxquant.dropout(x, p)
+    assert keep.dtype == torch.bool and keep.shape == x.shape
+    torch.testing.assert_close(y, torch.where(keep, x / (1 - p), torch.zeros(())))
+    n = x.numel()
+    sd = (n * p * (1 - p)) ** 0.5
+    assert abs(int(keep.sum()) - n * (1 - p)) < 5 * sd
+
+
+def test_op_ends_are_exact():
+    x = torch.randn(64, 8)
+    y0, keep0 = torch.ops.fxquant.dropout(x, 0.0)
+    assert torch.equal(y0, x) and bool(keep0.all())
+    y1, keep1 = torch.ops.fxquant.dropout(x, 1.0)
+    assert not bool(keep1.any()) and not bool(y1.isnan().any()) and bool((y1 == 0).all())
+
+
+def test_op_gradient_is_the_mask_times_the_scale():
+    torch.manual_seed(1)
+    x = torch.randn(50, 7, requires_grad=True)
+    y, keep = torch.ops.fxquant.dropout(x, 0.25)
+    assert not keep.requires_grad
+    g = torch.randn_like(y)
+    y.backward(g)
+    torch.testing.assert_close(x.grad, g * keep / 0.75)
+
+
+def test_op_follows_manual_seed_and_runs_on_meta():
+    torch.manual_seed(3)
+    a = torch.ops.fxquant.dropout(torch.ones(10, 10), 0.5)[0]
+    torch.manual_seed(3)
+    b = torch.ops.fxquant.dropout(torch.ones(10, 10), 0.5)[0]
+    assert torch.equal(a, b)
+    y, keep = torch.ops.fxquant.dropout(torch.empty(3, 4, device="meta"), 0.5)
+    assert y.device.type == "meta" and keep.dtype == torch.bool and keep.shape == (3, 4)
+
+
+def test_fast_dropout_swaps_traced_functional_dropout_and_keeps_eval_exact():
+    torch.manual_seed(0)
+    model = GCN(6, 8, num_layers=2, out_channels=3, dropout=0.5)
+    gm = fxquant.trace(model)
+    reference = copy.deepcopy(gm)
+    state = {k: v.clone() for k, v in gm.state_dict().items()}
+    assert fxquant.fast_dropout(gm) is gm
+    swapped = [m for m in gm.modules() if isinstance(m, nn.Dropout)]
+    assert swapped and all(type(m) is FastDropout and m.p == 0.5 for m in swapped)
+    assert gm.state_dict().keys() == state.keys()
+    x, ei = torch.randn(5, 6), _edges()
+    gm.eval()
+    reference.eval()
+    assert torch.equal(gm(x, ei), reference(x, ei))
+
+
+def test_fast_dropout_trains_with_its_own_masks():
+    """In training the masks are fxquant.dropout's: the same under the same seed, and the
+    dropped share of a layer's input is about p."""
+    torch.manual_seed(0)
+    drop = fxquant.fast_dropout(nn.Sequential(nn.Dropout(0.3), nn.Linear(4, 4)))
+    assert type(drop[0]) is FastDropout and drop.training and drop[0].training
+    x = torch.randn(4000, 4)
+    torch.manual_seed(5)
+    y = drop[0](x)
+    torch.manual_seed(5)
+    assert torch.equal(y, torch.ops.fxquant.dropout(x, 0.3)[0])
+    assert abs(float((y == 0).float().mean()) - 0.3) < 0.02
+
+
+def test_fast_dropout_leaves_other_dropouts_and_keeps_modes():
+    model = nn.Sequential(nn.Dropout(0.2), nn.Dropout2d(0.2), nn.AlphaDropout(0.2),
+                          nn.Sequential(nn.Dropout(0.4, inplace=True)))
+    model[3].eval()
+    fxquant.fast_dropout(model)
+    assert [type(m) for m in model[:3]] == [FastDropout, nn.Dropout2d, nn.AlphaDropout]
+    inner = model[3][0]
+    assert type(inner) is FastDropout and inner.p == 0.4 and not inner.training
+    root = fxquant.fast_dropout(nn.Dropout(0.1))
+    assert type(root) is FastDropout and root.p == 0.1
+
+
+def test_fast_dropout_is_out_of_place_also_where_inplace():
+    torch.manual_seed(0)
+    drop = fxquant.fast_dropout(nn.Dropout(0.5, inplace=True))
+    x = torch.randn(100, 10)
+    before = x.clone()
+    y = drop(x)
+    assert torch.equal(x, before) and y.data_ptr() != x.data_ptr()
+
+
+def test_fast_dropout_rejects_what_is_not_a_module():
+    with pytest.raises(FxquantTypeError, match=r"torch\.nn\.Module"):
+        fxquant.fast_dropout(lambda x: x)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_compiled_fast_dropout_draws_the_eager_masks():
+    """torch.compile calls the op as it is: under one seed the compiled model's output and
+    gradients equal the eager model's (Inductor's own dropout draws other numbers)."""
+    torch.manual_seed(0)
+    gm = fxquant.fast_dropout(fxquant.trace(GCN(6, 8, num_layers=2, out_channels=3,
+                                                 dropout=0.5)))
+    x, ei = torch.randn(5, 6, requires_grad=True), _edges()
+    compiled = torch.compile(gm)
+    outs = []
+    for m in (gm, compiled):
+        torch.manual_seed(7)
+        x.grad = None
+        y = m(x, ei)
+        y.square().sum().backward()
+        outs.append((y.detach(), x.grad.clone()))
+    torch.testing.assert_close(outs[0][0], outs[1][0])
+    torch.testing.assert_close(outs[0][1], outs[1][1])
