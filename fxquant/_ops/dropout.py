@@ -24,9 +24,10 @@ def _scale(p: float) -> float:
 @torch.library.custom_op("fxquant::dropout", mutates_args=(), schema="(Tensor x, float p) "
                          "-> (Tensor, Tensor)")
 def dropout(x: Tensor, p: float) -> tuple[Tensor, Tensor]:
-    """``(x * keep / (1 - p), keep)`` with ``keep = rand_like(x) >= p`` (all zeros at
-    ``p = 1``); ``x`` floating point, ``0 <= p <= 1``."""
-    keep = torch.rand_like(x) >= p
+    """``(x * keep / (1 - p), keep)`` with ``keep = rand >= p`` (float32 random numbers
+    whatever ``x``'s dtype; all zeros at ``p = 1``); ``x`` floating point,
+    ``0 <= p <= 1``."""
+    keep = torch.rand(x.shape, dtype=torch.float32, device=x.device) >= p
     return x.mul(keep).mul_(_scale(p)), keep
 
 

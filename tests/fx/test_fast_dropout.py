@@ -31,6 +31,15 @@ def test_op_keeps_each_value_with_probability_one_minus_p_and_scales_it(p):
     assert abs(int(keep.sum()) - n * (1 - p)) < 5 * sd
 
 
+def test_op_keeps_bfloat16_values_at_the_same_rate():
+    torch.manual_seed(0)
+    x = torch.ones(400, 500, dtype=torch.bfloat16)
+    y, keep = torch.ops.fxquant.dropout(x, 0.3)
+    assert y.dtype == torch.bfloat16
+    assert abs(float(keep.float().mean()) - 0.7) < 0.005
+    assert bool((y[keep] == torch.tensor(1 / 0.7, dtype=torch.bfloat16)).all())
+
+
 def test_op_ends_are_exact():
     x = torch.randn(64, 8)
     y0, keep0 = torch.ops.fxquant.dropout(x, 0.0)
