@@ -50,9 +50,29 @@ def test_selection_needs_every_seed_within_budget_and_both_datasets():
             row("b", "Cora", 0, 0.90), row("b", "CiteSeer", 0, 0.70, met=False, test=0.9),
             row("c", "Cora", 0, 0.79), row("c", "CiteSeer", 0, 0.70, test=0.9),
             row("d", "Cora", 0, 0.99)]  # one dataset only: not a candidate yet
-    summary = select_bits.summarize(rows)
+    summary = select_bits.summarize(rows, score_seeds=(0,))
     assert [s["candidate"] for s in summary] == ["a", "c", "b"]
     assert summary[0]["score"] == 0.75
+    assert "chosen: a" not in select_bits.report(rows)  # seeds 1 and 2 not run yet
+    assert "chosen: none" in select_bits.report(rows)
+
+
+def test_selection_scores_every_candidate_on_the_same_seeds():
+    """A candidate with a bad extra seed is not ranked below one that never ran it: the
+    score is over the scoring seeds; candidates without all of them are not chosen."""
+    def row(name, dataset, seed, val):
+        return {"candidate": name, "recipe": "r", "settings": {}, "dataset": dataset,
+                "seed": seed, "val": val, "avg_bits": 2.0, "budget_met": True, "test": 0.5}
+
+    rows = [row(n, d, s, v) for n, v in (("a", 0.8), ("b", 0.79)) for d in ("Cora", "CiteSeer")
+            for s in (0, 1, 2)]
+    rows += [row("a", "CiteSeer", 3, 0.1), row("a", "Cora", 3, 0.8)]  # a's extra seed fails
+    rows += [row("c", d, 0, 0.95) for d in ("Cora", "CiteSeer")]  # one seed only
+    summary = select_bits.summarize(rows, score_seeds=(0, 1, 2))
+    assert [s["candidate"] for s in summary] == ["a", "b", "c"]
+    assert summary[0]["score"] == pytest.approx(0.8) and summary[0]["seeds_all"] == [0, 1, 2, 3]
+    assert summary[0]["val_all"]["CiteSeer"] == pytest.approx((3 * 0.8 + 0.1) / 4)
+    assert not summary[2]["eligible"]
     assert "chosen: a" in select_bits.report(rows)
 
 
