@@ -141,7 +141,8 @@ def fast_dropout(model: nn.Module) -> nn.Module:
     the model you train, before ``torch.compile``; :func:`fxquant.load` rebuilds the
     model with ``nn.Dropout`` (no state differs). Functional ``F.dropout`` calls in a
     model's ``forward`` are not modules: trace the model first (:func:`fxquant.trace` or
-    :func:`fxquant.transform` turn them into ``nn.Dropout`` submodules).
+    :func:`fxquant.transform` turn them into ``nn.Dropout`` submodules); a warning says
+    when there is no ``nn.Dropout`` to replace.
 
     Args:
         model (torch.nn.Module): the model, e.g. a transformed ``GraphModule``.
@@ -160,10 +161,16 @@ def fast_dropout(model: nn.Module) -> nn.Module:
                                f"{type(model).__name__}")
     if type(model) is nn.Dropout:
         return _fast(model)
+    swapped = 0
     for child in list(model.modules()):
         for attr, sub in list(child.named_children()):
             if type(sub) is nn.Dropout:
                 setattr(child, attr, _fast(sub))
+                swapped += 1
+    if not swapped:
+        warnings.warn(f"fast_dropout: {type(model).__name__} holds no torch.nn.Dropout, so "
+                      "nothing changed; functional F.dropout calls are not modules: pass "
+                      "fxquant.trace(model) or a transformed model", stacklevel=2)
     return model
 
 

@@ -119,6 +119,20 @@ def test_fast_dropout_is_out_of_place_also_where_inplace():
     assert torch.equal(x, before) and y.data_ptr() != x.data_ptr()
 
 
+def test_fast_dropout_warns_where_nothing_is_replaced():
+    """PyG's gcn.py model calls F.dropout: untraced, there is no module to swap."""
+
+    class Functional(nn.Module):
+        def forward(self, x):
+            return nn.functional.dropout(x, 0.5, self.training)
+
+    with pytest.warns(UserWarning, match="no torch.nn.Dropout"):
+        model = fxquant.fast_dropout(Functional())
+    assert isinstance(model, Functional)
+    gm = fxquant.fast_dropout(fxquant.trace(Functional()))  # traced: a module, no warning
+    assert any(type(m) is FastDropout for m in gm.modules())
+
+
 def test_fast_dropout_rejects_what_is_not_a_module():
     with pytest.raises(FxquantTypeError, match=r"torch\.nn\.Module"):
         fxquant.fast_dropout(lambda x: x)  # type: ignore[arg-type]
