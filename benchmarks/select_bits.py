@@ -79,6 +79,14 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-widen-droprefit3": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
                                               "anneal_refit_epochs": 3}),
     "hub-droprefit1-widen": ("hub-messages", {"refit_widen": True, "anneal_refit_epochs": 1}),
+    # ... trained in float32 over the first epochs, the steps then fitted to the trained
+    # activations (an untrained model's are far smaller)
+    "hub-widen-float15": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                           "float_epochs": 15}),
+    "hub-widen-float30": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                           "float_epochs": 30}),
+    "hub-widen-float50": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
+                                           "float_epochs": 50}),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection

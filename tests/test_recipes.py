@@ -1,6 +1,7 @@
 """fxquant.recipes: each recipe builds its mapping on any PyG model, says what training does
 around it, and reproduces the accuracy of the example command it stands for."""
 
+import copy
 import json
 import warnings
 
@@ -134,6 +135,42 @@ def test_refit_widen_keeps_the_steps_from_narrowing_in_the_warm_up(widen):
     assert ("refit_widen=True" in repr(run)) == widen
     with pytest.raises(ValueError, match="refit_widen"):
         HubMessages(refit_widen="yes")
+
+
+def test_float_epochs_train_unrounded_then_fit_the_steps_to_the_trained_activations():
+    """float_epochs=2: training forwards of epochs 0-1 are the float32 model's (evaluation
+    rounds); epoch 2 rounds and fits the steps, to the activations of that time."""
+    data = graph(n=40)
+    torch.manual_seed(0)
+    model = GCN(6, 8, num_layers=2, out_channels=3)
+    plain = copy.deepcopy(model).train()
+    run = HubMessages(float_epochs=2, anneal_every=0).prepare(model, data, lint="off")
+    points = [p for _, p in fxquant.quantization_points(run.model)
+              if p.log_step is not None and p.__dict__.get("step_source") is None]
+    for epoch in range(2):
+        run.model.train()
+        run.start_epoch(epoch)
+        torch.manual_seed(epoch)
+        out = run.model(data.x, data.edge_index)
+        torch.manual_seed(epoch)
+        assert torch.equal(out, plain(data.x, data.edge_index))
+        run.model.eval()
+        assert not torch.equal(run.model(data.x, data.edge_index), plain.eval()(data.x,
+                                                                               data.edge_index))
+        plain.train()
+    steps = [p.step.item() for p in points]
+    run.model.train()
+    run.start_epoch(2)
+    assert not any(p.step_ready for p in points) and not any(p.float_training for p in points)
+    torch.manual_seed(2)
+    out = run.model(data.x, data.edge_index)  # rounds, and fits the steps
+    torch.manual_seed(2)
+    assert not torch.equal(out, plain(data.x, data.edge_index))
+    assert steps == [1.0] * len(points)  # never fitted in the float epochs (exp(0))
+    assert all(p.step_ready and p.step.item() != 1.0 for p in points)
+    assert "float_epochs=2" in repr(run)
+    with pytest.raises(ValueError, match="float_epochs"):
+        HubMessages(float_epochs=-1)
 
 
 def test_param_groups_keep_decay_off_the_quantizers_and_widths_at_their_rate():

@@ -197,6 +197,9 @@ class QuantPoint(nn.Module):
         self.log_step: nn.Parameter | None = None
         self.step_ready = False
         self.refit_widens = False  # the next fit keeps at least the current step
+        #: training forwards pass values through unrounded (a float warm-up,
+        #: ``QuantTraining(float_epochs=...)``); evaluation rounds as ever
+        self.float_training = False
         self.__dict__["step_source"] = None  # the point whose step this one uses
         self.__dict__["bits_source"] = None  # the point whose bit-width table this one uses
         if config.range == "lsq":
@@ -298,6 +301,8 @@ class QuantPoint(nn.Module):
         of a message; ``row_sources`` its source, for ``Protection(messages="source")``);
         degrees (for protection) come from ``node_degree`` or from the layer's
         ``edge_index`` (in-degree, ``edge_index[1]``)."""
+        if self.float_training and self.training:
+            return x
         if self.site is Site.INPUT and not x.is_floating_point():
             self.__dict__["last_rows"] = "passthrough"  # nothing rounded, nothing counted
             return x  # an input site passes integer inputs (indices, masks) through

@@ -70,7 +70,8 @@ _RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (
 RECOMMENDED: tuple[str, dict[str, Any]] = (
     "hub-messages", {"hub_quantile": 0.9, "last_aggregate_bits": 4, "anneal_every": 50,
                      "anneal_bits": 2, "midrise": True, "shared_step": True,
-                     "select": "budget", "refit_epochs": 30, "refit_widen": True})
+                     "select": "budget", "refit_epochs": 30, "refit_widen": True,
+                     "float_epochs": 30})
 
 
 def available() -> list[str]:

@@ -48,10 +48,12 @@ class _BitsRecipe(Recipe):
     refit_epochs: int = 0
     step_lr: float | None = None
     refit_widen: bool = False
+    float_epochs: int = 0
 
     def __post_init__(self) -> None:
         check_positive(self.target_bits, "target_bits")
         check_count(self.refit_epochs, "refit_epochs")
+        check_count(self.float_epochs, "float_epochs")
         check_flag(self.refit_widen, "refit_widen")
         if self.step_lr is not None:
             check_positive(self.step_lr, "step_lr")
@@ -104,7 +106,8 @@ class _BitsRecipe(Recipe):
     def _training_common(self) -> dict[str, Any]:
         """The :class:`~fxquant.recipes.QuantTraining` settings every bit recipe passes."""
         return {"refit_epochs": self.refit_epochs, "refit_widen": self.refit_widen,
-                "target_bits": self.target_bits, "select": self.select, "step_lr": self.step_lr}
+                "target_bits": self.target_bits, "select": self.select, "step_lr": self.step_lr,
+                "float_epochs": self.float_epochs}
 
     def tie(self, gm: GraphModule) -> None:
         if self.shared_step:
@@ -178,6 +181,9 @@ class HubMessages(_BitsRecipe):
         step_lr (float, optional): the learned steps' learning rate
             (:class:`~fxquant.recipes.QuantTraining`). (default: :obj:`None`: the
             optimizer's)
+        float_epochs (int, optional): train the first epochs in float32, then fit the
+            learned steps to the trained activations
+            (:class:`~fxquant.recipes.QuantTraining`). (default: 0)
     """
 
     name: ClassVar[str] = "hub-messages"
@@ -243,7 +249,7 @@ class LearnedBits(_BitsRecipe):
             layer) or ``"all"`` (one for the model; :func:`fxquant.share_bits`).
             (default: ``"none"``)
         midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
-        refit_epochs, step_lr, refit_widen: as :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen, float_epochs: as :class:`HubMessages`.
     """
 
     name: ClassVar[str] = "learned-bits"
@@ -319,7 +325,7 @@ class BudgetBits(_BitsRecipe):
             target's in-degree, hubs lowest, as :class:`HubMessages`; other sites random).
             (default: ``"random"``)
         midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
-        refit_epochs, step_lr, refit_widen: as :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen, float_epochs: as :class:`HubMessages`.
 
     Example:
         >>> from torch_geometric.data import Data

@@ -64,6 +64,13 @@ class QuantTraining:
         refit_widen (bool, optional): refits (``refit_epochs``, ``anneal_refit_epochs``)
             never narrow a grid: each step becomes the larger of the fitted and the current
             one (``fxquant.refit_steps(widen=True)``). (default: ``False``)
+        float_epochs (int, optional): train the first ``float_epochs`` epochs in float32:
+            the quantization points pass training forwards through unrounded (evaluation
+            still rounds, so every evaluated epoch is the quantized model's), and the
+            learned steps are fitted on the first rounded training forward, to the
+            activations of a model that has learned something, not to an untrained one's,
+            which are much smaller (see ``refit_epochs``). Annealing counts these epochs.
+            (default: ``0``)
         anneal_every (int, optional): fixed per-node bit-widths start ``anneal_bits`` above
             their final widths and drop by one every ``anneal_every`` epochs; ``0`` is off.
             (default: ``0``)
@@ -101,12 +108,13 @@ class QuantTraining:
     """
 
     def __init__(self, model: GraphModule, *, refit_epochs: int = 0, refit_widen: bool = False,
-                 anneal_every: int = 0,
+                 float_epochs: int = 0, anneal_every: int = 0,
                  anneal_bits: int = 2, anneal_refit_epochs: int = 0, penalty: float = 0.0,
                  target_bits: float | None = None, bits_lr: float | None = None,
                  step_lr: float | None = None, select: str = "best-val",
                  project: bool = False) -> None:
         check_count(refit_epochs, "refit_epochs")
+        check_count(float_epochs, "float_epochs")
         check_count(anneal_every, "anneal_every")
         check_count(anneal_bits, "anneal_bits")
         check_count(anneal_refit_epochs, "anneal_refit_epochs")
@@ -129,6 +137,7 @@ class QuantTraining:
         self.model = model
         self.refit_epochs = refit_epochs
         self.refit_widen = refit_widen
+        self.float_epochs = float_epochs
         self.anneal_every = anneal_every
         self.anneal_bits = anneal_bits
         self.anneal_refit_epochs = anneal_refit_epochs
@@ -138,6 +147,7 @@ class QuantTraining:
         self.step_lr = step_lr
         self.select = select
         points = [m for m in model.modules() if isinstance(m, QuantPoint)]
+        self._points = points
         self._widths = unique(m.row_bits for m in points if m.row_bits is not None)
         self._steps = unique(p for m in points for p in m.parameters()
                               if all(p is not w for w in self._widths))
@@ -157,6 +167,8 @@ class QuantTraining:
         parts = [f"{f}={getattr(self, f)!r}" for f in names]
         if self.refit_widen:
             parts.append("refit_widen=True")
+        if self.float_epochs:
+            parts.append(f"float_epochs={self.float_epochs}")
         if self.anneal_refit_epochs:
             parts.append(f"anneal_refit_epochs={self.anneal_refit_epochs}")
         if self.step_lr is not None:
@@ -217,6 +229,12 @@ class QuantTraining:
         ``refit_epochs`` epochs (the first training batch fits them anyway) and on the first
         ``anneal_refit_epochs`` after each annealing drop."""
         self._epoch = self._epoch + 1 if epoch is None else epoch
+        if self.float_epochs:
+            in_float = self._epoch < self.float_epochs
+            for point in self._points:
+                point.float_training = in_float
+            if self._epoch == self.float_epochs:  # the first rounded epoch: a fresh fit
+                refit_steps(self.model)
         if self._tables:
             extra = self._extra_bits()
             with torch.no_grad():
