@@ -248,6 +248,15 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if given:
             p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
                     "ignored; please drop them")
+        for path in args.from_json:
+            try:
+                with open(path) as f:
+                    payload = json.load(f)
+            except (OSError, ValueError) as e:
+                p.error(f"--from-json {path}: cannot read it as JSON ({e})")
+            if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
+                p.error(f"--from-json {path}: not a file bits_pareto.py --json writes (it has "
+                        "no 'results' list); please leave it out")
         return
     if args.method == "recommended":
         defaults = p.parse_args([])

@@ -29,6 +29,8 @@ CASES = [
     (bits_pareto, ["--penalty", "-5"], "--penalty"),
     (bits_pareto, ["--method", "topn", "--lsq-refit", "2"], "--lsq-refit"),
     (bits_pareto, ["--from-json", "x.json", "--method", "int"], "--method"),
+    (bits_pareto, ["--from-json", str(RESULTS / "bits_heldout.json")], "--from-json"),
+    (bits_pareto, ["--from-json", "no/such/file.json"], "--from-json"),
     (dq_table, ["--plot", "x.png"], "--plot"),
     (dq_table, ["--only", "bogus"], "--only"),
     (dq_table, ["--only", "int8", "--lsq-refit", "5"], "--lsq-refit"),
