@@ -173,6 +173,40 @@ def test_float_epochs_train_unrounded_then_fit_the_steps_to_the_trained_activati
         HubMessages(float_epochs=-1)
 
 
+@pytest.mark.parametrize("recipe", [LearnedBits, fxquant.recipes.BudgetBits])
+def test_float_epochs_with_learned_widths_add_no_penalty_until_values_round(recipe):
+    """In the float epochs nothing rounds in training: the loss is the model's own (no bit
+    penalty, no projection to measure); afterwards the learned widths train as ever."""
+    data = graph(n=40)
+    torch.manual_seed(0)
+    extra = {"anneal_every": 0} if recipe is fxquant.recipes.BudgetBits else {}
+    run = recipe(float_epochs=2, **extra).prepare(
+        GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
+    optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
+    widths = [m.row_bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
+              if m.row_bits is not None]
+    for epoch in range(4):
+        run.model.train()
+        run.start_epoch(epoch)
+        optimizer.zero_grad()
+        plain = torch.nn.functional.cross_entropy(run.model(data.x, data.edge_index), data.y)
+        loss = run.loss(plain)
+        if epoch < 2:
+            assert loss is plain
+        elif recipe is LearnedBits:
+            assert loss is not plain  # the bit penalty
+        loss.backward()
+        optimizer.step()
+        run.after_step()
+        run.model.eval()
+        with torch.no_grad():
+            run.model(data.x, data.edge_index)
+        run.observe(0.5)
+    after = [m.row_bits.detach() for _, m in fxquant.quantization_points(run.model)
+             if m.row_bits is not None]
+    assert any(not torch.equal(a, b) for a, b in zip(after, widths, strict=True))
+
+
 def test_param_groups_keep_decay_off_the_quantizers_and_widths_at_their_rate():
     """Steps and widths leave the user's groups for groups without weight decay."""
     run = LearnedBits(bits_lr=0.05).prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(),

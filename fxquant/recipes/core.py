@@ -281,7 +281,10 @@ class QuantTraining:
     def loss(self, loss: Tensor) -> Tensor:
         """``loss`` plus the weighted bit penalty of the last forward (learned bit-widths
         with a target), else ``loss`` itself. With ``project=True`` it also records what one
-        bit of each node's width costs in the last forward's count (for the projection)."""
+        bit of each node's width costs in the last forward's count (for the projection).
+        In the ``float_epochs`` nothing is rounded in training: ``loss`` itself."""
+        if self.model.training and 0 <= self._epoch < self.float_epochs:
+            return loss
         if self._budget is not None and self.model.training:
             self._budget.measure(self.model)
         if self.learns_bits and self.target_bits is not None and self.penalty:
