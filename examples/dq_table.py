@@ -130,6 +130,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lsq-refit", type=training.epochs_arg, default=0, metavar="N",
                    help="fit the LSQ rows' steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
+    p.add_argument("--float-epochs", type=training.epochs_arg, default=0, metavar="N",
+                   help="train the quantized rows' first N epochs in float32 (evaluation "
+                        "still rounds), then fit their learned steps (fxquant.recipes."
+                        "QuantTraining float_epochs; default 0)")
     p.add_argument("--root", default=None)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
@@ -160,6 +164,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if edge and args.model == "gin":
             p.error(f"--only {','.join(edge)} with --model gin: these rows round the layers' "
                     "per-edge arguments, and GINConv's messages take none; please drop them")
+        if args.float_epochs and all(k == "fp32" for k in wanted):
+            p.error("--float-epochs trains the quantized rows' first epochs in float32; "
+                    "--only holds none, so it would be ignored")
         if args.lsq_refit and not any(keys[k].range == "lsq" for k in wanted):
             p.error("--lsq-refit refits learned steps; none of the --only rows has one, so it "
                     "would be ignored")
@@ -298,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for cfg in configs:
             model = train_cora.build(cfg, data, num_classes, seed, args.model)
-            run = fxquant.recipes.QuantTraining(model, refit_epochs=args.lsq_refit) \
+            run = fxquant.recipes.QuantTraining(model, refit_epochs=args.lsq_refit,
+                                                float_epochs=args.float_epochs) \
                 if isinstance(model, torch.fx.GraphModule) else None
             result = training.fit(model, data, args.epochs, run=run, desc=f"{cfg.name} seed {seed}")
             cfg.accs.append(result.test)

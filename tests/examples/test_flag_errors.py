@@ -34,6 +34,7 @@ CASES = [
     (dq_table, ["--plot", "x.png"], "--plot"),
     (dq_table, ["--only", "bogus"], "--only"),
     (dq_table, ["--only", "int8", "--lsq-refit", "5"], "--lsq-refit"),
+    (dq_table, ["--only", "fp32", "--float-epochs", "5"], "--float-epochs"),
     (dq_table, ["--model", "gin", "--only", "int4-lsq-pe"], "--only"),
     (dq_table, ["--from-json", str(RESULTS / "dq_reference_cora_gcn.json")], "--from-json"),
     (dq_table, ["--from-json", "no/such/file.json"], "--from-json"),

@@ -173,6 +173,20 @@ def test_dq_table_smoke(tmp_path, capsys):
     assert all(len(r["vals"]) == len(r["accs"]) == 1 and r["vals"][0] > 0 for r in rows)
 
 
+@needs_data
+def test_dq_table_float_epochs(tmp_path):
+    """--float-epochs reaches the quantized rows' training (the JSON records it) and runs
+    through the float epochs into the rounded ones."""
+    from examples import dq_table
+
+    out = tmp_path / "dq.json"
+    dq_table.main(["--only", "int4-lsq-p", "--seeds", "1", "--epochs", "4", "--float-epochs",
+                   "2", "--json", str(out)])
+    payload = json.loads(out.read_text())
+    assert payload["args"]["float_epochs"] == 2
+    assert all(len(r["accs"]) == 1 for r in payload["results"])
+
+
 def test_dq_table_rows_named_only_run_when_named():
     """The default table keeps its rows: INT8 LSQ runs only when --only names it."""
     from examples import dq_table
