@@ -42,6 +42,11 @@ TARGET = 2.0
 #: on other seeds are reported beside the score and play no part in the choice
 SCORE_SEEDS = (0, 1, 2)
 
+def _widen30(**change: Any) -> tuple[str, dict[str, Any]]:
+    """``hub-refit30-widen`` with ``change`` on top."""
+    return ("hub-messages", {"refit_epochs": 30, "refit_widen": True, **change})
+
+
 #: name -> (recipe, settings); every candidate runs at ``target_bits=TARGET``
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     # the fixed in-degree rule as published for Cora
@@ -63,30 +68,21 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-refit30-widen": ("hub-messages", {"refit_epochs": 30, "refit_widen": True}),
     "hub-refit50-widen": ("hub-messages", {"refit_epochs": 50, "refit_widen": True}),
     # one change at a time around hub-refit30-widen
-    "hub-widen-anneal40": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                            "anneal_every": 40}),
-    "hub-widen-anneal1": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                           "anneal_bits": 1}),
-    "hub-widen-last5": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                         "last_aggregate_bits": 5}),
-    "hub-widen-q0.85": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                         "hub_quantile": 0.85}),
+    "hub-widen-anneal40": _widen30(anneal_every=40),
+    "hub-widen-anneal1": _widen30(anneal_bits=1),
+    "hub-widen-last5": _widen30(last_aggregate_bits=5),
+    "hub-widen-q0.85": _widen30(hub_quantile=0.85),
     "hub-refit20-widen": ("hub-messages", {"refit_epochs": 20, "refit_widen": True}),
     # ... and refitted after each annealing drop too (a drop leaves a step fitted for a
     # wider grid, which clips the narrower one; a widening refit lets it grow at once)
-    "hub-widen-droprefit1": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                              "anneal_refit_epochs": 1}),
-    "hub-widen-droprefit3": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                              "anneal_refit_epochs": 3}),
+    "hub-widen-droprefit1": _widen30(anneal_refit_epochs=1),
+    "hub-widen-droprefit3": _widen30(anneal_refit_epochs=3),
     "hub-droprefit1-widen": ("hub-messages", {"refit_widen": True, "anneal_refit_epochs": 1}),
     # ... trained in float32 over the first epochs, the steps then fitted to the trained
     # activations (an untrained model's are far smaller)
-    "hub-widen-float15": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                           "float_epochs": 15}),
-    "hub-widen-float30": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                           "float_epochs": 30}),
-    "hub-widen-float50": ("hub-messages", {"refit_epochs": 30, "refit_widen": True,
-                                           "float_epochs": 50}),
+    "hub-widen-float15": _widen30(float_epochs=15),
+    "hub-widen-float30": _widen30(float_epochs=30),
+    "hub-widen-float50": _widen30(float_epochs=50),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection

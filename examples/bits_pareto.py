@@ -242,12 +242,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What would be ignored, or fail only after the FP32 baselines have trained: a usage
     error naming the flag, before any work."""
     if args.from_json:
-        defaults = p.parse_args([])
-        given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
-                 if name not in ("from_json", "plot", "json") and value != getattr(defaults, name)]
-        if given:
-            p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
-                    "ignored; please drop them")
+        training.refuse_training_flags(p, args)
         for path in args.from_json:
             try:
                 with open(path) as f:

@@ -148,12 +148,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.plot and not args.from_json:
         p.error("--plot draws earlier results: please pass --from-json FILE ... with it")
     if args.from_json:
-        defaults = p.parse_args([])
-        given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
-                 if name not in ("from_json", "plot", "json") and value != getattr(defaults, name)]
-        if given:
-            p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
-                    "ignored; please drop them")
+        training.refuse_training_flags(p, args)
     for path in args.from_json or []:
         problem = _not_a_table(path)
         if problem:

@@ -188,6 +188,17 @@ def t95(dof: int) -> float:
 # -- command-line values -----------------------------------------------------------------
 
 
+def refuse_training_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """With ``--from-json`` (no training): a usage error naming every flag given that only
+    training reads (``--from-json``, ``--plot`` and ``--json`` aside)."""
+    defaults = p.parse_args([])
+    given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+             if name not in ("from_json", "plot", "json") and value != getattr(defaults, name)]
+    if given:
+        p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
+                "ignored; please drop them")
+
+
 def epochs_arg(text: str) -> int:
     """A count of epochs, 0 or more (``--lsq-refit``)."""
     try:
