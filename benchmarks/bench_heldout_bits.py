@@ -67,7 +67,8 @@ def one(job: tuple[float, float, int, int, int, int, float]) -> dict[str, Any]:
                                   input_format=None).prepare(model, data, lint="off")
         result = training.fit(run.model, data, epochs, run=run, progress=False)
     assert result.bits is not None and run.best is not None
-    row.update(quant=result.test, val=run.best.val, avg_bits=result.bits.avg_bits,
+    row.update(hub_quantile=getattr(run.recipe, "hub_quantile", None),
+               quant=result.test, val=run.best.val, avg_bits=result.bits.avg_bits,
                budget_met=bool(result.within_budget),
                seconds=round(time.perf_counter() - start, 1))
     return row

@@ -83,6 +83,12 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-widen-float15": _widen30(float_epochs=15),
     "hub-widen-float30": _widen30(float_epochs=30),
     "hub-widen-float50": _widen30(float_epochs=50),
+    "hub-widen-float25": _widen30(float_epochs=25),
+    "hub-widen-float40": _widen30(float_epochs=40),
+    # one change at a time around hub-widen-float30
+    "hub-float30-last5": _widen30(float_epochs=30, last_aggregate_bits=5),
+    "hub-float30-q0.95": _widen30(float_epochs=30, hub_quantile=0.95),
+    "hub-float30-anneal40": _widen30(float_epochs=30, anneal_every=40),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection

@@ -205,6 +205,7 @@ def prepare(method: str, target: float, data: Any, model: torch.nn.Module,
                            last_aggregate_bits=opts.last_aggregate_bits,
                            anneal_every=args.anneal, anneal_bits=ANNEAL_BITS,
                            anneal_refit_epochs=args.anneal_refit,
+                           fit_budget=False,  # the quantile as given (--hub-quantile)
                            **common).prepare(model, data, lint="off")
     gm = fxquant.transform(model, mapping_for(method, target, data, opts), lint="off")
     if method in LSQ_METHODS and args.shared_step:

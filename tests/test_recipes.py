@@ -12,7 +12,7 @@ from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 import fxquant
 from benchmarks import select_bits
-from examples import bits_pareto, cora_recipe, dq_table
+from examples import bits_pareto, cora_recipe, dq_table, training
 from fxquant.recipes import HubMessages, LearnedBits, LsqProtect, QuantTraining
 from tests.support.data import needs_data
 
@@ -76,6 +76,51 @@ def test_hub_messages_gives_hubs_messages_one_bit_fewer():
     assert bool((msg[hubs] == 2).all()) and bool((msg[~hubs] == 3).all())
 
 
+def _final_count(run, data):
+    return fxquant.bit_report(copy.deepcopy(run.model), data.x, data.edge_index).avg_bits
+
+
+def test_hub_messages_fits_its_budget_on_a_graph_without_hubs():
+    """A graph whose in-degrees have no tail: at the 0.9 quantile the final widths count
+    more than the budget; fit_budget (the default) lowers the quantile until they fit,
+    says so, records the quantile in run.recipe, and never runs the model it returns."""
+    data = graph(n=60)
+    model = GCN(6, 8, num_layers=2, out_channels=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept = HubMessages(fit_budget=False).prepare(model, data, lint="off")
+    assert _final_count(kept, data) > 2.0 and kept.recipe == HubMessages(fit_budget=False)
+    with pytest.warns(UserWarning, match=r"hub_quantile=0\.9 .* more than target_bits=2\.0.*"
+                                         r"hub_quantile=0\.\d+ is used"):
+        run = HubMessages().prepare(model, data, lint="off")
+    assert isinstance(run.recipe, HubMessages) and run.recipe.hub_quantile < 0.9
+    assert _final_count(run, data) <= 2.0
+    assert not any(p.step_ready for _, p in fxquant.quantization_points(run.model)
+                   if p.log_step is not None)  # counted on a copy: no step fitted yet
+    msg = dict(fxquant.quantization_points(run.model))["convs_0_message_quant"].row_bits_table
+    deg = torch.zeros(60).index_add_(0, data.edge_index[1], torch.ones(data.edge_index.shape[1]))
+    hubs = deg > torch.quantile(deg, run.recipe.hub_quantile)
+    assert bool(hubs.any()) and bool((msg[hubs] == 1).all()) and bool((msg[~hubs] == 2).all())
+    with pytest.warns(UserWarning, match="even hub_quantile=0.05 counts .* raise target_bits"):
+        HubMessages(target_bits=1.0).prepare(model, data, lint="off")
+    with pytest.raises(ValueError, match="fit_budget must be True or False"):
+        HubMessages(fit_budget="yes")
+
+
+@needs_data
+@pytest.mark.parametrize("name", ["Cora", "CiteSeer"])
+def test_the_recommended_recipe_fits_cora_and_citeseer_as_chosen(name):
+    """On the graphs it was chosen on, the rule is within its budget at the 0.9 quantile:
+    fit_budget changes nothing there (no warning, the same quantile and widths)."""
+    data, classes = training.load_data(name, None, "test")
+    model = training.make_model("gcn", data.num_features, classes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = fxquant.recipes.get("recommended").prepare(model, data, lint="off")
+    assert run.recipe == fxquant.recipes.get("recommended")
+    assert run.recipe.hub_quantile == 0.9 and _final_count(run, data) <= 2.0
+
+
 def test_annealing_starts_above_and_drops_one_bit_every_e_epochs():
     """anneal_every=E: the fixed widths start anneal_bits above and drop by one every E."""
     run = HubMessages(anneal_every=2, anneal_bits=2).prepare(
@@ -128,8 +173,8 @@ def test_refit_widen_keeps_the_steps_from_narrowing_in_the_warm_up(widen):
     run.start_epoch(1)
     run.model(data.x / 100, data.edge_index)
     after = [p.step.item() for p in points]
-    if widen:
-        assert after == before
+    if widen:  # never narrower (a value with a bias in it may even ask for a wider grid)
+        assert all(a >= b for a, b in zip(after, before, strict=True))
     else:
         assert all(a < b / 10 for a, b in zip(after, before, strict=True))
     assert ("refit_widen=True" in repr(run)) == widen

@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -15,8 +16,15 @@ from torch.fx import GraphModule, Node
 
 from fxquant.errors import FxquantValueError
 from fxquant.fx.selectors import layer_name
-from fxquant.quant import NodeBits, QuantConfig, QuantMapping, quantize, share_bits
-from fxquant.recipes.core import SELECTIONS, Recipe, check_count, check_flag, check_positive
+from fxquant.quant import NodeBits, QuantConfig, QuantMapping, bit_report, quantize, share_bits
+from fxquant.recipes.core import (
+    SELECTIONS,
+    QuantTraining,
+    Recipe,
+    check_count,
+    check_flag,
+    check_positive,
+)
 from fxquant.recipes.graph import (
     gnn_layers,
     input_after_relu,
@@ -114,6 +122,13 @@ class _BitsRecipe(Recipe):
             tie_steps(gm)
 
 
+def _final_bits(run: QuantTraining, data: Any) -> float:
+    """The average bits a prepared model's final widths count on ``data``
+    (:func:`fxquant.bit_report` of a copy: the model itself is not run)."""
+    gm = copy.deepcopy(run.model).to(data.x.device)
+    return float(bit_report(gm, data.x, data.edge_index).avg_bits)
+
+
 def _share_tables(gm: GraphModule, shared_bits: str) -> None:
     """One learned bit-width table per layer (``"layer"``) or for the model (``"all"``)."""
     if shared_bits == "none":
@@ -184,6 +199,12 @@ class HubMessages(_BitsRecipe):
         float_epochs (int, optional): train the first epochs in float32, then fit the
             learned steps to the trained activations
             (:class:`~fxquant.recipes.QuantTraining`). (default: 0)
+        fit_budget (bool, optional): where the final widths would count more than
+            ``target_bits`` (:func:`fxquant.bit_report` on ``data``; a graph whose top
+            in-degree decile receives few of the messages), lower the hub quantile by 0.05
+            at a time until they fit, with a warning naming the quantile used; a warning
+            also says when even every node a hub does not fit. Needs ``data.x``.
+            (default: True)
     """
 
     name: ClassVar[str] = "hub-messages"
@@ -197,9 +218,11 @@ class HubMessages(_BitsRecipe):
     anneal_every: int = 50
     anneal_bits: int = 2
     anneal_refit_epochs: int = 0
+    fit_budget: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_flag(self.fit_budget, "fit_budget")
         if not (isinstance(self.hub_quantile, float | int) and 0 < self.hub_quantile < 1):
             raise FxquantValueError(f"hub_quantile must lie in (0, 1), got {self.hub_quantile!r}")
         lowest = 1 if self.midrise else 2
@@ -231,6 +254,32 @@ class HubMessages(_BitsRecipe):
     def training(self) -> dict[str, Any]:
         return {**self._training_common(), "anneal_every": self.anneal_every,
                 "anneal_bits": self.anneal_bits, "anneal_refit_epochs": self.anneal_refit_epochs}
+
+    def prepare(self, model: torch.nn.Module, data: Any = None, *, lint: str = "warn"
+                ) -> QuantTraining:
+        """As :meth:`Recipe.prepare`; with ``fit_budget``, the hub quantile is lowered
+        until the final widths count within ``target_bits`` on ``data``."""
+        run = super().prepare(model, data, lint=lint)
+        x = getattr(data, "x", None)
+        if not self.fit_budget or not isinstance(x, Tensor) or x.is_meta:
+            return run
+        quantile, count = self.hub_quantile, _final_bits(run, data)
+        while count > self.target_bits and quantile > 0.05 + 1e-9:
+            quantile = round(quantile - 0.05, 2)
+            run = replace(self, hub_quantile=quantile, fit_budget=False).prepare(
+                model, data, lint="off")
+            count = _final_bits(run, data)
+        if quantile != self.hub_quantile:
+            fits = count <= self.target_bits
+            warnings.warn(
+                f"hub-messages: with hub_quantile={self.hub_quantile} the final widths count "
+                f"more than target_bits={self.target_bits} on this graph; "
+                + (f"hub_quantile={quantile} is used ({count:.3f} bits)" if fits else
+                   f"even hub_quantile={quantile} counts {count:.3f} bits. Please raise "
+                   "target_bits, lower last_aggregate_bits, or use 'budget-bits'")
+                + " (fit_budget=False keeps the quantile given)", stacklevel=2)
+            run.recipe = replace(self, hub_quantile=quantile)
+        return run
 
 
 @dataclass(frozen=True)

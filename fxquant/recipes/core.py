@@ -105,6 +105,11 @@ class QuantTraining:
             budget starts ``anneal_bits`` above ``target_bits`` and drops by one every
             ``anneal_every`` epochs (``anneal_every=0``: ``target_bits`` from the start).
             (default: ``False``)
+
+    Attributes:
+        recipe (Recipe | None): the recipe that prepared it, with the settings it used
+            (e.g. the hub quantile :class:`~fxquant.recipes.HubMessages` chose to fit its
+            budget); None for one built directly.
     """
 
     def __init__(self, model: GraphModule, *, refit_epochs: int = 0, refit_widen: bool = False,
@@ -135,6 +140,7 @@ class QuantTraining:
             raise FxquantValueError("project=True keeps the learned bit-widths within "
                                     "target_bits; please give target_bits")
         self.model = model
+        self.recipe: Recipe | None = None
         self.refit_epochs = refit_epochs
         self.refit_widen = refit_widen
         self.float_epochs = float_epochs
@@ -456,7 +462,9 @@ class Recipe:
         gm = model if isinstance(model, GraphModule) else trace(model)
         qgm = transform(gm, self.mapping(gm, data), lint=lint)
         self.tie(qgm)
-        return QuantTraining(qgm, **self.training())
+        run = QuantTraining(qgm, **self.training())
+        run.recipe = self
+        return run
 
 
 
