@@ -76,8 +76,8 @@ def one(job: tuple[float, float, int, int, int, int, float]) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| p_in | skew | homophily | max in-degree | FP32 test (%) | recommended test (%) "
-             "| avg_bits (max) | every seed within budget |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| avg_bits (max) | every seed within budget | hub quantile used |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p_in, skew in dict.fromkeys((r["p_in"], r["skew"]) for r in rows):
         mine = [r for r in rows if (r["p_in"], r["skew"]) == (p_in, skew)]
 
@@ -89,7 +89,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {p_in:g} | {skew:g} | {statistics.mean(r['homophily'] for r in mine):.2f}"
                      f" | {max(r['max_in_degree'] for r in mine)} | {stat('fp32')} | "
                      f"{stat('quant')} | {max(r['avg_bits'] for r in mine):.3f} | "
-                     f"{'yes' if all(r['budget_met'] for r in mine) else 'no'} |")
+                     f"{'yes' if all(r['budget_met'] for r in mine) else 'no'} | "
+                     f"{', '.join(sorted({f'{q:g}' for r in mine if (q := r.get('hub_quantile'))}))}"
+                     " |")
     return "\n".join(lines)
 
 
