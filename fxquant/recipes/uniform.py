@@ -143,6 +143,9 @@ class LsqProtect(_EverySite):
             activations grow. (default: 0)
         refit_widen (bool, optional): refits never narrow a grid
             (:class:`~fxquant.recipes.QuantTraining`). (default: False)
+        float_epochs (int, optional): train the first epochs in float32, then fit the steps
+            to the trained activations (:class:`~fxquant.recipes.QuantTraining`; the
+            ``--float-epochs`` of ``examples/dq_table.py``). (default: 0)
     """
 
     name: ClassVar[str] = "lsq-protect"
@@ -152,10 +155,12 @@ class LsqProtect(_EverySite):
     protect: tuple[float, float] | None = (0.0, 0.2)
     refit_epochs: int = 0
     refit_widen: bool = False
+    float_epochs: int = 0
 
     def __post_init__(self) -> None:
         _check_bits(self.bits)
         check_count(self.refit_epochs, "refit_epochs")
+        check_count(self.float_epochs, "float_epochs")
         check_flag(self.refit_widen, "refit_widen")
         self.config(self.protect)  # validates protect
 
@@ -163,7 +168,8 @@ class LsqProtect(_EverySite):
         return QuantConfig(f"int{self.bits}", scale="tensor", range="lsq", protect=protect)
 
     def training(self) -> dict[str, Any]:
-        return {"refit_epochs": self.refit_epochs, "refit_widen": self.refit_widen}
+        return {"refit_epochs": self.refit_epochs, "refit_widen": self.refit_widen,
+                "float_epochs": self.float_epochs}
 
 
 @dataclass(frozen=True)
