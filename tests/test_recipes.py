@@ -107,6 +107,23 @@ def test_hub_messages_fits_its_budget_on_a_graph_without_hubs():
         HubMessages(fit_budget="yes")
 
 
+def test_fit_budget_warns_where_it_cannot_count():
+    """A model whose forward needs more than (x, edge_index): the recipe still prepares it,
+    and a warning says the budget was not checked and how to check it."""
+
+    class Pooled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gcn = GCN(6, 8, num_layers=2, out_channels=3)
+
+        def forward(self, x, edge_index, batch):
+            return self.gcn(x, edge_index)[batch]
+
+    with pytest.warns(UserWarning, match="could not count the bits.*fit_budget=False"):
+        run = HubMessages().prepare(Pooled(), graph(n=60), lint="off")
+    assert run.recipe == HubMessages()
+
+
 @needs_data
 @pytest.mark.parametrize("name", ["Cora", "CiteSeer"])
 def test_the_recommended_recipe_fits_cora_and_citeseer_as_chosen(name):

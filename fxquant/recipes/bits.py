@@ -203,8 +203,8 @@ class HubMessages(_BitsRecipe):
             ``target_bits`` (:func:`fxquant.bit_report` on ``data``; a graph whose top
             in-degree decile receives few of the messages), lower the hub quantile by 0.05
             at a time until they fit, with a warning naming the quantile used; a warning
-            also says when even every node a hub does not fit. Needs ``data.x``.
-            (default: True)
+            also says when even every node a hub does not fit. Counting runs one forward
+            of a copy on ``data.x, data.edge_index``. (default: True)
     """
 
     name: ClassVar[str] = "hub-messages"
@@ -263,7 +263,15 @@ class HubMessages(_BitsRecipe):
         x = getattr(data, "x", None)
         if not self.fit_budget or not isinstance(x, Tensor) or x.is_meta:
             return run
-        quantile, count = self.hub_quantile, _final_bits(run, data)
+        try:
+            count = _final_bits(run, data)
+        except Exception as e:  # a forward that needs more than (x, edge_index)
+            warnings.warn(f"hub-messages: fit_budget could not count the bits: the model's "
+                          f"forward(data.x, data.edge_index) raised {type(e).__name__}: {e}. The "
+                          f"hub quantile stays {self.hub_quantile}; check the count with "
+                          "fxquant.bit_report, or pass fit_budget=False", stacklevel=2)
+            return run
+        quantile = self.hub_quantile
         while count > self.target_bits and quantile > 0.05 + 1e-9:
             quantile = round(quantile - 0.05, 2)
             run = replace(self, hub_quantile=quantile, fit_budget=False).prepare(
