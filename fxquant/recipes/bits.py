@@ -16,6 +16,7 @@ from torch.fx import GraphModule, Node
 
 from fxquant.errors import FxquantValueError
 from fxquant.fx.selectors import layer_name
+from fxquant.fx.tracer import trace
 from fxquant.quant import NodeBits, QuantConfig, QuantMapping, bit_report, quantize, share_bits
 from fxquant.recipes.core import (
     SELECTIONS,
@@ -259,7 +260,8 @@ class HubMessages(_BitsRecipe):
                 ) -> QuantTraining:
         """As :meth:`Recipe.prepare`; with ``fit_budget``, the hub quantile is lowered
         until the final widths count within ``target_bits`` on ``data``."""
-        run = super().prepare(model, data, lint=lint)
+        gm = model if isinstance(model, GraphModule) else trace(model)  # once, for every try
+        run = super().prepare(gm, data, lint=lint)
         x = getattr(data, "x", None)
         if not self.fit_budget or not isinstance(x, Tensor) or x.is_meta:
             return run
@@ -275,7 +277,7 @@ class HubMessages(_BitsRecipe):
         while count > self.target_bits and quantile > 0.05 + 1e-9:
             quantile = round(quantile - 0.05, 2)
             run = replace(self, hub_quantile=quantile, fit_budget=False).prepare(
-                model, data, lint="off")
+                gm, data, lint="off")
             count = _final_bits(run, data)
         if quantile != self.hub_quantile:
             fits = count <= self.target_bits
