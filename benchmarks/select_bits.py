@@ -89,6 +89,8 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-float30-last5": _widen30(float_epochs=30, last_aggregate_bits=5),
     "hub-float30-q0.95": _widen30(float_epochs=30, hub_quantile=0.95),
     "hub-float30-anneal40": _widen30(float_epochs=30, anneal_every=40),
+    # messages rounded stochastically (a hub's sum of 1-bit messages without rounding bias)
+    "hub-float30-srmsg": _widen30(float_epochs=30, message_rounding="stochastic"),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection

@@ -4,7 +4,8 @@ table on unmodified PyG models, next to FP8 and the OCP MX FP4 formats.
 Rows: FP32 | INT8 | INT8 + protection | INT8 asymmetric with a percentile range | INT4 |
 INT4 + protection | INT4 LSQ + protection (and, when ``--only`` names them, INT8
 ``int8-lsq-p`` and ``int4-lsq-pe``: INT4 with the layers' per-edge arguments rounded too,
-on an unsigned grid, e.g. GAT's attention coefficients; not for GIN, which has none) | INT8
+on an unsigned grid, e.g. GAT's attention coefficients; not for GIN, which has none;
+``int4-lsq-ps``: INT4 LSQ + protection with the messages rounded stochastically) | INT8
 and INT4 Degree-Quant as its reference code runs it (``int8-dq``, ``int4-dq``:
 ``fxquant.recipes.DegreeQuant``) | INT4 with a per-row scale | E4M3 | MXFP4 (E2M1,
 block-32 E8M0 scale) | E2M1 with a per-row scale. Integer rows use a per-tensor scale from the
@@ -63,6 +64,9 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
                              sites=every, protect=protect),
         "int8-lsq-p": Config("INT8 LSQ + protection", "int8", scale="tensor", range="lsq",
                              sites=every, protect=protect),
+        "int4-lsq-ps": Config("INT4 LSQ + protection, messages rounded stochastically",
+                              "int4", scale="tensor", range="lsq", sites=every,
+                              protect=protect, message_rounding="stochastic"),
         "int4-lsq-pe": Config("INT4 LSQ + protection, edge site too (uint4)", "int4",
                               scale="tensor", range="lsq", sites=[*every, "edge"],
                               protect=protect, edge_number="uint4"),
@@ -79,7 +83,7 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
 
 
 #: rows that run only when ``--only`` names them (the default table keeps its rows)
-NAMED_ONLY = frozenset({"int8-lsq-p", "int4-lsq-pe"})
+NAMED_ONLY = frozenset({"int8-lsq-p", "int4-lsq-pe", "int4-lsq-ps"})
 
 
 def _not_a_table(path: str) -> str | None:

@@ -73,6 +73,9 @@ class Config:
     #: the ``edge`` site's number where it differs from ``number`` (e.g. an unsigned grid
     #: for attention coefficients, which are never negative)
     edge_number: str | None = None
+    #: the ``message`` site's rounding where it differs from ``rounding`` (``"stochastic"``:
+    #: a node's sum of many rounded messages carries no rounding bias)
+    message_rounding: str | None = None
     accs: list[float] = field(default_factory=list)
     epoch_ms: list[float] = field(default_factory=list)
     #: the validation accuracy of each run's reported epoch (settings are chosen on these)
@@ -98,7 +101,10 @@ class Config:
     def rounding_label(self) -> str:
         if self.number is None:
             return "-"
-        return self.rounding or ("toward_zero" if self.kind == "top" else "nearest")
+        label = self.rounding or ("toward_zero" if self.kind == "top" else "nearest")
+        if self.message_rounding is not None and self.message_rounding != label:
+            label += f" (messages {self.message_rounding})"
+        return label
 
     def row(self) -> list[object]:
         mean = 100 * statistics.mean(self.accs)
@@ -127,7 +133,9 @@ def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
         scale = cfg.scale if cfg.kind in ("format", "int") else None
         momentum = cfg.momentum if scale is not None and scale.startswith("tensor") and \
             cfg.range != "lsq" else None
-        config = fxquant.QuantConfig(number, cfg.rounding, scale=scale, range=cfg.range,
+        rounding = cfg.message_rounding if site == "message" and cfg.message_rounding \
+            else cfg.rounding
+        config = fxquant.QuantConfig(number, rounding, scale=scale, range=cfg.range,
                                      momentum=momentum, grad=cfg.grad, protect=protect)
         if cfg.layers:
             for layer in cfg.layers:

@@ -249,6 +249,40 @@ def test_lsq_protect_passes_float_epochs_to_its_training():
         LsqProtect(float_epochs=-1)
 
 
+@pytest.mark.parametrize("name", ["lsq-protect", "hub-messages", "learned-bits", "budget-bits"])
+def test_message_rounding_rounds_the_messages_stochastically_and_nothing_else(name):
+    """message_rounding="stochastic": the message points round stochastically (two
+    forwards of one input differ there), every other point to nearest; a GAT's messages
+    train; a bad value names the setting."""
+    data = graph(n=40)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # hub-messages lowers its quantile on this graph
+        run = fxquant.recipes.get(name, message_rounding="stochastic").prepare(
+            GAT(6, 8, num_layers=2, out_channels=3), data, lint="off")
+        nearest = fxquant.recipes.get(name).prepare(GAT(6, 8, num_layers=2, out_channels=3),
+                                                    data, lint="off")
+    points = dict(fxquant.quantization_points(run.model))
+    rounding = {p.site.value: p.config.rounding.value for p in points.values()}
+    sites = {p.site.value for p in points.values() if p.config.rounding.value == "stochastic"}
+    assert sites == {"message"} and rounding["aggregate"] == "nearest"
+    _train_epochs(run, data, 2)
+    run.model.eval()
+    seen = []
+    for point in points.values():
+        if point.site.value == "message":
+            point.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    with torch.no_grad():
+        run.model(data.x, data.edge_index)
+        run.model(data.x, data.edge_index)
+    half = len(seen) // 2
+    assert half and any(not torch.equal(a, b) for a, b in zip(seen[:half], seen[half:], strict=True))
+    assert {p.config.rounding.value for _, p in fxquant.quantization_points(nearest.model)} \
+        == {"nearest"}
+    with pytest.raises(ValueError, match="message_rounding must be 'nearest' or 'stochastic'"):
+        fxquant.recipes.get(name, message_rounding="toward_zero")
+
+
 @pytest.mark.parametrize("recipe", [LearnedBits, fxquant.recipes.BudgetBits])
 def test_float_epochs_with_learned_widths_add_no_penalty_until_values_round(recipe):
     """In the float epochs nothing rounds in training: the loss is the model's own (no bit

@@ -582,8 +582,6 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
             if node_bits.learned and range != "lsq":
                 raise FxquantValueError("node_bits learned: the gradient reaches a row's bits through its "
                                  "clipping range, which needs range='lsq' (a learned step)")
-            if rounding is not None and Rounding.parse(rounding) is not Rounding.NEAREST:
-                raise FxquantValueError("node_bits rounds to nearest; please drop rounding=")
         if protect is not None:
             protect = Protection.parse(protect)
         default = Rounding.TOWARD_ZERO if isinstance(parsed, TopN) else Rounding.NEAREST

@@ -528,7 +528,8 @@ class QuantPoint(nn.Module):
                 self._init_step(x, lo, hi, number.offset)
             levels = float((qmax.detach() + number.offset).mean()) if qmax.numel() else 1.0
             gain = 1.0 / math.sqrt(max(x.numel(), 1) * levels)
-            return self._lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
+            step = self._step(x.dtype, self._top())
+            return self._lsq_round(self._dither(x, step, gain), step, qmin, qmax, gain,
                                    number.offset).to(x.dtype)
         if self.config.scale.per_row:
             bounds = x.detach().abs().flatten(1).amax(1).view(shape)
@@ -538,7 +539,20 @@ class QuantPoint(nn.Module):
             if bounds.dim() and bounds.numel() == 2:
                 bounds = bounds.abs().amax()
         step = (bounds.to(x.dtype) / (qmax + number.offset)).clamp(min=torch.finfo(x.dtype).tiny)
-        return lsq_round(x, step, qmin, qmax, offset=number.offset).to(x.dtype)
+        return lsq_round(self._dither(x, step, 1.0), step, qmin, qmax,
+                         offset=number.offset).to(x.dtype)
+
+    def _dither(self, x: Tensor, step: Tensor, gain: float) -> Tensor:
+        """``x`` plus uniform noise of one step's width where this point rounds
+        stochastically (rounding ``x / step + u - 1/2`` to nearest, ``u ~ U[0, 1)``, is
+        rounding ``x / step`` up with probability its fraction); ``x`` itself otherwise.
+        Through ``step`` (its gradient scaled by LSQ's ``gain``) the noise makes a learned
+        step's gradient LSQ's for the drawn grid point, ``gain * (q - x / s)`` inside the
+        range."""
+        if self.config.rounding is not Rounding.STOCHASTIC:
+            return x
+        scaled = step.detach() + (step - step.detach()) * gain  # the value; gain * the gradient
+        return x + (torch.rand_like(x) - 0.5) * scaled
 
     @property
     def step(self) -> Tensor | None:

@@ -25,6 +25,7 @@ from fxquant.recipes.core import (
     check_count,
     check_flag,
     check_positive,
+    check_rounding,
 )
 from fxquant.recipes.graph import (
     gnn_layers,
@@ -58,12 +59,14 @@ class _BitsRecipe(Recipe):
     step_lr: float | None = None
     refit_widen: bool = False
     float_epochs: int = 0
+    message_rounding: str = "nearest"
 
     def __post_init__(self) -> None:
         check_positive(self.target_bits, "target_bits")
         check_count(self.refit_epochs, "refit_epochs")
         check_count(self.float_epochs, "float_epochs")
         check_flag(self.refit_widen, "refit_widen")
+        check_rounding(self.message_rounding, "message_rounding")
         if self.step_lr is not None:
             check_positive(self.step_lr, "step_lr")
         if self.select not in SELECTIONS:
@@ -82,6 +85,10 @@ class _BitsRecipe(Recipe):
     def site(self, data: Any, unsigned: bool, message: bool = False,
              bits: int | None = None) -> QuantConfig:
         raise NotImplementedError
+
+    def rounding(self, message: bool) -> str:
+        """How a site rounds: ``message_rounding`` at the messages, to nearest elsewhere."""
+        return self.message_rounding if message else "nearest"
 
     def mapping(self, gm: GraphModule, data: Any = None) -> QuantMapping:
         layers = gnn_layers(gm)
@@ -200,6 +207,9 @@ class HubMessages(_BitsRecipe):
         float_epochs (int, optional): train the first epochs in float32, then fit the
             learned steps to the trained activations
             (:class:`~fxquant.recipes.QuantTraining`). (default: 0)
+        message_rounding (str, optional): ``"nearest"``, or ``"stochastic"``: each message
+            rounds up with probability its fraction of a step, so that a node's sum of
+            many rounded messages carries no rounding bias. (default: ``"nearest"``)
         fit_budget (bool, optional): where the final widths would count more than
             ``target_bits`` (:func:`fxquant.bit_report` on ``data``; a graph whose top
             in-degree decile receives few of the messages), lower the hub quantile by 0.05
@@ -244,7 +254,8 @@ class HubMessages(_BitsRecipe):
         hub = max(lowest, base - 1) if message and bits is None else base
         widths = NodeBits.by_degree(data.edge_index, n, [self.hub_quantile], [base, hub],
                                     min_bits=lowest)
-        return QuantConfig(number, scale="tensor", range="lsq", node_bits=widths)
+        return QuantConfig(number, self.rounding(message), scale="tensor", range="lsq",
+                           node_bits=widths)
 
     def extra_entries(self, mapping: QuantMapping, layers: list[Node], data: Any) -> None:
         if self.last_aggregate_bits is not None:
@@ -308,7 +319,8 @@ class LearnedBits(_BitsRecipe):
             layer) or ``"all"`` (one for the model; :func:`fxquant.share_bits`).
             (default: ``"none"``)
         midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
-        refit_epochs, step_lr, refit_widen, float_epochs: as :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding: as
+            :class:`HubMessages`.
     """
 
     name: ClassVar[str] = "learned-bits"
@@ -342,7 +354,8 @@ class LearnedBits(_BitsRecipe):
             lowest = 1 if self.midrise else 2
         widths = NodeBits.learned_init(n, init=min(float(self.max_bits), self.target_bits + 1.0),
                                        min_bits=lowest, max_bits=self.max_bits)
-        return QuantConfig(number, scale="tensor", range="lsq", node_bits=widths)
+        return QuantConfig(number, self.rounding(message), scale="tensor", range="lsq",
+                           node_bits=widths)
 
     def tie(self, gm: GraphModule) -> None:
         super().tie(gm)
@@ -384,7 +397,8 @@ class BudgetBits(_BitsRecipe):
             target's in-degree, hubs lowest, as :class:`HubMessages`; other sites random).
             (default: ``"random"``)
         midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
-        refit_epochs, step_lr, refit_widen, float_epochs: as :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding: as
+            :class:`HubMessages`.
 
     Example:
         >>> from torch_geometric.data import Data
@@ -444,7 +458,8 @@ class BudgetBits(_BitsRecipe):
             order = torch.rand(n, generator=torch.Generator().manual_seed(n))
         start_bits = (start + 0.25 - 0.5 * order).clamp(lowest, self.max_bits)
         widths = NodeBits(start_bits, learned=True, min_bits=lowest, max_bits=self.max_bits)
-        return QuantConfig(number, scale="tensor", range="lsq", node_bits=widths)
+        return QuantConfig(number, self.rounding(message), scale="tensor", range="lsq",
+                           node_bits=widths)
 
     def tie(self, gm: GraphModule) -> None:
         super().tie(gm)

@@ -478,6 +478,12 @@ def check_flag(value: object, name: str) -> None:
         raise FxquantValueError(f"{name} must be True or False, got {value!r}")
 
 
+def check_rounding(value: object, name: str) -> None:
+    """An integer grid's rounding: ``"nearest"`` or ``"stochastic"``."""
+    if value not in ("nearest", "stochastic"):
+        raise FxquantValueError(f"{name} must be 'nearest' or 'stochastic', got {value!r}")
+
+
 def check_positive(value: object, name: str, zero: bool = False) -> None:
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
         and (value >= 0 if zero else value > 0)

@@ -13,7 +13,7 @@ from fxquant.fx.selectors import layer_name
 from fxquant.quant import QuantConfig, QuantMapping
 from fxquant.quant.config import Protection, Site
 from fxquant.quant.sites import edge_arguments, linears_of
-from fxquant.recipes.core import Recipe, check_count, check_flag
+from fxquant.recipes.core import Recipe, check_count, check_flag, check_rounding
 from fxquant.recipes.graph import gnn_layers
 
 __all__ = ["MX", "DegreeQuant", "LsqProtect"]
@@ -32,7 +32,7 @@ class _EverySite(Recipe):
     """One config at every site of every GNN layer (inputs, weights, messages,
     aggregation, outputs); a ``protect`` setting applies to the node sites."""
 
-    def config(self, protect: tuple[float, float] | None) -> QuantConfig:
+    def config(self, protect: tuple[float, float] | None, site: str = "output") -> QuantConfig:
         raise NotImplementedError
 
     def mapping(self, gm: GraphModule, data: Any = None) -> QuantMapping:
@@ -40,7 +40,8 @@ class _EverySite(Recipe):
         mapping = QuantMapping()
         protect = getattr(self, "protect", None)
         for site in _ALL_SITES:
-            mapping.set_global(self.config(protect if site != "weight" else None), site=site)
+            mapping.set_global(self.config(protect if site != "weight" else None, site),
+                               site=site)
         return mapping
 
 
@@ -146,6 +147,11 @@ class LsqProtect(_EverySite):
         float_epochs (int, optional): train the first epochs in float32, then fit the steps
             to the trained activations (:class:`~fxquant.recipes.QuantTraining`; the
             ``--float-epochs`` of ``examples/dq_table.py``). (default: 0)
+        message_rounding (str, optional): ``"nearest"``, or ``"stochastic"``: each message
+            rounds up with probability its fraction of a step, so that a node's sum of
+            many rounded messages carries no rounding bias (GAT's messages, scaled by
+            attention coefficients, are often small against the tensor's step).
+            (default: ``"nearest"``)
     """
 
     name: ClassVar[str] = "lsq-protect"
@@ -156,16 +162,20 @@ class LsqProtect(_EverySite):
     refit_epochs: int = 0
     refit_widen: bool = False
     float_epochs: int = 0
+    message_rounding: str = "nearest"
 
     def __post_init__(self) -> None:
         _check_bits(self.bits)
         check_count(self.refit_epochs, "refit_epochs")
         check_count(self.float_epochs, "float_epochs")
         check_flag(self.refit_widen, "refit_widen")
+        check_rounding(self.message_rounding, "message_rounding")
         self.config(self.protect)  # validates protect
 
-    def config(self, protect: tuple[float, float] | None) -> QuantConfig:
-        return QuantConfig(f"int{self.bits}", scale="tensor", range="lsq", protect=protect)
+    def config(self, protect: tuple[float, float] | None, site: str = "output") -> QuantConfig:
+        rounding = self.message_rounding if site == "message" else "nearest"
+        return QuantConfig(f"int{self.bits}", rounding, scale="tensor", range="lsq",
+                           protect=protect)
 
     def training(self) -> dict[str, Any]:
         return {"refit_epochs": self.refit_epochs, "refit_widen": self.refit_widen,
@@ -190,5 +200,5 @@ class MX(_EverySite):
     def __post_init__(self) -> None:
         self.config(None)
 
-    def config(self, protect: tuple[float, float] | None) -> QuantConfig:
+    def config(self, protect: tuple[float, float] | None, site: str = "output") -> QuantConfig:
         return QuantConfig(self.format, scale="block32")

@@ -221,6 +221,31 @@ def test_dq_table_edge_row_rounds_attention():
     assert inside and all(m.config.format.spec() == "int4" for m in inside)
 
 
+def test_dq_table_stochastic_message_row():
+    """int4-lsq-ps: the int4-lsq-p row with its messages rounded stochastically (the other
+    sites to nearest); named-only; the table's rounding column says so."""
+    import warnings
+
+    from torch_geometric.data import Data
+
+    from examples import dq_table
+
+    assert "int4-lsq-ps" not in dq_table.selected(None, (0.0, 0.2))
+    cfg = dq_table.selected("int4-lsq-ps", (0.0, 0.2))["int4-lsq-ps"]
+    plain = dq_table.rows((0.0, 0.2))["int4-lsq-p"]
+    assert (cfg.sites, cfg.protect, cfg.range) == (plain.sites, plain.protect, plain.range)
+    assert cfg.rounding_label == "nearest (messages stochastic)"
+    assert plain.rounding_label == "nearest"
+    data = Data(x=torch.rand(12, 6), edge_index=torch.randint(0, 12, (2, 40)), num_nodes=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = fxquant.transform(training.make_model("gat", 6, 3), train_cora.mapping_for(cfg, data))
+    rounding = {(m.layer, m.site.value): m.config.rounding.value for m in gm.modules()
+                if isinstance(m, fxquant.QuantPoint)}
+    assert {k for k, v in rounding.items() if v == "stochastic"} == \
+        {k for k in rounding if k[1] == "message"} != set()
+
+
 def test_dq_table_merge_by_row_and_seed(tmp_path):
     """--from-json A B --json OUT: rows merged by seed, a later file's re-run of a row
     replaces the earlier one seed for seed, new seeds are appended, epoch times follow."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -219,6 +221,43 @@ def test_learned_bits_before_any_training_take_the_table_mean():
     bits, _ = point.__dict__["last_row_bits"]
     assert torch.allclose(bits, torch.full_like(bits, 5.0))
     assert report.avg_bits > 0
+
+
+@pytest.mark.parametrize("learned", [False, True], ids=["range", "lsq"])
+def test_stochastic_rows_are_unbiased_and_stay_on_their_grids(learned):
+    """``rounding="stochastic"`` with per-node bits: each row on its own grid, rounded up
+    with probability its fraction (the mean error over many draws vanishes, where nearest
+    rounding keeps a bias), and with a learned step LSQ's step gradient of the drawn grid
+    point, ``q - x / s`` inside the range."""
+    bits = torch.tensor([2, 3] * 2000)
+    number = "int8:midrise"
+    rng = "lsq" if learned else "minmax"
+    point = QuantPoint(QuantConfig(number, "stochastic", scale="tensor", range=rng,
+                                   node_bits=NodeBits(bits, min_bits=1)), "lin")
+    nearest = QuantPoint(QuantConfig(number, scale="tensor", range=rng,
+                                     node_bits=NodeBits(bits, min_bits=1)), "lin")
+    x = torch.full((bits.numel(), 4), 0.3)
+    x[0, 0] = 2.0  # the range (the learned step's start is fitted to it too)
+    if learned:  # the step fitted on a first batch, then set where 0.3 lies off the grid
+        for p in (point, nearest):
+            p(x)
+            with torch.no_grad():
+                p.log_step.fill_(math.log(0.5))
+    torch.manual_seed(0)
+    y, y0 = point(x), nearest(x)
+    s = (point.step if learned else 2.0 / (2 ** (bits - 1) - 0.5)[:, None]).detach()
+    codes = (y.detach() / s - 0.5)[1:]
+    torch.testing.assert_close(codes, codes.round(), atol=1e-4, rtol=0)
+    err, err0 = (y - x)[1:].detach().mean(), (y0 - x)[1:].detach().mean()
+    assert abs(err) < 0.02 < abs(err0)
+    assert len(y[1:].detach().unique()) > len(y0[1:].detach().unique())
+    if learned:  # both steps' gradients, from rows inside the range: gain * sum(q - x / s)
+        y[1:].sum().backward()
+        y0[1:].sum().backward()
+        step = point.step.detach()
+        ratio = ((y - x)[1:].detach() / step).sum() / ((y0 - x)[1:].detach() / step).sum()
+        torch.testing.assert_close(point.log_step.grad / nearest.log_step.grad, ratio,
+                                   rtol=1e-3, atol=1e-4)
 
 
 def test_configuration_errors_name_the_fix():
