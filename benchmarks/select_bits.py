@@ -89,6 +89,10 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-float30-last5": _widen30(float_epochs=30, last_aggregate_bits=5),
     "hub-float30-q0.95": _widen30(float_epochs=30, hub_quantile=0.95),
     "hub-float30-anneal40": _widen30(float_epochs=30, anneal_every=40),
+    # the steps fitted again over the first rounded epochs too (refits inside the float
+    # epochs fit steps that nothing uses)
+    "hub-float30-refit45": _widen30(float_epochs=30, refit_epochs=45),
+    "hub-float30-refit60": _widen30(float_epochs=30, refit_epochs=60),
     # messages rounded stochastically (a hub's sum of 1-bit messages without rounding bias)
     "hub-float30-srmsg": _widen30(float_epochs=30, message_rounding="stochastic"),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
