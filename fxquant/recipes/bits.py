@@ -209,7 +209,8 @@ class HubMessages(_BitsRecipe):
             (:class:`~fxquant.recipes.QuantTraining`). (default: 0)
         message_rounding (str, optional): ``"nearest"``, or ``"stochastic"``: each message
             rounds up with probability its fraction of a step, so that a node's sum of
-            many rounded messages carries no rounding bias. (default: ``"nearest"``)
+            many rounded messages carries no rounding bias; in evaluation too (seed torch's
+            generator to repeat an evaluation exactly). (default: ``"nearest"``)
         fit_budget (bool, optional): where the final widths would count more than
             ``target_bits`` (:func:`fxquant.bit_report` on ``data``; a graph whose top
             in-degree decile receives few of the messages), lower the hub quantile by 0.05

@@ -150,7 +150,8 @@ class LsqProtect(_EverySite):
         message_rounding (str, optional): ``"nearest"``, or ``"stochastic"``: each message
             rounds up with probability its fraction of a step, so that a node's sum of
             many rounded messages carries no rounding bias (GAT's messages, scaled by
-            attention coefficients, are often small against the tensor's step).
+            attention coefficients, are often small against the tensor's step); in
+            evaluation too (seed torch's generator to repeat an evaluation exactly).
             (default: ``"nearest"``)
     """
 
