@@ -517,7 +517,8 @@ class QuantConfig:
             point, messages follow their target node and ranges cover every row; a
             :class:`Protection` chooses. (default: :obj:`None`)
         node_bits (NodeBits, optional): a bit-width per node, fixed or learned, for a
-            symmetric integer format (see :class:`NodeBits`). (default: :obj:`None`)
+            symmetric integer format (see :class:`NodeBits`), rounded to nearest or
+            stochastically. (default: :obj:`None`)
 
     Example:
         >>> QuantConfig(16)
@@ -579,6 +580,9 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='no
                 raise FxquantValueError("node_bits: a signed grid needs at least 2 bits (codes -1, 0, 1); "
                                  "use min_bits=2, an unsigned format ('uint4') or a mid-rise "
                                  "one ('int4:midrise': at 1 bit, the sign) for 1 bit")
+            if rounding is not None and Rounding.parse(rounding) is Rounding.TOWARD_ZERO:
+                raise FxquantValueError("node_bits rounds to nearest or stochastically; please "
+                                        "pass rounding='nearest' or 'stochastic'")
             if node_bits.learned and range != "lsq":
                 raise FxquantValueError("node_bits learned: the gradient reaches a row's bits through its "
                                  "clipping range, which needs range='lsq' (a learned step)")

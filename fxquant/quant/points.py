@@ -144,6 +144,22 @@ def _spec(number: Number | None) -> str:
     return "" if number is None else number.spec()
 
 
+def _stochastic_round(x: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor, offset: float
+                      ) -> Tensor:
+    """``s * (q + offset)``, ``q`` the stochastic rounding of ``c = clamp(u, qmin, qmax)``,
+    ``u = x / s - offset`` (``floor(c + r)``, ``r ~ U[0, 1)``: up with probability the
+    fraction of ``c``), in float32, with LSQ's gradients for the drawn ``q``, inside and
+    outside the range judged on ``u`` itself: ``x``'s is 1 inside and 0 outside; ``s``'s is
+    ``q - u`` inside and the bound's level (plus ``offset``) outside (a step whose gradient
+    is scaled scales it); ``qmin``'s and ``qmax``'s (learned bit-widths) are the clamp's.
+    Not fused: a few float32 temporaries of ``x``'s size."""
+    sf = s.to(torch.float32)
+    u = x.to(torch.float32) / sf - offset
+    c = torch.maximum(torch.minimum(u, qmax.to(torch.float32)), qmin.to(torch.float32))
+    q = torch.floor(c.detach() + torch.rand_like(c)).clamp_(max=c.detach().ceil())
+    return ((c + (q - c.detach())) + offset).mul(sf).to(x.dtype)
+
+
 class QuantPoint(nn.Module):
     """Rounds what flows through it as its config says; the gradient follows ``config.grad``.
 
@@ -528,8 +544,10 @@ class QuantPoint(nn.Module):
                 self._init_step(x, lo, hi, number.offset)
             levels = float((qmax.detach() + number.offset).mean()) if qmax.numel() else 1.0
             gain = 1.0 / math.sqrt(max(x.numel(), 1) * levels)
-            step = self._step(x.dtype, self._top())
-            return self._lsq_round(self._dither(x, step, gain), step, qmin, qmax, gain,
+            if self.config.rounding is Rounding.STOCHASTIC:
+                return _stochastic_round(x, self._scaled_step(gain, x.dtype, self._top()),
+                                         qmin, qmax, number.offset)
+            return self._lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
                                    number.offset).to(x.dtype)
         if self.config.scale.per_row:
             bounds = x.detach().abs().flatten(1).amax(1).view(shape)
@@ -539,20 +557,9 @@ class QuantPoint(nn.Module):
             if bounds.dim() and bounds.numel() == 2:
                 bounds = bounds.abs().amax()
         step = (bounds.to(x.dtype) / (qmax + number.offset)).clamp(min=torch.finfo(x.dtype).tiny)
-        return lsq_round(self._dither(x, step, 1.0), step, qmin, qmax,
-                         offset=number.offset).to(x.dtype)
-
-    def _dither(self, x: Tensor, step: Tensor, gain: float) -> Tensor:
-        """``x`` plus uniform noise of one step's width where this point rounds
-        stochastically (rounding ``x / step + u - 1/2`` to nearest, ``u ~ U[0, 1)``, is
-        rounding ``x / step`` up with probability its fraction); ``x`` itself otherwise.
-        Through ``step`` (its gradient scaled by LSQ's ``gain``) the noise makes a learned
-        step's gradient LSQ's for the drawn grid point, ``gain * (q - x / s)`` inside the
-        range."""
-        if self.config.rounding is not Rounding.STOCHASTIC:
-            return x
-        scaled = step.detach() + (step - step.detach()) * gain  # the value; gain * the gradient
-        return x + (torch.rand_like(x) - 0.5) * scaled
+        if self.config.rounding is Rounding.STOCHASTIC:
+            return _stochastic_round(x, step, qmin, qmax, number.offset)
+        return lsq_round(x, step, qmin, qmax, offset=number.offset).to(x.dtype)
 
     @property
     def step(self) -> Tensor | None:

@@ -19,8 +19,8 @@ from fxquant.fx.tracer import trace
 from fxquant.pipeline import transform
 from fxquant.quant import BitReport, QuantMapping, QuantPoint, bit_penalty, bit_report, refit_steps
 
-__all__ = ["SELECTIONS", "Choice", "QuantTraining", "Recipe", "check_count", "check_positive",
-           "unique"]
+__all__ = ["SELECTIONS", "Choice", "QuantTraining", "Recipe", "check_count", "check_flag",
+           "check_positive", "check_rounding", "unique"]
 
 #: how a run chooses the epoch it reports
 SELECTIONS = ("best-val", "budget")

@@ -260,6 +260,44 @@ def test_stochastic_rows_are_unbiased_and_stay_on_their_grids(learned):
                                    rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("learned", [False, True], ids=["range", "lsq"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stochastic_rows_judge_the_range_before_the_draw(learned, dtype):
+    """Near a bound, inside or outside the range is the value's, not the drawn one's: the
+    input's gradient is 1 at 6.8 steps and 0 at 7.2 (int4: the largest code 7); a learned
+    step's is ``q - x / s`` inside and the bound outside; bfloat16 inputs stay unbiased."""
+    n = 4000
+    rng = "lsq" if learned else "minmax"
+    point = QuantPoint(QuantConfig("int8", "stochastic", scale="tensor", range=rng,
+                                   node_bits=NodeBits(torch.full((n,), 4))), "lin")
+    if learned:
+        point(torch.ones(n, 1))
+        with torch.no_grad():
+            point.log_step.fill_(0.0)  # step 1 (the minmax step is max|x| / 7 = 1 below)
+    # learned: step 1, -7.2 clips; min/max: the step is 7.2 / 7, and -7.1 does not clip
+    x = torch.cat([torch.full((n // 2, 1), 6.8), torch.full((n // 2, 1), -7.2 if learned
+                                                            else -7.1)])
+    x[0, 0] = 7.0 if learned else 7.2
+    x = x.to(dtype).requires_grad_()
+    torch.manual_seed(0)
+    y = point(x)
+    y.sum().backward()
+    inside, outside = slice(1, n // 2), slice(n // 2, n)
+    step = 1.0 if learned else 7.2 / 7  # a range from min/max never clips
+    assert abs(float(y[inside].detach().float().mean()) - 6.8) < 0.03 * step  # bfloat16 too
+    assert bool((x.grad[inside] == 1).all())
+    if not learned:
+        assert bool((x.grad[outside] == 1).all())
+    else:
+        assert bool((x.grad[outside] == 0).all()) and bool((y[outside] == -7).all())
+        # gain * (the sum of q - x / s inside and of the bound outside)
+        q = y.detach().float()
+        d = (q[inside] - x.detach().float()[inside]).sum() + (-7.0) * (n // 2)
+        gain = 1.0 / math.sqrt(n * 7)
+        torch.testing.assert_close(point.log_step.grad.float(), d * gain, rtol=2e-2,
+                                   atol=1e-3)
+
+
 def test_configuration_errors_name_the_fix():
     with pytest.raises(ValueError, match="integer format"):
         QuantConfig("e4m3", scale="tensor", node_bits=NodeBits(torch.tensor([2, 4])))
@@ -267,6 +305,8 @@ def test_configuration_errors_name_the_fix():
         QuantConfig("int8", scale="tensor", node_bits=NodeBits.learned_init(3))
     with pytest.raises(ValueError, match="at least 2 bits"):
         QuantConfig("int8", scale="tensor", node_bits=NodeBits(torch.tensor([1, 2]), min_bits=1))
+    with pytest.raises(ValueError, match="rounding='nearest' or 'stochastic'"):
+        QuantConfig("int8", "toward_zero", scale="tensor", node_bits=NodeBits(torch.tensor([2])))
     with pytest.raises(ValueError, match="lie in"):
         NodeBits(torch.tensor([2, 9]))
     with pytest.raises(ValueError, match="whole numbers"):
