@@ -224,6 +224,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounding", default=None, choices=[*ROUNDINGS, "all"],
                    help="rounding mode or 'all' (default: the op's; all rounding modes in a "
                         "sweep of bit widths)")
+    p.add_argument("--message-rounding", default=None, choices=list(ROUNDINGS),
+                   help="with 'message' among --sites: round the messages this way instead "
+                        "(stochastic: a node's sum of many small messages stays right on "
+                        "average, e.g. GAT's)")
     p.add_argument("--grad", default="ste", choices=["ste", "zero"],
                    help="ste: straight-through gradient; zero: the true (zero) derivative")
     p.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default 5)")
@@ -270,7 +274,8 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
             ("--sweep", args.sweep, None), ("--sites", args.sites, ["output"]),
             ("--momentum", args.momentum, None), ("--protect", args.protect, None),
             ("--layers", args.layers, None), ("--super-nodes", args.super_nodes, None),
-            ("--range", args.range, "minmax"), ("--lsq-refit", args.lsq_refit, 0))
+            ("--range", args.range, "minmax"), ("--lsq-refit", args.lsq_refit, 0),
+            ("--message-rounding", args.message_rounding, None))
             if value != default]
         if given:
             p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
@@ -291,6 +296,9 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
     if args.scale != "tensor" and not formats:
         p.error(f"--scale {args.scale} applies to formats; with --bits (top-N truncation) it "
                 "would be ignored. Please drop --scale or use --format.")
+    if args.message_rounding is not None and "message" not in args.sites:
+        p.error("--message-rounding rounds the messages; without 'message' in --sites none "
+                "are rounded, so it would be ignored. Please add it (e.g. --sites all).")
     if args.lsq_refit and args.range != "lsq":
         p.error("--lsq-refit refits learned steps; without --range lsq there are none, so it "
                 "would be ignored. Please drop it or pass --range lsq.")
@@ -304,7 +312,8 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
         try:
             mapping = mapping_for(cfg, graph)
         except fxquant.FxquantError as e:
-            p.error(f"--format/--bits, --scale, --range, --momentum, --protect, --super-nodes: {e}")
+            p.error(f"--format/--bits, --scale, --range, --momentum, --protect, --super-nodes, "
+                    f"--message-rounding: {e}")
         try:
             fxquant.transform(model, mapping, lint="off")
         except fxquant.FxquantError as e:
@@ -315,7 +324,8 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
 def configs_for(args: argparse.Namespace) -> list[Config]:
     numbers: list[int | str] = args.sweep or [args.format or args.bits or 16]
     common = {"grad": args.grad, "layers": args.layers, "super_nodes": args.super_nodes,
-              "sites": args.sites, "protect": args.protect}
+              "sites": args.sites, "protect": args.protect,
+              "message_rounding": args.message_rounding}
     configs = [Config("FP32", None)]
     has_bits = any(isinstance(n, int) for n in numbers)
     if args.rounding == "all" or (args.rounding is None and args.sweep and has_bits):

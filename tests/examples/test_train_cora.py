@@ -246,6 +246,28 @@ def test_dq_table_stochastic_message_row():
         {k for k in rounding if k[1] == "message"} != set()
 
 
+def test_train_cora_message_rounding_reaches_the_messages_only():
+    """--message-rounding stochastic: the configurations' message points round
+    stochastically, the other sites as --rounding says (to nearest here); the default
+    leaves every site alike."""
+    from torch_geometric.data import Data
+
+    data = Data(x=torch.rand(12, 6), edge_index=torch.randint(0, 12, (2, 40)), num_nodes=12)
+
+    def roundings(argv):
+        args = train_cora.parse_args(argv)
+        cfg = train_cora.configs_for(args)[1]
+        gm = fxquant.transform(training.make_model("gcn", 6, 3), train_cora.mapping_for(cfg, data))
+        return {m.site.value: m.config.rounding.value for m in gm.modules()
+                if isinstance(m, fxquant.QuantPoint)}
+
+    base = ["--format", "int4", "--sites", "all", "--range", "lsq"]
+    got = roundings([*base, "--message-rounding", "stochastic"])
+    assert got["message"] == "stochastic"
+    assert {v for k, v in got.items() if k != "message"} == {"nearest"}
+    assert set(roundings(base).values()) == {"nearest"}
+
+
 def test_dq_table_merge_by_row_and_seed(tmp_path):
     """--from-json A B --json OUT: rows merged by seed, a later file's re-run of a row
     replaces the earlier one seed for seed, new seeds are appended, epoch times follow."""
