@@ -41,7 +41,7 @@ from torch.autograd.function import once_differentiable
 from fxquant.errors import FxquantValueError
 from fxquant.quant._last import LastInput
 
-__all__ = ["RoundedFeatures", "lsq_round", "lsq_round_features"]
+__all__ = ["RoundedFeatures", "lsq_round", "lsq_round_features", "lsq_round_stochastic"]
 
 
 #: values per chunk of rows in eager mode (the temporaries stay in cache)
@@ -192,14 +192,19 @@ def _masks_as_floats(g: Tensor) -> bool:
 
 def _grads(u: Tensor, lo: Tensor, hi: Tensor, g: Tensor, offset: float, grad_x: Tensor | None,
            want_s: bool, want_range: bool, row_sums: Callable[[Tensor], Tensor],
-           floats: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+           floats: bool, codes: Tensor | None = None
+           ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """The gradients of one chunk, ``u = x / s - offset``: ``x``'s (``g``
     inside the range, else 0; NaN: 0) written to ``grad_x`` when given, and per-row sums
-    of the rest: for ``s``, ``g * d`` with ``d = round(u) - u`` inside, the bound's level
-    outside, 0 for NaN; for the range, ``g`` below it and ``g`` above it (NaN: neither).
+    of the rest: for ``s``, ``g * d`` with ``d = q - u`` inside (``q``: ``codes``, the
+    drawn codes of a stochastic rounding, or ``round(u)``), the bound's level outside, 0
+    for NaN; for the range, ``g`` below it and ``g`` above it (NaN: neither).
     ``floats``: compute with float masks (:func:`_masks_as_floats`)."""
     below = above = d = None
     c = torch.maximum(torch.minimum(u, hi), lo)  # (NaN stays NaN)
+
+    def rounded() -> Tensor:  # q: a bound outside the range, as round(c) is there
+        return c.round() if codes is None else codes.to(c.dtype)
     if not floats:
         zero = g.new_zeros(())
         within = c == u
@@ -209,7 +214,7 @@ def _grads(u: Tensor, lo: Tensor, hi: Tensor, g: Tensor, offset: float, grad_x: 
             below = row_sums(torch.where(u < lo, g, zero))
             above = row_sums(torch.where(u > hi, g, zero))
         if want_s:
-            d = row_sums(c.round().sub_(torch.where(within, u, zero - offset))
+            d = row_sums(rounded().sub_(torch.where(within, u, zero - offset))
                          .nan_to_num_(nan=0.0).mul_(g))
         return d, below, above
     inside = torch.eq(c, u, out=torch.empty_like(u))  # 1.0 inside the range, else 0.0
@@ -220,7 +225,7 @@ def _grads(u: Tensor, lo: Tensor, hi: Tensor, g: Tensor, offset: float, grad_x: 
         below = row_sums(torch.lt(u, lo, out=mask).mul_(g))
         above = row_sums(torch.gt(u, hi, out=mask).mul_(g))
     if want_s:  # round(c) - c is round(u) - u inside and 0 outside (c is a bound there)
-        d = c.round().sub_(c)
+        d = rounded().sub_(c)
         d.add_(c.add_(offset).mul_(inside.neg_().add_(1))).nan_to_num_(nan=0.0)
         d = row_sums(d.mul_(g))
     return d, below, above
@@ -370,6 +375,87 @@ def lsq_round(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
             raise FxquantValueError(f"lsq_round: {name} must be a finite number >= 0, got "
                                     f"{value!r}")
     return _LsqRound.apply(x, s, _tensor(qmin, x), _tensor(qmax, x), gain, float(offset))
+
+
+class _LsqStochastic(torch.autograd.Function):
+    """:func:`lsq_round_stochastic`: over chunks of rows as :class:`_LsqRound`, keeping
+    ``x``, the small ``s``/``qmin``/``qmax`` and the drawn codes (int16: half of a float32
+    input) for the backward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor, gain: float,
+                offset: float) -> Tensor:
+        sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
+        rows = x.shape or (1,)
+        xc = x.contiguous().reshape(rows)
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        codes = torch.empty(rows, dtype=torch.int16, device=x.device)
+        y_rows = y.view(rows)
+        for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
+            s_f, lo_f, hi_f = (t.to(torch.float32) for t in (s_c, lo_c, hi_c))
+            c = xc[sl].to(torch.float32) / s_f  # float32 draws: no bias on coarse dtypes
+            if offset:
+                c.sub_(offset)
+            c = torch.maximum(torch.minimum(c, hi_f), lo_f)
+            q = torch.rand_like(c).add_(c).floor_()  # up with probability c's fraction
+            q = torch.maximum(torch.minimum(q, hi_f), lo_f)  # (c + r may round up)
+            codes[sl] = q
+            y_rows[sl] = q.add_(offset).mul_(s_f)
+        ctx.save_for_backward(x, s, qmin, qmax, codes)
+        ctx.gain, ctx.offset = gain, offset
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, s, qmin, qmax, codes = ctx.saved_tensors
+        sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
+        rows = x.shape or (1,)
+        xc, gc = x.contiguous().reshape(rows), grad.contiguous().reshape(rows)
+        want_x = ctx.needs_input_grad[0]
+        grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if want_x else None
+        grad_rows = grad_x.view(rows) if grad_x is not None else None
+        want_s, want_range = s.requires_grad, qmin.requires_grad or qmax.requires_grad
+        fast = _masks_as_floats(gc)
+        parts: list[tuple[Tensor | None, Tensor | None, Tensor | None]] = []
+        for sl, (s_c, lo_c, hi_c, q_c) in _row_chunks(xc, sx, lo, hi, codes):
+            u = xc[sl] / s_c
+            if ctx.offset:
+                u.sub_(ctx.offset)
+            parts.append(_grads(u, lo_c, hi_c, gc[sl], ctx.offset,
+                                None if grad_rows is None else grad_rows[sl], want_s,
+                                want_range, _row_sums, fast, q_c))
+        per_row = (-1,) + (1,) * (x.dim() - 1)
+        sums = [None if p[0] is None else torch.cat(p).view(per_row)
+                for p in zip(*parts, strict=True)]
+        grad_s, grad_lo, grad_hi = _step_and_range_grads(ctx.gain, s, qmin, qmax, sx, *sums)
+        return grad_x, grad_s, grad_lo, grad_hi, None, None
+
+
+def lsq_round_stochastic(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
+                         gain: float = 1.0, offset: float = 0.0) -> Tensor:
+    """:func:`lsq_round` with stochastic rounding: ``c = clamp(x / s - offset, qmin, qmax)``
+    rounds up with probability its fraction (``floor(c + r)``, ``r ~ U[0, 1)``, drawn in
+    float32 from torch's generator), so the result is ``x`` on average inside the range.
+    Inside and outside the range are judged on ``x`` itself, not on the draw; the
+    gradients are :func:`lsq_round`'s with ``d = q - x / s + offset`` for the drawn code
+    ``q`` inside the range.
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.full((100_000,), 0.3)
+        >>> y = lsq_round_stochastic(x, torch.tensor(1.0), -1, 1)
+        >>> sorted(y.unique().tolist()), round(float(y.mean()), 2)
+        ([0.0, 1.0], 0.3)
+    """
+    for name, value in (("gain", gain), ("offset", offset)):
+        if torch.compiler.is_compiling() or isinstance(value, (torch.SymInt, torch.SymFloat)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise FxquantValueError(f"lsq_round_stochastic: {name} must be a finite number "
+                                    f">= 0, got {value!r}")
+    return _LsqStochastic.apply(x, s, _tensor(qmin, x), _tensor(qmax, x), gain, float(offset))
 
 
 def _tensor(bound: Tensor | float, x: Tensor) -> Tensor:

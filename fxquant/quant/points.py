@@ -26,7 +26,7 @@ from fxquant.formats import IntFormat, TopN
 from fxquant.modes import Grad, Rounding
 from fxquant.quant._last import LastInput
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
-from fxquant.quant.lsq import lsq_round, lsq_round_features
+from fxquant.quant.lsq import lsq_round, lsq_round_features, lsq_round_stochastic
 from fxquant.quant.nodes import LayerMasks, NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
@@ -142,22 +142,6 @@ def _row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
 
 def _spec(number: Number | None) -> str:
     return "" if number is None else number.spec()
-
-
-def _stochastic_round(x: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor, offset: float
-                      ) -> Tensor:
-    """``s * (q + offset)``, ``q`` the stochastic rounding of ``c = clamp(u, qmin, qmax)``,
-    ``u = x / s - offset`` (``floor(c + r)``, ``r ~ U[0, 1)``: up with probability the
-    fraction of ``c``), in float32, with LSQ's gradients for the drawn ``q``, inside and
-    outside the range judged on ``u`` itself: ``x``'s is 1 inside and 0 outside; ``s``'s is
-    ``q - u`` inside and the bound's level (plus ``offset``) outside (a step whose gradient
-    is scaled scales it); ``qmin``'s and ``qmax``'s (learned bit-widths) are the clamp's.
-    Not fused: a few float32 temporaries of ``x``'s size."""
-    sf = s.to(torch.float32)
-    u = x.to(torch.float32) / sf - offset
-    c = torch.maximum(torch.minimum(u, qmax.to(torch.float32)), qmin.to(torch.float32))
-    q = torch.floor(c.detach() + torch.rand_like(c)).clamp_(max=c.detach().ceil())
-    return ((c + (q - c.detach())) + offset).mul(sf).to(x.dtype)
 
 
 class QuantPoint(nn.Module):
@@ -545,8 +529,8 @@ class QuantPoint(nn.Module):
             levels = float((qmax.detach() + number.offset).mean()) if qmax.numel() else 1.0
             gain = 1.0 / math.sqrt(max(x.numel(), 1) * levels)
             if self.config.rounding is Rounding.STOCHASTIC:
-                return _stochastic_round(x, self._scaled_step(gain, x.dtype, self._top()),
-                                         qmin, qmax, number.offset)
+                return lsq_round_stochastic(x, self._step(x.dtype, self._top()), qmin, qmax,
+                                            gain, number.offset)
             return self._lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
                                    number.offset).to(x.dtype)
         if self.config.scale.per_row:
@@ -558,7 +542,7 @@ class QuantPoint(nn.Module):
                 bounds = bounds.abs().amax()
         step = (bounds.to(x.dtype) / (qmax + number.offset)).clamp(min=torch.finfo(x.dtype).tiny)
         if self.config.rounding is Rounding.STOCHASTIC:
-            return _stochastic_round(x, step, qmin, qmax, number.offset)
+            return lsq_round_stochastic(x, step, qmin, qmax, offset=number.offset)
         return lsq_round(x, step, qmin, qmax, offset=number.offset).to(x.dtype)
 
     @property
