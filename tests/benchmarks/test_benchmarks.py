@@ -45,3 +45,12 @@ def test_bench_quantize_quick():
     for name in bench_quantize.FORMATS:
         assert f"| {name} " in body
     assert "truncate(5, toward_zero, one NaN)" in body
+
+
+def test_bench_lsq_quick():
+    """Both roundings have a speed and a memory row."""
+    from benchmarks import bench_lsq
+
+    body = bench_lsq.main(["--quick", "--no-write"])
+    assert body.count("| nearest ") == 2 and body.count("| stochastic ") == 2
+

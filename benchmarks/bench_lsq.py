@@ -1,0 +1,126 @@
+"""Speed and memory of rounding with a learned step (LSQ) on per-node bit-widths, to nearest
+(``lsq_round``) and stochastically (``lsq_round_stochastic``), forward and backward.
+
+    python -m benchmarks.bench_lsq                   # writes benchmarks/RESULTS.md
+    python -m benchmarks.bench_lsq --quick --no-write   # smoke run (tests use it)
+
+A message-sized input (400,000 x 64 float32; per-row ranges from 2-bit rows on a mid-rise
+grid, a learned step), as a :class:`~fxquant.QuantPoint` rounds it in training. Speed:
+ratios against ``x.clone()`` of the same tensor, medians over rounds run back to back
+(``torch.utils.benchmark``). Memory: the extra peak resident memory of the forward (the
+output included) and of the backward, in a fresh process per case, in units of the input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+import torch
+import torch.utils.benchmark as tbench
+from tabulate import tabulate
+
+import fxquant
+from benchmarks.common import machine, publish
+from fxquant.quant.points import QuantPoint
+
+ROUNDINGS = ("nearest", "stochastic")
+ROWS, COLUMNS = 400_000, 64
+
+
+def point(rounding: str, rows: int) -> QuantPoint:
+    """A training message point: 2-bit mid-rise rows, one learned step."""
+    bits = fxquant.NodeBits(torch.full((rows,), 2), min_bits=1)
+    config = fxquant.QuantConfig("int8:midrise", rounding, scale="tensor", range="lsq",
+                                 node_bits=bits)
+    p = QuantPoint(config, "conv", "message")
+    p.train()
+    return p
+
+
+def _median(fn: Any, min_run_time: float) -> float:
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn})
+    return float(timer.blocked_autorange(min_run_time=min_run_time).median)
+
+
+def speed_rows(rows: int, rounds: int, min_run_time: float) -> list[list[Any]]:
+    torch.manual_seed(0)
+    x = torch.randn(rows, COLUMNS, requires_grad=True)
+    grad = torch.ones(rows, COLUMNS)
+    out = []
+    for rounding in ROUNDINGS:
+        p = point(rounding, rows)
+        p(x)  # fits the step
+        forward = lambda p=p: p(x)  # noqa: E731
+        both = lambda p=p: torch.autograd.backward(p(x), grad)  # noqa: E731
+        clone = lambda: x.detach().clone()  # noqa: E731
+        ratios: dict[str, list[float]] = {"forward": [], "forward + backward": []}
+        for _ in range(rounds):
+            base = _median(clone, min_run_time)
+            ratios["forward"].append(_median(forward, min_run_time) / base)
+            ratios["forward + backward"].append(_median(both, min_run_time) / base)
+        out.append([rounding] + [f"{statistics.median(r):.2f}x" for r in ratios.values()])
+    return out
+
+
+_PEAK = """
+import sys, torch
+from benchmarks.bench_lsq import COLUMNS, point
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+rows, rounding = int(sys.argv[1]), sys.argv[2]
+x = torch.randn(rows, COLUMNS, requires_grad=True)
+p = point(rounding, rows)
+p(x).sum().backward()  # warm up: the step's fit, allocator pools, lazy imports
+x.grad = None
+base = status("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")
+y = p(x)
+forward = (status("VmHWM") - base) / x.nbytes
+g = torch.ones_like(y)
+base = status("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")
+y.backward(g)
+print(forward, (status("VmHWM") - base) / x.nbytes)
+"""
+
+
+def memory_rows(rows: int) -> list[list[Any]]:
+    out = []
+    for rounding in ROUNDINGS:
+        done = subprocess.run([sys.executable, "-c", _PEAK, str(rows), rounding],
+                              capture_output=True, text=True, check=True)
+        forward, backward = (float(v) for v in done.stdout.split())
+        out.append([rounding, f"{forward:.2f}", f"{backward:.2f}"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = p.parse_args(argv)
+    rows = 4096 if args.quick else ROWS
+    rounds, min_run_time = (1, 0.02) if args.quick else (5, 0.5)
+    speed = speed_rows(rows, rounds, min_run_time)
+    memory = memory_rows(rows)
+    body = (
+        f"## bench_lsq\n\n`python -m benchmarks.bench_lsq` on {machine()}.\n\n"
+        f"A learned step on 2-bit mid-rise rows, {rows:,} x {COLUMNS} float32 in training "
+        f"(a message point of the per-node bit recipes); ratios are medians over {rounds} "
+        f"back-to-back rounds against `x.clone()`.\n\n"
+        f"{tabulate(speed, headers=['rounding', 'forward / clone', 'forward + backward / clone'], tablefmt='github')}\n\n"
+        f"Extra peak memory (resident set, fresh process per case), in units of the input; "
+        f"the forward's includes its output:\n\n"
+        f"{tabulate(memory, headers=['rounding', 'forward', 'backward'], tablefmt='github')}\n"
+    )
+    return publish("bench_lsq", body, write=not args.no_write)
+
+
+if __name__ == "__main__":
+    main()
