@@ -109,15 +109,19 @@ def main(argv: list[str] | None = None) -> str:
     rounds, min_run_time = (1, 0.02) if args.quick else (5, 0.5)
     speed = speed_rows(rows, rounds, min_run_time)
     memory = memory_rows(rows)
+    speed_table = tabulate(speed, headers=["rounding", "forward / clone",
+                                           "forward + backward / clone"], tablefmt="github")
+    memory_table = tabulate(memory, headers=["rounding", "forward", "backward"],
+                            tablefmt="github")
     body = (
         f"## bench_lsq\n\n`python -m benchmarks.bench_lsq` on {machine()}.\n\n"
         f"A learned step on 2-bit mid-rise rows, {rows:,} x {COLUMNS} float32 in training "
         f"(a message point of the per-node bit recipes); ratios are medians over {rounds} "
         f"back-to-back rounds against `x.clone()`.\n\n"
-        f"{tabulate(speed, headers=['rounding', 'forward / clone', 'forward + backward / clone'], tablefmt='github')}\n\n"
+        f"{speed_table}\n\n"
         f"Extra peak memory (resident set, fresh process per case), in units of the input; "
         f"the forward's includes its output:\n\n"
-        f"{tabulate(memory, headers=['rounding', 'forward', 'backward'], tablefmt='github')}\n"
+        f"{memory_table}\n"
     )
     return publish("bench_lsq", body, write=not args.no_write)
 
