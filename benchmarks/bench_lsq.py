@@ -7,24 +7,23 @@
 A message-sized input (400,000 x 64 float32; per-row ranges from 2-bit rows on a mid-rise
 grid, a learned step), as a :class:`~fxquant.QuantPoint` rounds it in training. Speed:
 ratios against ``x.clone()`` of the same tensor, medians over rounds run back to back
-(``torch.utils.benchmark``). Memory: the extra peak resident memory of the forward (the
-output included) and of the backward, in a fresh process per case, in units of the input.
+(``torch.utils.benchmark``, each round timing the clone right before the op). Memory: the
+extra peak resident memory of the forward (the output included) and of the backward, in a
+fresh process per case, in units of the input.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 from typing import Any
 
 import torch
-import torch.utils.benchmark as tbench
 from tabulate import tabulate
 
 import fxquant
-from benchmarks.common import machine, publish
+from benchmarks.common import ROOT, interleaved_ratio, machine, publish
 from fxquant.quant.points import QuantPoint
 
 ROUNDINGS = ("nearest", "stochastic")
@@ -41,52 +40,35 @@ def point(rounding: str, rows: int) -> QuantPoint:
     return p
 
 
-def _median(fn: Any, min_run_time: float) -> float:
-    timer = tbench.Timer(stmt="fn()", globals={"fn": fn})
-    return float(timer.blocked_autorange(min_run_time=min_run_time).median)
-
-
 def speed_rows(rows: int, rounds: int, min_run_time: float) -> list[list[Any]]:
     torch.manual_seed(0)
     x = torch.randn(rows, COLUMNS, requires_grad=True)
     grad = torch.ones(rows, COLUMNS)
+    clone = lambda: x.detach().clone()  # noqa: E731
     out = []
     for rounding in ROUNDINGS:
         p = point(rounding, rows)
         p(x)  # fits the step
         forward = lambda p=p: p(x)  # noqa: E731
         both = lambda p=p: torch.autograd.backward(p(x), grad)  # noqa: E731
-        clone = lambda: x.detach().clone()  # noqa: E731
-        ratios: dict[str, list[float]] = {"forward": [], "forward + backward": []}
-        for _ in range(rounds):
-            base = _median(clone, min_run_time)
-            ratios["forward"].append(_median(forward, min_run_time) / base)
-            ratios["forward + backward"].append(_median(both, min_run_time) / base)
-        out.append([rounding] + [f"{statistics.median(r):.2f}x" for r in ratios.values()])
+        out.append([rounding] + [f"{interleaved_ratio(fn, clone, rounds, min_run_time)[1]:.2f}x"
+                                 for fn in (forward, both)])
     return out
 
 
 _PEAK = """
 import sys, torch
 from benchmarks.bench_lsq import COLUMNS, point
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
+from benchmarks.common import resident_peak
 rows, rounding = int(sys.argv[1]), sys.argv[2]
 x = torch.randn(rows, COLUMNS, requires_grad=True)
 p = point(rounding, rows)
 p(x).sum().backward()  # warm up: the step's fit, allocator pools, lazy imports
 x.grad = None
-base = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")
-y = p(x)
-forward = (status("VmHWM") - base) / x.nbytes
+y, forward = resident_peak(lambda: p(x))
 g = torch.ones_like(y)
-base = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")
-y.backward(g)
-print(forward, (status("VmHWM") - base) / x.nbytes)
+_, backward = resident_peak(lambda: y.backward(g))
+print(forward / x.nbytes, backward / x.nbytes)
 """
 
 
@@ -94,7 +76,7 @@ def memory_rows(rows: int) -> list[list[Any]]:
     out = []
     for rounding in ROUNDINGS:
         done = subprocess.run([sys.executable, "-c", _PEAK, str(rows), rounding],
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True, check=True, cwd=ROOT)
         forward, backward = (float(v) for v in done.stdout.split())
         out.append([rounding, f"{forward:.2f}", f"{backward:.2f}"])
     return out

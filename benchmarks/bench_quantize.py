@@ -17,37 +17,21 @@ kernel's high-water mark above what the input already takes), in units of the in
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.utils.benchmark as tbench
 from tabulate import tabulate
 
 import fxquant
-from benchmarks.common import machine, publish
+from benchmarks.common import ROOT, interleaved_ratio, machine, publish
 from fxquant._ops import NUMERICS
 from fxquant._ops.quantize import bounds_of
 
 FORMATS = ["e4m3", "e5m2", "fp16", "bf16", "e3m2", "e2m3", "e2m1",
            "int8", "int4", "int2", "uint8", "int8:asym"]
 SHAPE = (1_000_000, 64)
-
-
-def median_seconds(fn: Callable[[], Any], min_run_time: float) -> float:
-    timer = tbench.Timer(stmt="fn()", globals={"fn": fn})
-    return float(timer.blocked_autorange(min_run_time=min_run_time).median)
-
-
-def interleaved_ratio(fn: Callable[[], Any], base: Callable[[], Any], rounds: int,
-                      min_run_time: float) -> tuple[float, float]:
-    """(median seconds of fn, median over rounds of fn / base measured back to back)."""
-    pairs = [(median_seconds(base, min_run_time), median_seconds(fn, min_run_time))
-             for _ in range(rounds)]
-    return statistics.median(t for _, t in pairs), statistics.median(t / b for b, t in pairs)
 
 
 def speed_rows(shape: tuple[int, int], rounds: int, min_run_time: float,
@@ -85,10 +69,7 @@ def speed_rows(shape: tuple[int, int], rounds: int, min_run_time: float,
 
 _PEAK = """
 import math, sys, torch, fxquant
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
+from benchmarks.common import resident_peak
 n, case = int(sys.argv[1]), sys.argv[2]
 op, number, rounding, scale, nan = case.split("|")
 x = torch.randn(n)
@@ -98,10 +79,8 @@ x = x.view(-1, 64)
 fn = (lambda: fxquant.truncate(x, int(number), rounding)) if op == "truncate" else (
     lambda: fxquant.quantize(x, number, rounding, scale=None if scale == "none" else scale))
 fn()  # warm up: allocator pools and lazy imports are not the kernel's
-base = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")
-y = fn()
-print((status("VmHWM") - base) / x.nbytes)
+y, extra = resident_peak(fn)
+print(extra / x.nbytes)
 """
 
 MEMORY_CASES = [
@@ -120,7 +99,7 @@ def memory_rows(n: int) -> list[list[Any]]:
     rows = []
     for case in MEMORY_CASES:
         done = subprocess.run([sys.executable, "-c", _PEAK, str(n), case], capture_output=True,
-                              text=True, check=True)
+                              text=True, check=True, cwd=ROOT)
         op, number, rounding, scale, nan = case.split("|")
         label = f"{op}({number}, {rounding}" + (f", scale={scale}" if scale != "none" else "") \
             + (", one NaN" if nan else "") + ")"

@@ -1,18 +1,54 @@
-"""Shared by the benchmark scripts: peak memory of a call, and the RESULTS.md sections."""
+"""Shared by the benchmark scripts: timing against a baseline, peak memory of a call, and
+the RESULTS.md sections."""
 
 from __future__ import annotations
 
 import os
 import platform
 import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.benchmark as tbench
 from torch.profiler import ProfilerActivity, profile
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+#: the repository root (the working directory of the scripts' fresh processes)
+ROOT = RESULTS.parents[1]
+
+
+def median_seconds(fn: Callable[[], Any], min_run_time: float) -> float:
+    """``torch.utils.benchmark``'s median time of ``fn()``."""
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn})
+    return float(timer.blocked_autorange(min_run_time=min_run_time).median)
+
+
+def interleaved_ratio(fn: Callable[[], Any], base: Callable[[], Any], rounds: int,
+                      min_run_time: float) -> tuple[float, float]:
+    """(median seconds of fn, median over rounds of fn / base measured back to back)."""
+    pairs = [(median_seconds(base, min_run_time), median_seconds(fn, min_run_time))
+             for _ in range(rounds)]
+    return statistics.median(t for _, t in pairs), statistics.median(t / b for b, t in pairs)
+
+
+def _status_bytes(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {key}")
+
+
+def resident_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()`` and the bytes by which the resident set's high-water mark rose above the
+    resident set before it (Linux: the mark is reset first). Run it in a fresh process,
+    after a warm-up call, so that allocator pools and lazy imports are not counted."""
+    base = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    out = fn()
+    return out, _status_bytes("VmHWM") - base
 
 
 def peak_bytes(fn: Callable[[], Any]) -> int:

@@ -125,31 +125,38 @@ class _LsqRound(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, s, qmin, qmax = ctx.saved_tensors
-        sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
         if ctx.entries is not None:
             return (None, *_sparse_backward(ctx, x, grad, s, qmin, qmax), None, None, None)
-        rows = x.shape or (1,)
-        xc, gc = x.contiguous().reshape(rows), grad.contiguous().reshape(rows)
-        want_x = ctx.needs_input_grad[0]  # not for inputs such as a dataset's features
-        grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if want_x else None
-        grad_rows = grad_x.view(rows) if grad_x is not None else None
-        want_s, want_lo, want_hi = s.requires_grad, qmin.requires_grad, qmax.requires_grad
-        fast = _masks_as_floats(gc)
-        # per chunk of rows, in place on small buffers: per-row sums for s, and for per-row
-        # ranges of the gradient below the range and above it
-        parts: list[tuple[Tensor | None, Tensor | None, Tensor | None]] = []
-        for sl, (s_c, lo_c, hi_c) in _row_chunks(xc, sx, lo, hi):
-            u = xc[sl] / s_c
-            if ctx.offset:
-                u.sub_(ctx.offset)
-            parts.append(_grads(u, lo_c, hi_c, gc[sl], ctx.offset,
-                                None if grad_rows is None else grad_rows[sl], want_s,
-                                want_lo or want_hi, _row_sums, fast))
-        per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
-        sums = [None if p[0] is None else torch.cat(p).view(per_row)  # (one chunk at least)
-                for p in zip(*parts, strict=True)]
-        grad_s, grad_lo, grad_hi = _step_and_range_grads(ctx.gain, s, qmin, qmax, sx, *sums)
-        return grad_x, grad_s, grad_lo, grad_hi, None, None, None
+        return (*_dense_backward(ctx, x, grad, s, qmin, qmax), None, None, None)
+
+
+def _dense_backward(ctx: Any, x: Tensor, grad: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor,
+                    codes: Tensor | None = None) -> tuple[Tensor | None, ...]:
+    """The gradients of ``x``, ``s``, ``qmin`` and ``qmax`` (:func:`_grads`, ``codes``
+    the drawn codes of a stochastic rounding), computed per chunk of rows, in place on
+    small buffers: per-row sums for ``s``, and for per-row ranges of the gradient below
+    the range and above it."""
+    sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
+    rows = x.shape or (1,)
+    xc, gc = x.contiguous().reshape(rows), grad.contiguous().reshape(rows)
+    want_x = ctx.needs_input_grad[0]  # not for inputs such as a dataset's features
+    grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if want_x else None
+    grad_rows = grad_x.view(rows) if grad_x is not None else None
+    want_s, want_range = s.requires_grad, qmin.requires_grad or qmax.requires_grad
+    fast = _masks_as_floats(gc)
+    per = (sx, lo, hi) if codes is None else (sx, lo, hi, codes)
+    parts: list[tuple[Tensor | None, Tensor | None, Tensor | None]] = []
+    for sl, (s_c, lo_c, hi_c, *q_c) in _row_chunks(xc, *per):
+        u = xc[sl] / s_c
+        if ctx.offset:
+            u.sub_(ctx.offset)
+        parts.append(_grads(u, lo_c, hi_c, gc[sl], ctx.offset,
+                            None if grad_rows is None else grad_rows[sl], want_s, want_range,
+                            _row_sums, fast, q_c[0] if q_c else None))
+    per_row = (-1,) + (1,) * (x.dim() - 1)  # per-row sums, shaped to broadcast
+    sums = [None if p[0] is None else torch.cat(p).view(per_row)  # (one chunk at least)
+            for p in zip(*parts, strict=True)]
+    return (grad_x, *_step_and_range_grads(ctx.gain, s, qmin, qmax, sx, *sums))
 
 
 def _sparse_backward(ctx: Any, x: Tensor, grad: Tensor, s: Tensor, qmin: Tensor, qmax: Tensor
@@ -409,27 +416,7 @@ class _LsqStochastic(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, s, qmin, qmax, codes = ctx.saved_tensors
-        sx, lo, hi = s.to(x.dtype), qmin.to(x.dtype), qmax.to(x.dtype)
-        rows = x.shape or (1,)
-        xc, gc = x.contiguous().reshape(rows), grad.contiguous().reshape(rows)
-        want_x = ctx.needs_input_grad[0]
-        grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if want_x else None
-        grad_rows = grad_x.view(rows) if grad_x is not None else None
-        want_s, want_range = s.requires_grad, qmin.requires_grad or qmax.requires_grad
-        fast = _masks_as_floats(gc)
-        parts: list[tuple[Tensor | None, Tensor | None, Tensor | None]] = []
-        for sl, (s_c, lo_c, hi_c, q_c) in _row_chunks(xc, sx, lo, hi, codes):
-            u = xc[sl] / s_c
-            if ctx.offset:
-                u.sub_(ctx.offset)
-            parts.append(_grads(u, lo_c, hi_c, gc[sl], ctx.offset,
-                                None if grad_rows is None else grad_rows[sl], want_s,
-                                want_range, _row_sums, fast, q_c))
-        per_row = (-1,) + (1,) * (x.dim() - 1)
-        sums = [None if p[0] is None else torch.cat(p).view(per_row)
-                for p in zip(*parts, strict=True)]
-        grad_s, grad_lo, grad_hi = _step_and_range_grads(ctx.gain, s, qmin, qmax, sx, *sums)
-        return grad_x, grad_s, grad_lo, grad_hi, None, None
+        return (*_dense_backward(ctx, x, grad, s, qmin, qmax, codes), None, None)
 
 
 def lsq_round_stochastic(x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
