@@ -235,6 +235,41 @@ def test_float_epochs_train_unrounded_then_fit_the_steps_to_the_trained_activati
         HubMessages(float_epochs=-1)
 
 
+@pytest.mark.parametrize("stale", [False, True])
+def test_widening_refits_past_the_float_epochs_start_from_a_fresh_fit(stale):
+    """refit_widen with refits past float_epochs: the first rounded epoch fits every step
+    afresh, as without refit_widen (neither the placeholder of a step never fitted, exp(0),
+    nor a fit made before the float epochs, ``stale``, is a grid to keep); the widening
+    refits after it never go below that fit."""
+    data = graph(n=40)
+
+    def steps(widen):
+        torch.manual_seed(0)
+        model = GCN(6, 8, num_layers=2, out_channels=3)
+        run = HubMessages(float_epochs=2, refit_epochs=4, refit_widen=widen,
+                          anneal_every=0).prepare(model, data, lint="off")
+        points = [p for _, p in fxquant.quantization_points(run.model)
+                  if p.log_step is not None and p.__dict__.get("step_source") is None]
+        if stale:  # a fit on activations 100x larger than the ones to come
+            run.model.train()
+            run.model(100 * data.x, data.edge_index)
+        seen = []
+        for epoch in range(4):
+            run.model.train()
+            run.start_epoch(epoch)
+            torch.manual_seed(epoch)
+            run.model(data.x, data.edge_index)
+            seen.append([p.step.item() for p in points])
+        return seen
+
+    plain, widened = steps(False), steps(True)
+    assert widened[2] == plain[2]  # the first rounded epoch: the same fresh fit
+    assert all(s < 1.0 for s in plain[2])  # fitted to small activations
+    assert all(w >= f for w, f in zip(widened[3], widened[2], strict=True))
+    if stale:
+        assert all(f < s for f, s in zip(plain[2], plain[1], strict=True))
+
+
 def test_lsq_protect_passes_float_epochs_to_its_training():
     """LsqProtect(float_epochs=N): the run trains its first N epochs unrounded (the
     dq_table.py --float-epochs rows in a recipe of their own)."""

@@ -197,6 +197,9 @@ class QuantPoint(nn.Module):
         self.log_step: nn.Parameter | None = None
         self.step_ready = False
         self.refit_widens = False  # the next fit keeps at least the current step
+        #: a step has been fitted (or loaded): ``refit_widens`` compares against it; before
+        #: that ``log_step`` holds a placeholder, not a fitted step
+        self.step_fitted = False
         #: training forwards pass values through unrounded (a float warm-up,
         #: ``QuantTraining(float_epochs=...)``); evaluation rounds as ever
         self.float_training = False
@@ -611,20 +614,22 @@ class QuantPoint(nn.Module):
             best = steps.index_select(0, torch.argmin(error).reshape(1)).reshape(())
             lo, hi = _log_step_range(x.dtype, float(max(abs(qmin), abs(qmax))) + abs(offset))
             fitted = best.clamp(min=1e-8).log().clamp(lo, hi).to(self.log_step.dtype)
-            if self.refit_widens:  # refit_steps(widen=True): never a narrower grid
-                fitted = torch.maximum(fitted, self.log_step)
+            if self.refit_widens and self.step_fitted:  # never a narrower grid than the
+                fitted = torch.maximum(fitted, self.log_step)  # last fitted or learned one
             # a batch without finite values leaves the step as it was
             self.log_step.copy_(torch.where(found > 0, fitted, self.log_step))
         # ... and is fitted on the next batch (compiled code cannot branch on it)
         self.step_ready = torch.compiler.is_compiling() or bool(found > 0)
         if self.step_ready:
             self.refit_widens = False
+            self.step_fitted = True
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)
         if self.log_step is not None and prefix + "log_step" in state_dict:
             self.step_ready = True  # a loaded step is not initialized again
             self.refit_widens = False
+            self.step_fitted = True
 
     def _rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
               ids: Tensor | None) -> Tensor:
@@ -670,7 +675,9 @@ def refit_steps(model: nn.Module, *, widen: bool = False) -> int:
     """Fit every learned step (``range="lsq"``) of ``model`` again on its next training
     forward, as on the first one (the step that rounds that batch with the least error);
     returns how many points will. With ``widen=True`` a refit never narrows a grid: the
-    step becomes the larger of the fitted one and the current one.
+    step becomes the larger of the fitted one and the current one (a step not fitted yet,
+    e.g. while ``QuantTraining(float_epochs=...)`` passes training forwards through, is
+    simply fitted: its placeholder is not a grid to keep).
 
     A learned step is fitted once, on the first training batch, then learned. Trained
     from scratch, that batch comes from an untrained model whose activations are much

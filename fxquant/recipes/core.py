@@ -67,9 +67,11 @@ class QuantTraining:
         float_epochs (int, optional): train the first ``float_epochs`` epochs in float32:
             the quantization points pass training forwards through unrounded (evaluation
             still rounds, so every evaluated epoch is the quantized model's), and the
-            learned steps are fitted on the first rounded training forward, to the
+            learned steps are fitted afresh on the first rounded training forward, to the
             activations of a model that has learned something, not to an untrained one's,
-            which are much smaller (see ``refit_epochs``). Annealing counts these epochs.
+            which are much smaller (see ``refit_epochs``); that fit is never widened, and
+            ``refit_widen`` refits after it keep at least its step. Annealing counts these
+            epochs.
             (default: ``0``)
         anneal_every (int, optional): fixed per-node bit-widths start ``anneal_bits`` above
             their final widths and drop by one every ``anneal_every`` epochs; ``0`` is off.
@@ -235,12 +237,13 @@ class QuantTraining:
         ``refit_epochs`` epochs (the first training batch fits them anyway) and on the first
         ``anneal_refit_epochs`` after each annealing drop."""
         self._epoch = self._epoch + 1 if epoch is None else epoch
+        fresh = bool(self.float_epochs) and self._epoch == self.float_epochs
         if self.float_epochs:
             in_float = self._epoch < self.float_epochs
             for point in self._points:
                 point.float_training = in_float
-            if self._epoch == self.float_epochs:  # the first rounded epoch: a fresh fit
-                refit_steps(self.model)
+            if fresh:  # the first rounded epoch: a fresh fit, never widened (a step from
+                refit_steps(self.model)  # before the float epochs fits an untrained model)
         if self._tables:
             extra = self._extra_bits()
             with torch.no_grad():
@@ -248,7 +251,7 @@ class QuantTraining:
                     rb = point.config.node_bits
                     assert rb is not None and point.row_bits_table is not None
                     point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
-        if 0 < self._epoch < self.refit_epochs or self._after_drop():
+        if not fresh and (0 < self._epoch < self.refit_epochs or self._after_drop()):
             refit_steps(self.model, widen=self.refit_widen)
         if self._budget is not None:
             self._budget.step(self.bits_lr if self.bits_lr is not None else 0.01,

@@ -421,6 +421,29 @@ def test_refit_steps_widen_never_narrows_a_grid():
     assert point.step_ready
 
 
+def test_refit_steps_widen_before_the_first_fit_fits():
+    """refit_steps(widen=True) on a step never fitted (its placeholder, exp(0)): the next
+    training batch fits it, as a first batch does; the placeholder is no grid to keep (a
+    GAT whose logits are ~0.01 rounded every value to zero under a step of 1); a loaded
+    step counts as fitted."""
+    torch.manual_seed(0)
+    x, ei = graph_data()
+    cfg = QuantConfig("int4", scale="tensor", range="lsq")
+    gm = fxquant.transform(One(GCNConv(4, 8)), mapping_for(["input"], cfg))
+    point = gm.layer_input_quant
+    assert point.step.item() == 1.0 and not point.step_fitted
+    fxquant.refit_steps(gm, widen=True)
+    gm(0.01 * x, ei)
+    assert point.step.item() == pytest.approx(_least_error_step(0.01 * x, -8, 7), rel=1e-5)
+    assert point.step_fitted
+    fresh = fxquant.transform(One(GCNConv(4, 8)), mapping_for(["input"], cfg))
+    fresh.load_state_dict(gm.state_dict())
+    assert fresh.layer_input_quant.step_fitted
+    fxquant.refit_steps(fresh, widen=True)
+    fresh(0.001 * x, ei)  # smaller values: the loaded grid stays
+    assert fresh.layer_input_quant.step.item() == point.step.item()
+
+
 def test_lsq_start_keeps_a_two_bit_grid_alive():
     """On a 2-bit grid LSQ's own start (2 mean|x|) rounds most of a Gaussian to zero; the
     least-error start keeps most values non-zero, so a ReLU after it passes a gradient."""
