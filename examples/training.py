@@ -17,12 +17,14 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
+from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv
 from torch_geometric.nn.models import GAT, GIN
@@ -124,10 +126,13 @@ class Result:
 
 
 def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining | None = None,
-        desc: str = "", device: torch.device | None = None, progress: bool = True) -> Result:
+        desc: str = "", device: torch.device | None = None, progress: bool = True,
+        on_epoch: Callable[[int, float, Tensor], None] | None = None) -> Result:
     """PyG's gcn.py loop around ``run`` (default: a plain :class:`QuantTraining` of
     ``model``): the test accuracy at the reported epoch (the best validation epoch, or the
-    best within the bit budget), that epoch's bits, and each epoch's training time."""
+    best within the bit budget), that epoch's bits, and each epoch's training time.
+    ``on_epoch(epoch, training_loss, logits)`` is called after each evaluation with its
+    output (a trace; ``benchmarks/trace_training.py``)."""
     device = device or torch.device("cpu")
     run = run or QuantTraining(model)  # type: ignore[arg-type]
     model.to(device)
@@ -149,10 +154,13 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
         times.append(1000 * (time.perf_counter() - start))
         model.eval()
         with torch.no_grad():
-            pred = model(data.x, data.edge_index).argmax(dim=-1)
+            logits = model(data.x, data.edge_index)
+        pred = logits.argmax(dim=-1)
         val = float((pred[data.val_mask] == data.y[data.val_mask]).float().mean())
         test = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
         run.observe(val, test=test)
+        if on_epoch is not None:
+            on_epoch(epoch, loss.item(), logits)
         best = run.best
         bar.set_postfix(val=f"{val:.3f}", test=f"{best.metrics['test'] if best else 0.0:.3f}")
     best = run.best

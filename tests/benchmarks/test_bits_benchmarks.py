@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks import bench_heldout_bits, select_bits
+from benchmarks import bench_heldout_bits, select_bits, trace_training
 from benchmarks.bench_scale import planted_communities
+from tests.support.data import needs_data
 
 
 def test_planted_communities_skew_gives_hubs_and_keeps_homophily():
@@ -127,3 +128,35 @@ def test_the_recommended_recipe_is_the_published_choice():
     rows = select_bits.load(select_bits.ROOT / payload["trials"])
     assert next(s["candidate"] for s in select_bits.summarize(rows) if s["budget_met"]) \
         == payload["chosen"]
+
+
+@needs_data
+def test_trace_training_logs_every_epoch_of_a_table_row(tmp_path):
+    """trace_training: one entry per epoch from the table's own loop (the fit's callback),
+    the reported epoch is the run's, ties are a share of the nodes; a float epoch rounds
+    nothing in training, and the first rounded epoch's evaluation is the quantized
+    model's."""
+    import json
+
+    out = tmp_path / "t.json"
+    payload = trace_training.main(["--model", "gcn", "--row", "int4-lsq-p", "--epochs", "4",
+                                   "--float-epochs", "2", "--lsq-refit", "3",
+                                   "--refit-widen", "--json", str(out)])
+    assert json.loads(out.read_text()) == payload
+    assert [r["epoch"] for r in payload["trace"]] == [0, 1, 2, 3]
+    assert payload["reported_epoch"] in range(4)
+    assert payload["val"] == payload["trace"][payload["reported_epoch"]]["val"]
+    assert all(0.0 <= r["ties"] <= 1.0 and r["abs_logit"] >= 0 for r in payload["trace"])
+    assert payload["trace"][2]["abs_logit"] > 0  # fitted steps: not every logit rounds to 0
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--row", "int9"], "--row"),
+    (["--row", "fp32", "--lsq-refit", "3"], "fp32"),
+    (["--epochs", "0"], "--epochs"),
+    (["--step-lr", "-1"], "--step-lr"),
+])
+def test_trace_training_refuses_bad_flags_before_any_work(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        trace_training.main(argv)
+    assert e.value.code == 2 and flag in capsys.readouterr().err
