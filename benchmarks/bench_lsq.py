@@ -2,12 +2,13 @@
 (``lsq_round``) and stochastically (``lsq_round_stochastic``), forward and backward.
 
     python -m benchmarks.bench_lsq                   # writes benchmarks/RESULTS.md
-    python -m benchmarks.bench_lsq --quick --no-write   # smoke run (tests use it)
+    python -m benchmarks.bench_lsq --quick --no-write   # smoke run, eager only (tests use it)
 
 A message-sized input (400,000 x 64 float32; per-row ranges from 2-bit rows on a mid-rise
 grid, a learned step), as a :class:`~fxquant.QuantPoint` rounds it in training. Speed:
 ratios against ``x.clone()`` of the same tensor, medians over rounds run back to back
-(``torch.utils.benchmark``, each round timing the clone right before the op). Memory: the
+(``torch.utils.benchmark``, each round timing the clone right before the op), eager and
+under ``torch.compile`` (compiled after a warm-up call, the compile not timed). Memory: the
 extra peak resident memory of the forward (the output included) and of the backward, in a
 fresh process per case, in units of the input.
 """
@@ -40,19 +41,26 @@ def point(rounding: str, rows: int) -> QuantPoint:
     return p
 
 
-def speed_rows(rows: int, rounds: int, min_run_time: float) -> list[list[Any]]:
+def speed_rows(rows: int, rounds: int, min_run_time: float, compiled: bool = True
+               ) -> list[list[Any]]:
+    """Eager, and with ``compiled`` also ``torch.compile``'d (warmed up first: the
+    compile is not timed), for each rounding."""
     torch.manual_seed(0)
     x = torch.randn(rows, COLUMNS, requires_grad=True)
     grad = torch.ones(rows, COLUMNS)
     clone = lambda: x.detach().clone()  # noqa: E731
     out = []
-    for rounding in ROUNDINGS:
-        p = point(rounding, rows)
-        p(x)  # fits the step
-        forward = lambda p=p: p(x)  # noqa: E731
-        both = lambda p=p: torch.autograd.backward(p(x), grad)  # noqa: E731
-        out.append([rounding] + [f"{interleaved_ratio(fn, clone, rounds, min_run_time)[1]:.2f}x"
-                                 for fn in (forward, both)])
+    for mode in ("eager", "compiled") if compiled else ("eager",):
+        for rounding in ROUNDINGS:
+            p = point(rounding, rows)
+            p(x)  # fits the step
+            run = torch.compile(p) if mode == "compiled" else p
+            forward = lambda run=run: run(x)  # noqa: E731
+            both = lambda run=run: torch.autograd.backward(run(x), grad)  # noqa: E731
+            both()  # warm-up (compiles the forward and the backward)
+            out.append([rounding, mode] + [
+                f"{interleaved_ratio(fn, clone, rounds, min_run_time)[1]:.2f}x"
+                for fn in (forward, both)])
     return out
 
 
@@ -89,9 +97,9 @@ def main(argv: list[str] | None = None) -> str:
     args = p.parse_args(argv)
     rows = 4096 if args.quick else ROWS
     rounds, min_run_time = (1, 0.02) if args.quick else (5, 0.5)
-    speed = speed_rows(rows, rounds, min_run_time)
+    speed = speed_rows(rows, rounds, min_run_time, compiled=not args.quick)
     memory = memory_rows(rows)
-    speed_table = tabulate(speed, headers=["rounding", "forward / clone",
+    speed_table = tabulate(speed, headers=["rounding", "mode", "forward / clone",
                                            "forward + backward / clone"], tablefmt="github")
     memory_table = tabulate(memory, headers=["rounding", "forward", "backward"],
                             tablefmt="github")
@@ -99,7 +107,8 @@ def main(argv: list[str] | None = None) -> str:
         f"## bench_lsq\n\n`python -m benchmarks.bench_lsq` on {machine()}.\n\n"
         f"A learned step on 2-bit mid-rise rows, {rows:,} x {COLUMNS} float32 in training "
         f"(a message point of the per-node bit recipes); ratios are medians over {rounds} "
-        f"back-to-back rounds against `x.clone()`.\n\n"
+        f"back-to-back rounds against `x.clone()`; `compiled` is the point under "
+        f"`torch.compile`, its compile excluded.\n\n"
         f"{speed_table}\n\n"
         f"Extra peak memory (resident set, fresh process per case), in units of the input; "
         f"the forward's includes its output:\n\n"

@@ -491,6 +491,17 @@ class QuantPoint(nn.Module):
             bits = bits.clamp(rb.min_bits, rb.max_bits)
         return bits if row_nodes is None else bits[row_nodes]
 
+    @staticmethod
+    def _lsq_gain(x: Tensor, qmax: Tensor, offset: float) -> float | Tensor:
+        """LSQ's step-gradient scale ``1 / sqrt(numel * levels)`` for per-row levels (their
+        mean); a tensor while compiling (``float()`` of a tensor would break the graph)."""
+        if not qmax.numel():
+            return 1.0 / math.sqrt(max(x.numel(), 1))
+        levels = (qmax.detach() + offset).mean()
+        if torch.compiler.is_compiling():
+            return torch.rsqrt(levels.to(torch.float32) * max(x.numel(), 1))
+        return 1.0 / math.sqrt(max(x.numel(), 1) * float(levels))
+
     def _nearest_seen(self, node_range: Tensor, table: Tensor) -> Tensor:
         """The bits of the seen node whose range is nearest each row's (A2Q's rule for
         unseen nodes); the table's mean where nothing was seen or recorded."""
@@ -498,8 +509,10 @@ class QuantPoint(nn.Module):
         if seen is None:
             rb = self.config.node_bits
             assert rb is not None
-            return torch.full_like(node_range, float(table.detach().mean()) if table.numel()
-                                   else float(rb.max_bits))
+            if not table.numel():
+                return torch.full_like(node_range, float(rb.max_bits))
+            # a tensor, not float(): no host sync, and no graph break under torch.compile
+            return table.detach().mean().to(node_range.dtype).expand_as(node_range)
         order = torch.sort(seen)  # unseen nodes (-inf) first, then the seen ones
         count = torch.isfinite(seen).sum()
         first = seen.shape[0] - count
@@ -529,8 +542,7 @@ class QuantPoint(nn.Module):
                                    else self.row_bits_table).detach().mean())  # type: ignore[union-attr]
                 lo, hi = _code_range(min(max(mean_bits, rb.min_bits), rb.max_bits), number)
                 self._init_step(x, lo, hi, number.offset)
-            levels = float((qmax.detach() + number.offset).mean()) if qmax.numel() else 1.0
-            gain = 1.0 / math.sqrt(max(x.numel(), 1) * levels)
+            gain = self._lsq_gain(x, qmax, number.offset)
             if self.config.rounding is Rounding.STOCHASTIC:
                 return lsq_round_stochastic(x, self._step(x.dtype, self._top()), qmin, qmax,
                                             gain, number.offset)

@@ -101,3 +101,31 @@ def test_compiled_widening_refits_follow_eager():
         history.append([float(s) for s in _steps(gm)])
     assert history[1] == history[0]
     assert all(b > a for a, b in zip(history[1], history[2], strict=True))
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_fixed_per_node_bits_compile_without_a_graph_break(rounding):
+    """A fixed per-node bit-width table (HubMessages' points: no ranges recorded) with a
+    learned step compiles as one graph without a break (no ``float()`` of a tensor in the
+    forward: not the table's mean, not LSQ's gradient scale), forward and backward, to
+    nearest and stochastically; to nearest it equals eager, the step's gradient too."""
+    bits = fxquant.NodeBits(torch.full((64,), 2), min_bits=1)
+    config = fxquant.QuantConfig("int8:midrise", rounding, scale="tensor", range="lsq",
+                                 node_bits=bits)
+    point = fxquant.QuantPoint(config, "conv", "message").train()
+    x = torch.randn(64, 8, requires_grad=True)
+    point(x)  # fits the step
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(point)(x).graph_break_count == 0
+    point.log_step.grad = None
+    compiled = torch.compile(point)
+    y = compiled(x)
+    y.sum().backward()
+    assert x.grad is not None and point.log_step.grad is not None
+    if rounding == "nearest":
+        step_grad = point.log_step.grad.clone()
+        point.log_step.grad = None
+        eager = point(x)
+        eager.sum().backward()
+        assert torch.equal(y, eager)
+        assert torch.allclose(point.log_step.grad, step_grad, rtol=1e-5)

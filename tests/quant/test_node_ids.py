@@ -49,11 +49,18 @@ def row_wise_model():
 
 
 def test_same_node_same_rounding_in_full_graph_and_batches():
+    """Bit for bit: inputs on a grid of 1/4 and weights on a grid of 1/8 make every
+    matmul exact whatever order the CPU's kernel sums in (a kernel may pick another order
+    for 4 rows than for 60), so any difference is the rounding's."""
     gm = row_wise_model()
+    with torch.no_grad():
+        for param in gm.parameters():
+            param.copy_((param * 8).round() / 8)
     data = graph()
-    full = gm(data.x, data.edge_index)
+    x = (data.x * 4).round() / 4
+    full = gm(x, data.edge_index)
     for n_id in (torch.tensor([20, 3, 5, 9]), torch.tensor([41, 0, 1]), torch.randperm(N)[:17]):
-        batch = gm(data.x[n_id], data.edge_index[:, :0], node_ids=n_id)
+        batch = gm(x[n_id], data.edge_index[:, :0], node_ids=n_id)
         torch.testing.assert_close(batch, full[n_id], rtol=0, atol=0)
     # without node_ids the rows of a batch are taken for nodes 0..k-1: hub 41 is not there
     with pytest.raises(IndexError, match=r"names node 41.*node_ids="):
