@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -492,14 +492,15 @@ class QuantPoint(nn.Module):
         return bits if row_nodes is None else bits[row_nodes]
 
     @staticmethod
-    def _lsq_gain(x: Tensor, qmax: Tensor, offset: float) -> float | Tensor:
+    def _lsq_gain(x: Tensor, qmax: Tensor, offset: float) -> float:
         """LSQ's step-gradient scale ``1 / sqrt(numel * levels)`` for per-row levels (their
-        mean); a tensor while compiling (``float()`` of a tensor would break the graph)."""
+        mean). While compiling it stays a 0-dim tensor (``float()`` of a tensor would break
+        the graph), which the rounding functions take there as they take a symbolic size."""
         if not qmax.numel():
             return 1.0 / math.sqrt(max(x.numel(), 1))
         levels = (qmax.detach() + offset).mean()
         if torch.compiler.is_compiling():
-            return torch.rsqrt(levels.to(torch.float32) * max(x.numel(), 1))
+            return cast(float, torch.rsqrt(levels.to(torch.float32) * max(x.numel(), 1)))
         return 1.0 / math.sqrt(max(x.numel(), 1) * float(levels))
 
     def _nearest_seen(self, node_range: Tensor, table: Tensor) -> Tensor:
