@@ -179,6 +179,8 @@ class QuantPoint(nn.Module):
     override_table: Tensor | None
     row_bits_table: Tensor | None
     seen_range: Tensor | None
+    #: a point unpickled from before this flag existed had its step fitted by then
+    step_fitted: bool = True
 
     def __init__(self, config: QuantConfig, layer: str, site: Site | str = Site.OUTPUT,
                  override: NodeOverride | None = None, tensor: str = "") -> None:
