@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -84,9 +85,14 @@ def table(payload: dict[str, Any], every: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from examples import dq_table, training
+
+    from fxquant.datasets import PLANETOID_NAMES
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=["gcn", "gin", "gat", "gat64"], default="gcn")
-    p.add_argument("--dataset", default="Cora", choices=["Cora", "CiteSeer"])
+    p.add_argument("--model", choices=list(training.MODELS), default="gcn")
+    p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--row", default="int4-lsq-p", help="a dq_table.py row key")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=200)
@@ -94,16 +100,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--float-epochs", type=int, default=0)
     p.add_argument("--refit-widen", action="store_true")
     p.add_argument("--step-lr", type=float, default=None)
+    p.add_argument("--protect", type=training.protect_arg, default=(0.0, 0.2),
+                   help="P_MIN:P_MAX, as dq_table.py's --protect (default 0:0.2)")
     p.add_argument("--every", type=int, default=10, help="print every N-th epoch")
     p.add_argument("--root", default=None, help="dataset folder (default: $FXQUANT_DATA)")
     p.add_argument("--json", default=None, help="write every epoch's numbers here")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from examples import dq_table
-
-    known = dq_table.rows((0.0, 0.2))
+    known = dq_table.rows(args.protect)
     if args.row not in known:
         p.error(f"--row {args.row!r} is not a dq_table.py row; known: {sorted(known)}")
+    cfg = known[args.row]
     for flag in ("epochs", "every"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
@@ -111,13 +117,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("--lsq-refit and --float-epochs must be 0 or more")
     if args.step_lr is not None and not args.step_lr > 0:
         p.error("--step-lr must be positive")
-    if args.row == "fp32" and (args.lsq_refit or args.float_epochs or args.refit_widen
-                               or args.step_lr is not None):
-        p.error("--lsq-refit, --float-epochs, --refit-widen and --step-lr set how a "
-                "quantized row trains; the fp32 row has nothing to refit")
+    if cfg.number is None and args.float_epochs:
+        p.error("--float-epochs sets how a quantized row trains; the fp32 row rounds nothing")
+    learned = cfg.range == "lsq"
+    for flag, given in (("--lsq-refit", args.lsq_refit), ("--refit-widen", args.refit_widen),
+                        ("--step-lr", args.step_lr is not None)):
+        if given and not learned:
+            p.error(f"{flag} sets how learned steps train; the {args.row} row has none "
+                    "(rows with range lsq: "
+                    f"{sorted(k for k, c in known.items() if c.range == 'lsq')})")
+    if args.refit_widen and args.lsq_refit <= args.float_epochs + 1:
+        p.error("--refit-widen changes the refits after the first fit; with --lsq-refit "
+                f"{args.lsq_refit} and --float-epochs {args.float_epochs} there are none, so "
+                "it would be ignored: please give --lsq-refit above --float-epochs + 1")
+    if "edge" in cfg.sites and cfg.recipe is None and args.model == "gin":
+        p.error(f"--row {args.row} with --model gin: the row rounds the layers' per-edge "
+                "arguments, and GINConv's messages take none")
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if os.path.isdir(args.json) or not os.path.isdir(folder):
+            p.error(f"--json {args.json}: not a file in an existing folder")
     payload = trace(args.model, args.dataset, args.row, args.seed, epochs=args.epochs,
                     lsq_refit=args.lsq_refit, float_epochs=args.float_epochs,
-                    refit_widen=args.refit_widen, step_lr=args.step_lr, root=args.root)
+                    refit_widen=args.refit_widen, step_lr=args.step_lr,
+                    protect=args.protect, root=args.root)
     print(f"{args.model} on {args.dataset}, {args.row}, seed {args.seed}: validation "
           f"{100 * payload['val']:.1f}, test {100 * payload['test']:.1f} at epoch "
           f"{payload['reported_epoch']}")

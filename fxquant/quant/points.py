@@ -179,7 +179,7 @@ class QuantPoint(nn.Module):
     override_table: Tensor | None
     row_bits_table: Tensor | None
     seen_range: Tensor | None
-    #: a point unpickled from before this flag existed had its step fitted by then
+    #: a point unpickled from before this flag existed is taken as fitted, as it was then
     step_fitted: bool = True
 
     def __init__(self, config: QuantConfig, layer: str, site: Site | str = Site.OUTPUT,
@@ -702,8 +702,8 @@ def refit_steps(model: nn.Module, *, widen: bool = False) -> int:
     everywhere stayed at chance: its logits' step started at 0.001). Calling this before
     each of the first training steps (a warm-up, as torch.ao QAT keeps its observers on
     for the first epochs) lets the steps follow the growing activations; the LSQ gradient
-    takes over after the last call. It only clears a flag: under ``torch.compile`` that
-    flag selects one of two compiled graphs, each compiled once. Loading a state dict
+    takes over after the last call. It only clears a flag: under ``torch.compile`` the
+    flags select among a few compiled graphs, each compiled once. Loading a state dict
     marks the steps fitted again.
 
     ``widen=True`` is for the warm-up: the least-error step of a grid with two to four

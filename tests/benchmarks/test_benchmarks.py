@@ -54,3 +54,14 @@ def test_bench_lsq_quick():
     body = bench_lsq.main(["--quick", "--no-write"])
     assert body.count("| nearest ") == 2 and body.count("| stochastic ") == 2
 
+
+
+@pytest.mark.slow
+def test_bench_lsq_compiled_rows():
+    """The published command's compiled rows run (the smoke run above is eager only)."""
+    from benchmarks import bench_lsq
+
+    rows = bench_lsq.speed_rows(256, 1, 0.01, compiled=True)
+    assert [r[:2] for r in rows] == [["nearest", "eager"], ["stochastic", "eager"],
+                                     ["nearest", "compiled"], ["stochastic", "compiled"]]
+    assert all(r[2].endswith("x") and float(r[2][:-1]) > 0 for r in rows)
