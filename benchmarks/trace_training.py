@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 import fxquant
+from fxquant.datasets import PLANETOID_NAMES
 
 from .common import ROOT
 
@@ -87,8 +88,6 @@ def table(payload: dict[str, Any], every: int) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from examples import dq_table, training
-
-    from fxquant.datasets import PLANETOID_NAMES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=list(training.MODELS), default="gcn")
