@@ -159,7 +159,11 @@ class QuantPoint(nn.Module):
     ``_init_step``; again on the next training batch after :func:`refit_steps`), then
     learned with the LSQ gradient (scaled by ``1 / sqrt(numel * qmax)``); values are
     ``s * round(clamp(x / s, qmin, qmax))`` (:func:`~fxquant.quant.lsq.lsq_round`), whose
-    gradient is straight-through inside the range and zero outside.
+    gradient is straight-through inside the range and zero outside. The step is fitted
+    from the batch's finite values; a batch with none leaves it to the next training batch
+    (under ``torch.compile``, which cannot branch on it, the next ``model.train()`` or
+    ``model.eval()``, :func:`refit_steps` or
+    :meth:`~fxquant.recipes.QuantTraining.start_epoch` arranges that).
     The parameter is ``log_step`` (``s = exp(log_step)``, always positive): an adaptive
     optimizer moves a parameter by about its learning rate per step whatever its size, so
     on ``s`` itself Adam's ``lr=0.01`` moved steps of ~0.01 by their own size each
@@ -179,6 +183,7 @@ class QuantPoint(nn.Module):
     override_table: Tensor | None
     row_bits_table: Tensor | None
     seen_range: Tensor | None
+    step_found: Tensor | None
     #: a point unpickled from before this flag existed is taken as fitted, as it was then
     step_fitted: bool = True
 
@@ -209,6 +214,10 @@ class QuantPoint(nn.Module):
         self.__dict__["bits_source"] = None  # the point whose bit-width table this one uses
         if config.range == "lsq":
             self.log_step = nn.Parameter(torch.zeros(()))
+        #: whether the last fit found a finite value (written by compiled fits, which
+        #: cannot branch on it; :meth:`_settle_fit` reads it in eager code)
+        self.register_buffer("step_found", torch.ones(()) if config.range == "lsq" else None,
+                             persistent=False)
         self.override_number: Number | None = override.format if override is not None else None
         self.override_max_index = override.max_index if override is not None else None
         self.register_buffer("override_nodes",
@@ -633,15 +642,48 @@ class QuantPoint(nn.Module):
                 fitted = torch.maximum(fitted, self.log_step)  # last fitted or learned one
             # a batch without finite values leaves the step as it was
             self.log_step.copy_(torch.where(found > 0, fitted, self.log_step))
-        # ... and is fitted on the next batch (compiled code cannot branch on it)
-        self.step_ready = torch.compiler.is_compiling() or bool(found > 0)
+        # ... and is fitted on the next batch; compiled code cannot branch on it, so a
+        # compiled fit is taken as done and settled in eager code (:meth:`_settle_fit`)
+        if torch.compiler.is_compiling():
+            assert self.step_found is not None
+            self.step_found.copy_(found)
+            self._unsettled = True
+            self._unsettled_fitted = self.step_fitted
+            self._unsettled_widens = self.refit_widens
+            self.step_ready = True
+        else:
+            self.step_ready = bool(found > 0)
         if self.step_ready:
             self.refit_widens = False
             self.step_fitted = True
 
+    def _settle_fit(self) -> None:
+        """After a compiled fit: where its batch held no finite value, the step was left
+        as it was, so it is fitted again on the next training batch (as in eager code).
+        Runs when the mode is set (``model.train()``, ``model.eval()``), at
+        :func:`refit_steps` and at :meth:`~fxquant.recipes.QuantTraining.start_epoch`."""
+        if not self.__dict__.pop("_unsettled", False):
+            return
+        if self.step_found is not None and not bool(self.step_found > 0):
+            self.step_ready = False
+            self.step_fitted = self.__dict__.get("_unsettled_fitted", self.step_fitted)
+            self.refit_widens = self.__dict__.get("_unsettled_widens", self.refit_widens)
+
+    def train(self, mode: bool = True) -> QuantPoint:
+        self._settle_fit()
+        return super().train(mode)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "step_found" not in self._buffers:  # pickled before the buffer existed
+            found = torch.ones((), device=self.log_step.device) \
+                if self.log_step is not None else None
+            self.register_buffer("step_found", found, persistent=False)
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)
         if self.log_step is not None and prefix + "log_step" in state_dict:
+            self.__dict__.pop("_unsettled", None)
             self.step_ready = True  # a loaded step is not initialized again
             self.refit_widens = False
             self.step_fitted = True
@@ -735,6 +777,7 @@ def refit_steps(model: nn.Module, *, widen: bool = False) -> int:
         raise FxquantTypeError(f"refit_steps: widen must be True or False, got {widen!r}")
     points = [m for m in model.modules() if isinstance(m, QuantPoint) and m.log_step is not None]
     for point in points:
+        point._settle_fit()
         point.step_ready = False
         point.refit_widens = widen
     return len(points)

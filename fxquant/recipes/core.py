@@ -237,6 +237,8 @@ class QuantTraining:
         ``refit_epochs`` epochs (the first training batch fits them anyway) and on the first
         ``anneal_refit_epochs`` after each annealing drop."""
         self._epoch = self._epoch + 1 if epoch is None else epoch
+        for point in self._points:  # a compiled fit that found no finite value fits again
+            point._settle_fit()
         fresh = bool(self.float_epochs) and self._epoch == self.float_epochs
         if self.float_epochs:
             in_float = self._epoch < self.float_epochs

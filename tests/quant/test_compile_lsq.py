@@ -103,6 +103,42 @@ def test_compiled_widening_refits_follow_eager():
     assert all(b > a for a, b in zip(history[1], history[2], strict=True))
 
 
+def _settle_by_train(model):
+    model.train()
+
+
+def _settle_by_refit(model):
+    fxquant.refit_steps(model, widen=True)
+
+
+def _settle_by_start_epoch(model):
+    fxquant.recipes.QuantTraining(model).start_epoch(1)
+
+
+@pytest.mark.parametrize("settle", [_settle_by_train, _settle_by_refit, _settle_by_start_epoch])
+def test_compiled_fit_on_a_batch_without_finite_values_fits_on_the_next(settle):
+    """A first training batch with no finite value leaves the steps unfitted, compiled as
+    in eager mode (compiled code cannot branch on it: the mode change, refit_steps or
+    QuantTraining.start_epoch notices it): the next batch fits them, and a widening refit
+    does not keep the placeholder step (1) over the smaller step that batch fits."""
+    gm = _model(SAGEConv)
+    eager = copy.deepcopy(gm)
+    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(2)
+    x, edge_index = torch.randn(12, 4, generator=g), torch.randint(0, 12, (2, 40), generator=g)
+    for model, run in ((gm, compiled), (eager, eager)):
+        with torch.no_grad():
+            run(torch.full_like(x, float("nan")), edge_index)
+        settle(model)
+        with torch.no_grad():
+            run(0.01 * x, edge_index)
+    steps = _steps(gm)
+    assert all(float(s) < 0.5 for s in steps)  # fitted, not the placeholder
+    for got, want in zip(steps, _steps(eager), strict=True):
+        torch.testing.assert_close(got, want)
+    assert all(p.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
+
+
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_fixed_per_node_bits_compile_without_a_graph_break(rounding):
     """A fixed per-node bit-width table (HubMessages' points: no ranges recorded) with a

@@ -235,3 +235,19 @@ def test_fp16_activations_with_overflow(dtype):
     y = point(x)
     assert torch.isfinite(point.step) and point.step > 0
     assert bool(torch.isfinite(y[1:]).all())
+
+
+def test_the_fit_flag_is_not_saved_and_older_pickles_get_it():
+    """``step_found`` (what a compiled fit found) stays out of the state dict, so
+    checkpoints load either way, and a point pickled before it existed gets it back."""
+    import pickle
+
+    point = _lsq_point("int4")
+    assert "step_found" not in point.state_dict()
+    del point._buffers["step_found"]  # as a point pickled by an older version
+    again = pickle.loads(pickle.dumps(point))
+    assert float(again.step_found) == 1.0 and "step_found" not in again.state_dict()
+    again(torch.randn(6, 3))
+    assert again.step_ready and again.step_fitted
+    plain = QuantPoint(QuantConfig("int4", scale="tensor"), "lin")
+    assert pickle.loads(pickle.dumps(plain)).step_found is None
