@@ -11,6 +11,7 @@ state in ``state_dict``, survives pickling with its config, and torch.compile in
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -161,9 +162,9 @@ class QuantPoint(nn.Module):
     ``s * round(clamp(x / s, qmin, qmax))`` (:func:`~fxquant.quant.lsq.lsq_round`), whose
     gradient is straight-through inside the range and zero outside. The step is fitted
     from the batch's finite values; a batch with none leaves it to the next training batch
-    (under ``torch.compile``, which cannot branch on it, the next ``model.train()`` or
-    ``model.eval()``, :func:`refit_steps` or
-    :meth:`~fxquant.recipes.QuantTraining.start_epoch` arranges that).
+    (under ``torch.compile``, which cannot branch on it, the next ``model.train()``,
+    :func:`refit_steps` or :meth:`~fxquant.recipes.QuantTraining.start_epoch` arranges
+    that, and ``model.eval()`` warns that the step is still unfitted).
     The parameter is ``log_step`` (``s = exp(log_step)``, always positive): an adaptive
     optimizer moves a parameter by about its learning rate per step whatever its size, so
     on ``s`` itself Adam's ``lr=0.01`` moved steps of ~0.01 by their own size each
@@ -642,35 +643,44 @@ class QuantPoint(nn.Module):
                 fitted = torch.maximum(fitted, self.log_step)  # last fitted or learned one
             # a batch without finite values leaves the step as it was
             self.log_step.copy_(torch.where(found > 0, fitted, self.log_step))
-        # ... and is fitted on the next batch; compiled code cannot branch on it, so a
-        # compiled fit is taken as done and settled in eager code (:meth:`_settle_fit`)
+        # ... and is fitted on the next batch. Compiled code cannot branch on that: it
+        # records what it found, and eager code settles the flags (:meth:`_settle_fit`;
+        # they are neither read nor set here, which would add guards and recompiles)
         if torch.compiler.is_compiling():
             assert self.step_found is not None
             self.step_found.copy_(found)
             self._unsettled = True
-            self._unsettled_fitted = self.step_fitted
-            self._unsettled_widens = self.refit_widens
             self.step_ready = True
+        elif bool(found > 0):
+            self._fitted()
         else:
-            self.step_ready = bool(found > 0)
-        if self.step_ready:
-            self.refit_widens = False
-            self.step_fitted = True
-
-    def _settle_fit(self) -> None:
-        """After a compiled fit: where its batch held no finite value, the step was left
-        as it was, so it is fitted again on the next training batch (as in eager code).
-        Runs when the mode is set (``model.train()``, ``model.eval()``), at
-        :func:`refit_steps` and at :meth:`~fxquant.recipes.QuantTraining.start_epoch`."""
-        if not self.__dict__.pop("_unsettled", False):
-            return
-        if self.step_found is not None and not bool(self.step_found > 0):
             self.step_ready = False
-            self.step_fitted = self.__dict__.get("_unsettled_fitted", self.step_fitted)
-            self.refit_widens = self.__dict__.get("_unsettled_widens", self.refit_widens)
+
+    def _fitted(self) -> None:
+        self.step_ready = True
+        self.refit_widens = False
+        self.step_fitted = True
+
+    def _settle_fit(self, evaluating: bool = False) -> None:
+        """After a compiled fit, in eager code: a fit that found values is done; one whose
+        batch held no finite value left the step as it was, which the next training batch
+        fits (as in eager code). Runs when the mode is set (``model.train()``,
+        ``model.eval()``: with a warning, as evaluation would use the unfitted step), at
+        :func:`refit_steps` and at :meth:`~fxquant.recipes.QuantTraining.start_epoch`."""
+        if torch.compiler.is_compiling() or not self.__dict__.pop("_unsettled", False):
+            return
+        if self.step_found is None or bool(self.step_found > 0):
+            self._fitted()
+            return
+        self.step_ready = False
+        if evaluating:
+            warnings.warn(f"{self!r}: the training batch that fitted its learned step held no "
+                          "finite value, so the step is still its placeholder (1); evaluation "
+                          "rounds with it. Please run a training batch with finite values "
+                          "first (it fits the step).", stacklevel=3)
 
     def train(self, mode: bool = True) -> QuantPoint:
-        self._settle_fit()
+        self._settle_fit(evaluating=not mode)
         return super().train(mode)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -684,9 +694,7 @@ class QuantPoint(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args)
         if self.log_step is not None and prefix + "log_step" in state_dict:
             self.__dict__.pop("_unsettled", None)
-            self.step_ready = True  # a loaded step is not initialized again
-            self.refit_widens = False
-            self.step_fitted = True
+            self._fitted()  # a loaded step is not initialized again
 
     def _rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
               ids: Tensor | None) -> Tensor:

@@ -5,6 +5,7 @@ the data (GCNConv's self-loops), and again after refit_steps when batch sizes ch
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -136,7 +137,88 @@ def test_compiled_fit_on_a_batch_without_finite_values_fits_on_the_next(settle):
     assert all(float(s) < 0.5 for s in steps)  # fitted, not the placeholder
     for got, want in zip(steps, _steps(eager), strict=True):
         torch.testing.assert_close(got, want)
+    gm.eval()  # settles the second fit
     assert all(p.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
+
+
+def test_compiled_nan_batch_in_a_widening_refit_keeps_the_widening():
+    """A widening refit of a fitted step whose compiled batch holds no finite value is
+    still a widening refit on the next batch: a batch of smaller values keeps the step."""
+    gm = _model(SAGEConv)
+    eager = copy.deepcopy(gm)
+    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(3)
+    x, edge_index = torch.randn(12, 4, generator=g), torch.randint(0, 12, (2, 40), generator=g)
+    for model, run in ((gm, compiled), (eager, eager)):
+        with torch.no_grad():
+            run(10 * x, edge_index)
+            fxquant.refit_steps(model, widen=True)
+            run(torch.full_like(x, float("inf")), edge_index)
+            model.train()
+            run(0.1 * x, edge_index)
+    fitted = _steps(gm)
+    for got, want in zip(fitted, _steps(eager), strict=True):
+        torch.testing.assert_close(got, want)
+    assert all(float(s) > 0.5 for s in fitted)  # kept the step of the 10x batch
+
+
+def test_compiled_fit_without_finite_values_warns_at_evaluation():
+    """Evaluating after a compiled fit that found no finite value warns: the step is
+    still the placeholder (eager code would have fitted it on a later training batch);
+    after a finite batch, nothing is said."""
+    gm = _model(SAGEConv)
+    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
+    x, edge_index = next(_batches())
+    with torch.no_grad():
+        compiled(torch.full_like(x, float("nan")), edge_index)
+    with pytest.warns(UserWarning, match="no finite value"):
+        gm.eval()
+    gm.train()
+    with torch.no_grad():
+        compiled(x, edge_index)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gm.eval()
+    assert all(p.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
+
+
+def test_mode_changes_and_refits_may_run_inside_a_compiled_function():
+    """``model.train()`` and ``refit_steps`` inside a ``fullgraph`` compiled function:
+    settling a fit is left to eager code, so it adds no data-dependent branch."""
+    gm = _model(SAGEConv)
+
+    @torch.compile(backend="aot_eager", fullgraph=True, dynamic=True)
+    def step(x, edge_index):
+        fxquant.refit_steps(gm)
+        gm.train()
+        return gm(x, edge_index)
+
+    for x, edge_index in _batches():
+        step(x, edge_index).square().mean().backward()
+    gm.eval()  # settled here
+    assert all(p.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
+
+
+def test_settling_fits_adds_no_compiled_graph():
+    """One graph per combination of the flags the forward reads (fitting, fitting to
+    widen, not fitting), however often the steps are refitted and the mode changes: the
+    traced fit neither reads nor sets the flags that eager code settles."""
+    from torch._dynamo.testing import CompileCounter
+
+    gm = _model(SAGEConv)
+    counter = CompileCounter()
+    run = torch.compile(gm, backend=counter, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    for widen in (False, False, True, True):
+        for n in (10, 14):
+            x, e = torch.randn(n, 4, generator=g), torch.randint(0, n, (2, 3 * n), generator=g)
+            fxquant.refit_steps(gm, widen=widen)
+            gm.train()
+            run(x, e).square().mean().backward()
+            gm.eval()
+            with torch.no_grad():
+                run(x, e)
+    assert counter.frame_count == 3
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
