@@ -181,6 +181,8 @@ def _inputs(model: nn.Module, specs: list[str], real: bool) -> tuple[Any, ...]:
             raise _UsageError(f"--input {name!r}: unknown dtype {dtype_text!r}; "
                               f"choose from {sorted(_DTYPES)}")
         fields = given.setdefault(arg, {})
+        if field in fields:
+            raise _UsageError(f"--input {name!r} is given twice; please give it once")
         if bool(dot) != bool(fields and "" not in fields) and fields:
             raise _UsageError(f"--input {name!r}: {arg!r} is given both as a tensor and as "
                               "Data fields")
@@ -202,9 +204,11 @@ def _inputs(model: nn.Module, specs: list[str], real: bool) -> tuple[Any, ...]:
         return torch.randint(0, max(rows, 1), shape, dtype=dtype)
 
     values: list[Any] = []
-    for p in params:
-        if p.name not in given:
-            break
+    last = max((order.index(name) for name in given), default=-1)
+    for p in params[:last + 1]:
+        if p.name not in given:  # skipped for a later one: its default, as forward has it
+            values.append(p.default)
+            continue
         fields = given[p.name]
         if "" in fields:
             values.append(make(*fields[""]))

@@ -83,6 +83,7 @@ def test_check_flag_runs_backward(capsys):
         (["lint", f"{MODELS}:GCN", "--input", "x=3,4:complex7"], "unknown dtype"),
         (["lint", f"{MODELS}:GCN", "--input", "x=3,4"], r"forward needs \['edge_index'\]"),
         (["lint", f"{MODELS}:GCN", "--check"], "needs example inputs"),
+        (["lint", f"{MODELS}:GCN", "--input", "x=3,4", "--input", "x=3,5"], "given twice"),
     ],
 )
 def test_usage_errors_exit_2(argv, message, capsys):
@@ -328,3 +329,33 @@ def test_a_container_module_is_named_where_it_was_built_from_the_cli(capsys):
                 if f["severity"] == "error"]
     assert (error["rule"], error["line"]) == ("FXQ001", culprit)
     assert "inplace=False" in error["hint"]
+
+
+_OPTIONAL_ARGUMENTS = """
+import torch
+
+
+class Optional(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x, scale=None, bias=None):
+        y = self.lin(x)
+        if bias is not None:
+            y = torch.exp(y)
+            y.add_(bias)
+        return y
+"""
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_an_input_after_a_skipped_optional_argument_is_passed(tmp_path, check, capsys):
+    """--input for a later argument while an earlier optional one is left out: forward
+    gets the later one (the skipped one its default), so the bug behind it is found
+    (it was dropped, and the model reported clean)."""
+    path = tmp_path / "optional.py"
+    path.write_text(_OPTIONAL_ARGUMENTS)
+    argv = ["lint", f"{path}:Optional", "--input", "x=5,8", "--input", "bias=5,4"]
+    assert main(argv + (["--check"] if check else [])) == 1
+    assert "FXQ001" in capsys.readouterr().out
