@@ -140,7 +140,10 @@ def trial(name: str, dataset: str, seed: int, epochs: int) -> dict[str, Any]:
 
 def _run_one(job: tuple[str, str, int, int, str]) -> str:
     name, dataset, seed, epochs, path = job
-    row = trial(name, dataset, seed, epochs)
+    try:
+        row = trial(name, dataset, seed, epochs)
+    except SystemExit as e:  # (a dataset that cannot load) would stall the pool
+        raise RuntimeError(f"{name} on {dataset}, seed {seed}: {e}") from None
     line = json.dumps(row)
     with open(path, "a") as f:
         f.write(line + "\n")
@@ -247,12 +250,65 @@ def merge(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (exit 2, naming the flag) before any work: flags the mode would ignore,
+    values that would fail later (in a worker, where a failure stalls the pool). Turns the
+    training lists into checked lists and ``--epochs`` into its default when training."""
+    defaults = p.parse_args([])
+    training_flags = ("candidates", "datasets", "seeds", "jobs")
+    if args.merge or args.report:
+        mode = "--merge" if args.merge else "--report"
+        given = [f"--{n}" for n in (*training_flags, *(["epochs"] if args.merge else []))
+                 if getattr(args, n) != getattr(defaults, n)]
+        if given:
+            p.error(f"{', '.join(given)}: {mode} trains nothing, so these would be ignored; "
+                    "please drop them")
+    if args.merge and not args.json:
+        p.error("--merge writes to --json PATH; please give it")
+    if args.json and not (args.merge or args.report):
+        p.error("--json is written by --merge or --report; training appends to --trials")
+    if args.json and (os.path.isdir(args.json)
+                      or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
+        p.error(f"--json {args.json}: not a file in an existing folder")
+    if args.report and not os.path.isfile(args.trials):
+        p.error(f"--trials {args.trials}: no such file to report")
+    if args.merge or args.report:
+        return
+    args.candidates = [n.strip() for n in args.candidates.split(",") if n.strip()]
+    unknown = [n for n in args.candidates if n not in CANDIDATES]
+    if unknown or not args.candidates:
+        p.error(f"--candidates: unknown candidates {unknown}; known: {list(CANDIDATES)}")
+    canonical = {d.lower(): d for d in DATASETS}
+    names = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not names or any(d.lower() not in canonical for d in names):
+        p.error(f"--datasets {args.datasets!r}: the choice is made on {list(DATASETS)}; "
+                "please name those")
+    args.datasets = [canonical[d.lower()] for d in names]
+    text = args.seeds
+    try:
+        args.seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        args.seeds = []
+    if not args.seeds or min(args.seeds) < 0:
+        p.error(f"--seeds: expected a comma list of seeds (0 or more), got {text!r}")
+    if args.epochs is None:
+        args.epochs = 200
+    for flag in ("epochs", "jobs"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} must be at least 1")
+    trials_folder = os.path.dirname(os.path.abspath(args.trials))
+    if os.path.isdir(args.trials) or not os.path.isdir(trials_folder):
+        p.error(f"--trials {args.trials}: not a file in an existing folder")
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--candidates", default=",".join(CANDIDATES))
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--seeds", default="0,1")
-    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs per trial (default 200); with --report: which trials to "
+                        "report where the file holds several")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--trials", default=str(TRIALS))
     p.add_argument("--report", action="store_true", help="no training: the table and choice")
@@ -262,18 +318,33 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--json", default=None, metavar="PATH",
                    help="where --merge writes, or --report its summary and choice")
     args = p.parse_args(argv)
+    _check(p, args)
     if args.merge:
-        if not args.json:
-            p.error("--merge writes to --json PATH; please give it")
         payloads = []
         for path in args.merge:
-            with open(path) as f:
-                payloads.append(json.load(f))
+            try:
+                with open(path) as f:
+                    payloads.append(json.load(f))
+            except (OSError, ValueError) as e:
+                p.error(f"--merge {path}: cannot read it as JSON ({e})")
+        try:
+            merged = merge(payloads)
+        except (KeyError, TypeError, ValueError) as e:
+            p.error(f"--merge: these files do not join into one run ({e})")
         with open(args.json, "w") as f:
-            json.dump(merge(payloads), f, indent=1)
+            json.dump(merged, f, indent=1)
         return args.json
     if args.report:
         rows = load(args.trials)
+        epochs = sorted({r["epochs"] for r in rows})
+        if args.epochs is None and len(epochs) > 1:
+            p.error(f"--trials {args.trials} holds trials of {epochs} epochs, which are not "
+                    "compared; please give --epochs to report one of them")
+        if args.epochs is not None:
+            rows = [r for r in rows if r["epochs"] == args.epochs]
+            if not rows:
+                p.error(f"--epochs {args.epochs}: no trial in {args.trials} ran that many "
+                        f"(they ran {epochs})")
         text = report(rows)
         print(text)
         if args.json:  # the summary and the choice, beside the trials they come from
@@ -290,15 +361,16 @@ def main(argv: list[str] | None = None) -> str:
                            "trials": os.path.relpath(args.trials, ROOT),
                            "summary": summary, "chosen": chosen}, f, indent=1)
         return text
-    names = [n.strip() for n in args.candidates.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CANDIDATES]
-    if unknown:
-        p.error(f"unknown candidates {unknown}; known: {list(CANDIDATES)}")
+    names, datasets, seeds = args.candidates, args.datasets, args.seeds  # checked lists
+    sys.path.insert(0, str(ROOT))
+    from examples import training
+
+    for dataset in datasets:  # a clear message here, not a failure in a worker
+        training.load_data(dataset, None, "select_bits")
     done = {(r["candidate"], r["dataset"], r["seed"], r["epochs"])
             for r in (load(args.trials) if os.path.exists(args.trials) else [])}
-    jobs = [(n, d, int(s), args.epochs, args.trials)
-            for s in args.seeds.split(",") for d in args.datasets.split(",") for n in names
-            if (n, d, int(s), args.epochs) not in done]
+    jobs = [(n, d, s, args.epochs, args.trials) for s in seeds for d in datasets for n in names
+            if (n, d, s, args.epochs) not in done]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:

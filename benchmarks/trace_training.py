@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
 from typing import Any
 
@@ -99,23 +99,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--float-epochs", type=int, default=0)
     p.add_argument("--refit-widen", action="store_true")
     p.add_argument("--step-lr", type=float, default=None)
-    p.add_argument("--protect", type=training.protect_arg, default=(0.0, 0.2),
+    p.add_argument("--protect", type=training.protect_arg, default=None,
                    help="P_MIN:P_MAX, as dq_table.py's --protect (default 0:0.2)")
     p.add_argument("--every", type=int, default=10, help="print every N-th epoch")
     p.add_argument("--root", default=None, help="dataset folder (default: $FXQUANT_DATA)")
     p.add_argument("--json", default=None, help="write every epoch's numbers here")
     args = p.parse_args(argv)
-    known = dq_table.rows(args.protect)
+    known = dq_table.rows(args.protect or dq_table.DEFAULT_PROTECT)
     if args.row not in known:
         p.error(f"--row {args.row!r} is not a dq_table.py row; known: {sorted(known)}")
     cfg = known[args.row]
+    if args.protect is not None and cfg.protect is None:
+        p.error(f"--protect sets Degree-Quant's protection; the {args.row} row protects no "
+                "nodes, so it would be ignored")
+    args.protect = args.protect or dq_table.DEFAULT_PROTECT
     for flag in ("epochs", "every"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
     if args.lsq_refit < 0 or args.float_epochs < 0:
         p.error("--lsq-refit and --float-epochs must be 0 or more")
-    if args.step_lr is not None and not args.step_lr > 0:
-        p.error("--step-lr must be positive")
+    if args.step_lr is not None and not (math.isfinite(args.step_lr) and args.step_lr > 0):
+        p.error(f"--step-lr must be a finite number above 0, got {args.step_lr}")
     if cfg.number is None and args.float_epochs:
         p.error("--float-epochs sets how a quantized row trains; the fp32 row rounds nothing")
     learned = cfg.range == "lsq"
@@ -132,10 +136,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "edge" in cfg.sites and cfg.recipe is None and args.model == "gin":
         p.error(f"--row {args.row} with --model gin: the row rounds the layers' per-edge "
                 "arguments, and GINConv's messages take none")
-    if args.json:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if os.path.isdir(args.json) or not os.path.isdir(folder):
-            p.error(f"--json {args.json}: not a file in an existing folder")
+    training.refuse_unwritable(p, args, "--json")
+    training.refuse_float_epochs_past_training(p, args)
     payload = trace(args.model, args.dataset, args.row, args.seed, epochs=args.epochs,
                     lsq_refit=args.lsq_refit, float_epochs=args.float_epochs,
                     refit_widen=args.refit_widen, step_lr=args.step_lr,

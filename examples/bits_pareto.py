@@ -242,6 +242,7 @@ def _non_negative(text: str) -> float:
 def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What would be ignored, or fail only after the FP32 baselines have trained: a usage
     error naming the flag, before any work."""
+    training.refuse_unwritable(p, args, "--json", "--plot")
     if args.from_json:
         training.refuse_training_flags(p, args)
         for path in args.from_json:

@@ -47,6 +47,10 @@ except ModuleNotFoundError:  # run as python examples/dq_table.py: this folder i
 SITES, Config = train_cora.SITES, train_cora.Config
 
 
+#: Degree-Quant's protection probabilities ``(p_min, p_max)`` unless ``--protect`` says
+DEFAULT_PROTECT = (0.0, 0.2)
+
+
 def rows(protect: tuple[float, float]) -> dict[str, Config]:
     """The table's configurations by short key, FP32 first."""
     every = list(SITES)
@@ -127,7 +131,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--protect", type=training.protect_arg, default=(0.0, 0.2),
+    p.add_argument("--protect", type=training.protect_arg, default=None,
                    metavar="P_MIN:P_MAX", help="Degree-Quant protection (default 0:0.2)")
     p.add_argument("--only", default=None,
                    help="comma list of row keys to run (FP32 always): " + ",".join(rows((0, 0))))
@@ -176,6 +180,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.lsq_refit and not any(keys[k].range == "lsq" for k in wanted):
             p.error("--lsq-refit refits learned steps; none of the --only rows has one, so it "
                     "would be ignored")
+        if args.protect is not None and not any(keys[k].protect is not None for k in wanted):
+            p.error("--protect sets Degree-Quant's protection; none of the --only rows "
+                    "protects nodes, so it would be ignored")
+    training.refuse_unwritable(p, args, "--json", "--plot")
+    if not args.from_json:
+        training.refuse_float_epochs_past_training(p, args)
+    if args.protect is None:
+        args.protect = DEFAULT_PROTECT
     return args
 
 

@@ -165,11 +165,17 @@ def build(cfg: Config, data, num_classes: int, seed: int, model_kind: str = "gcn
 
 
 def _number_list(text: str) -> list[int | str]:
-    return [training.number_arg(t) for t in text.split(",") if t.strip()]
+    numbers = [training.number_arg(t) for t in text.split(",") if t.strip()]
+    if not numbers:  # an empty sweep would run the default instead
+        raise argparse.ArgumentTypeError(f"expected a comma list of bits or formats, got {text!r}")
+    return numbers
 
 
 def _names(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:  # no names would round every layer
+        raise argparse.ArgumentTypeError(f"expected a comma list of layer names, got {text!r}")
+    return names
 
 
 def _range(text: str) -> str:
@@ -261,6 +267,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.protect is not None and args.sites == ["weight"]:
         p.error("--protect needs a site that belongs to nodes (input, message, aggregate, output)")
     _check_combinations(p, args, numbers)
+    training.refuse_unwritable(p, args, "--json", "--plot")
     return args
 
 

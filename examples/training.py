@@ -207,6 +207,28 @@ def refuse_training_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
                 "ignored; please drop them")
 
 
+def refuse_unwritable(p: argparse.ArgumentParser, args: argparse.Namespace,
+                      *flags: str) -> None:
+    """A usage error for each output flag (``"--json"``, ``"--plot"``) whose path is a
+    folder or lies in no existing folder: checked before training, which would otherwise
+    end, minutes later, in a traceback with nothing written."""
+    for flag in flags:
+        path = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if path and (os.path.isdir(path) or not os.path.isdir(
+                os.path.dirname(os.path.abspath(path)))):
+            p.error(f"{flag} {path}: not a file in an existing folder")
+
+
+def refuse_float_epochs_past_training(p: argparse.ArgumentParser,
+                                      args: argparse.Namespace) -> None:
+    """``--float-epochs`` at or past ``--epochs``: the learned steps would never be fitted
+    and every evaluation would round with the placeholder step (one class for all)."""
+    if getattr(args, "float_epochs", 0) and args.float_epochs >= args.epochs:
+        p.error(f"--float-epochs {args.float_epochs} with --epochs {args.epochs}: no epoch "
+                "would train rounded, and the learned steps would never be fitted; please "
+                "give --float-epochs below --epochs")
+
+
 def epochs_arg(text: str) -> int:
     """A count of epochs, 0 or more (``--lsq-refit``)."""
     try:

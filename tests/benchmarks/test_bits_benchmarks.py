@@ -3,6 +3,8 @@ degree skew (tiny sizes; the numbers are the scripts' own)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -75,6 +77,51 @@ def test_selection_scores_every_candidate_on_the_same_seeds():
     assert summary[0]["val_all"]["CiteSeer"] == pytest.approx((3 * 0.8 + 0.1) / 4)
     assert not summary[2]["eligible"]
     assert "chosen: a" in select_bits.report(rows)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--datasets", "PubMed"], "--datasets"),
+    (["--candidates", ","], "--candidates"),
+    (["--seeds", "0,x"], "--seeds"),
+    (["--epochs", "0"], "--epochs"),
+    (["--jobs", "0"], "--jobs"),
+    (["--json", "x.json"], "--json"),
+    (["--report", "--trials", "no/such/trials.jsonl"], "--trials"),
+    (["--report", "--seeds", "3"], "--seeds"),
+    (["--merge", "a.json", "--epochs", "5", "--json", "m.json"], "--epochs"),
+    (["--merge", "no/such/a.json", "--json", "m.json"], "--merge"),
+])
+def test_select_bits_refuses_bad_flags_before_any_work(argv, flag, tmp_path, capsys):
+    """Exit 2 naming the flag, before a worker starts (where a failing dataset stalled the
+    pool) and before anything is written."""
+    trials = tmp_path / "trials.jsonl"
+    argv = [a if not a.endswith(".json") or "/" in a else str(tmp_path / a) for a in argv]
+    if "--trials" not in argv:
+        argv += ["--trials", str(trials)]
+    with pytest.raises(SystemExit) as e:
+        select_bits.main(argv)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not trials.exists() and not (tmp_path / "m.json").exists()
+
+
+def test_select_bits_reports_trials_of_one_epoch_count(tmp_path, capsys):
+    """Trials of different epoch counts are not compared: --report asks which, --epochs
+    picks them."""
+    def row(name, dataset, seed, epochs, val):
+        return {"candidate": name, "recipe": "r", "settings": {}, "dataset": dataset,
+                "seed": seed, "epochs": epochs, "val": val, "avg_bits": 2.0,
+                "budget_met": True, "test": 0.5}
+
+    rows = [row(n, d, s, e, v) for n, e, v in (("a", 200, 0.7), ("b", 2, 0.9))
+            for d in ("Cora", "CiteSeer") for s in (0, 1, 2)]
+    trials = tmp_path / "trials.jsonl"
+    trials.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit) as e:
+        select_bits.main(["--report", "--trials", str(trials)])
+    assert e.value.code == 2 and "--epochs" in capsys.readouterr().err
+    assert "chosen: a" in select_bits.main(["--report", "--trials", str(trials), "--epochs", "200"])
+    assert "chosen: b" in select_bits.main(["--report", "--trials", str(trials), "--epochs", "2"])
 
 
 def test_bench_heldout_bits_quick():
@@ -161,6 +208,9 @@ def test_trace_training_logs_every_epoch_of_a_table_row(tmp_path):
     (["--epochs", "0"], "--epochs"),
     (["--step-lr", "-1"], "--step-lr"),
     (["--json", "/nonexistent-folder/t.json"], "--json"),
+    (["--step-lr", "inf"], "--step-lr"),
+    (["--epochs", "5", "--float-epochs", "5"], "--float-epochs"),
+    (["--row", "int8", "--protect", "0.1:0.5"], "--protect"),
 ])
 def test_trace_training_refuses_bad_flags_before_any_work(argv, flag, capsys):
     """A flag that would be ignored, or fail after training, exits 2 naming it (on the

@@ -45,6 +45,17 @@ CASES = [
     (dq_table, ["--model", "gin", "--only", "int4-lsq-pe"], "--only"),
     (dq_table, ["--from-json", str(RESULTS / "dq_reference_cora_gcn.json")], "--from-json"),
     (dq_table, ["--from-json", "no/such/file.json"], "--from-json"),
+    (train_cora, ["--json", "no/such/folder/x.json"], "--json"),
+    (train_cora, ["--json", str(RESULTS)], "--json"),
+    (train_cora, ["--sweep", "16,8", "--plot", "no/such/folder/x.png"], "--plot"),
+    (train_cora, ["--sweep", ","], "--sweep"),
+    (train_cora, ["--layers", ","], "--layers"),
+    (dq_table, ["--only", "int8", "--json", "no/such/folder/d.json"], "--json"),
+    (dq_table, ["--only", "int4-lsq-p", "--epochs", "20", "--float-epochs", "20"],
+     "--float-epochs"),
+    (dq_table, ["--only", "int8,int4", "--protect", "0.1:0.5"], "--protect"),
+    (bits_pareto, ["--method", "topn", "--json", "no/such/folder/b.json"], "--json"),
+    (bits_pareto, ["--method", "topn", "--plot", "no/such/folder/b.png"], "--plot"),
     (train_ddp, ["--scale", "bogus"], "--scale"),
     (train_ddp, ["--momentum", "1.5"], "--momentum"),
     (train_ddp, ["--dropout", "1.5"], "--dropout"),
@@ -63,6 +74,15 @@ def test_bad_flags_exit_2_naming_the_flag(script, argv, flag, capsys):
         script.parse_args(argv)
     assert exit_.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_protection_defaults_and_applies_where_rows_protect():
+    """--protect left out is Degree-Quant's 0:0.2 (recorded in the JSON as before); given,
+    it reaches the rows that protect nodes."""
+    assert dq_table.parse_args(["--only", "int8"]).protect == (0.0, 0.2)
+    args = dq_table.parse_args(["--only", "int8,int4-lsq-p", "--protect", "0.1:0.5"])
+    assert args.protect == (0.1, 0.5)
+    assert dq_table.selected(args.only, args.protect)["int4-lsq-p"].protect == (0.1, 0.5)
 
 
 @pytest.mark.parametrize("argv", [["--scale", "row", "--momentum", "none"],
