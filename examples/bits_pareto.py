@@ -245,15 +245,11 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     training.refuse_unwritable(p, args, "--json", "--plot")
     if args.from_json:
         training.refuse_training_flags(p, args)
-        for path in args.from_json:
-            try:
-                with open(path) as f:
-                    payload = json.load(f)
-            except (OSError, ValueError) as e:
-                p.error(f"--from-json {path}: cannot read it as JSON ({e})")
-            if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
-                p.error(f"--from-json {path}: not a file bits_pareto.py --json writes (it has "
-                        "no 'results' list); please leave it out")
+        if args.json:
+            p.error("--json writes the results of training; with --from-json nothing trains, "
+                    "so it would be ignored: please drop it")
+        training.refuse_results_files(p, args.from_json, ("method", "target_bits", "accs"),
+                                      "bits_pareto.py")
         return
     if args.method == "recommended":
         defaults = p.parse_args([])

@@ -275,18 +275,12 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
                         numbers: list[int | str]) -> None:
     """Flags that would be ignored or fail only after training has started: a usage error
     naming the flag, before any work."""
-    if args.from_json:
-        given = [flag for flag, value, default in (
-            ("--bits", args.bits, None), ("--format", args.format, None),
-            ("--sweep", args.sweep, None), ("--sites", args.sites, ["output"]),
-            ("--momentum", args.momentum, None), ("--protect", args.protect, None),
-            ("--layers", args.layers, None), ("--super-nodes", args.super_nodes, None),
-            ("--range", args.range, "minmax"), ("--lsq-refit", args.lsq_refit, 0),
-            ("--message-rounding", args.message_rounding, None))
-            if value != default]
-        if given:
-            p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
-                    "ignored; please drop them")
+    if args.from_json:  # (--dataset names the plot)
+        training.refuse_training_flags(p, args, keep=("dataset",) if args.plot else ())
+        if args.json:
+            p.error("--json writes the results of training; with --from-json nothing trains, "
+                    "so it would be ignored: please drop it")
+        training.refuse_results_files(p, args.from_json, ("name", "accs"), "train_cora.py")
         return
     formats = [parse(n) for n in numbers if isinstance(n, str)]
     if args.momentum is not None:

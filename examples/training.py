@@ -12,12 +12,13 @@ chosen under a bit budget).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,15 +197,35 @@ def t95(dof: int) -> float:
 # -- command-line values -----------------------------------------------------------------
 
 
-def refuse_training_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def refuse_training_flags(p: argparse.ArgumentParser, args: argparse.Namespace,
+                          keep: tuple[str, ...] = ()) -> None:
     """With ``--from-json`` (no training): a usage error naming every flag given that only
-    training reads (``--from-json``, ``--plot`` and ``--json`` aside)."""
+    training reads (``--from-json``, ``--plot``, ``--json`` and the flags named in
+    ``keep`` aside)."""
     defaults = p.parse_args([])
     given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
-             if name not in ("from_json", "plot", "json") and value != getattr(defaults, name)]
+             if name not in ("from_json", "plot", "json", *keep)
+             and value != getattr(defaults, name)]
     if given:
         p.error(f"{', '.join(given)}: --from-json trains nothing, so these would be "
                 "ignored; please drop them")
+
+
+def refuse_results_files(p: argparse.ArgumentParser, paths: Sequence[str],
+                         fields: tuple[str, ...], script: str) -> None:
+    """A usage error for each ``--from-json`` file that cannot be read, or whose results
+    lack the ``fields`` that ``script --json`` writes (another script's results)."""
+    for path in paths:
+        try:
+            with open(path) as f:
+                payload = json.load(f)
+        except (OSError, ValueError) as e:
+            p.error(f"--from-json {path}: cannot read it as JSON ({e})")
+        results = payload.get("results") if isinstance(payload, dict) else None
+        if not isinstance(results, list) or not results or not all(
+                isinstance(r, dict) and set(fields) <= r.keys() for r in results):
+            p.error(f"--from-json {path}: not a file {script} --json writes (its results need "
+                    f"{list(fields)}); please leave it out")
 
 
 def refuse_unwritable(p: argparse.ArgumentParser, args: argparse.Namespace,

@@ -54,6 +54,16 @@ CASES = [
     (dq_table, ["--only", "int4-lsq-p", "--epochs", "20", "--float-epochs", "20"],
      "--float-epochs"),
     (dq_table, ["--only", "int8,int4", "--protect", "0.1:0.5"], "--protect"),
+    (train_cora, ["--from-json", "no/such/file.json"], "--from-json"),
+    (train_cora, ["--from-json", str(RESULTS / "bits_cora_int.json")], "--from-json"),
+    (train_cora, ["--from-json", str(RESULTS / "cora_sweep.json"), "--epochs", "3"], "--epochs"),
+    (train_cora, ["--from-json", str(RESULTS / "cora_sweep.json"), "--dataset", "CiteSeer"],
+     "--dataset"),
+    (train_cora, ["--from-json", str(RESULTS / "cora_sweep.json"), "--json", "o.json"],
+     "--json"),
+    (bits_pareto, ["--from-json", str(RESULTS / "cora_sweep.json")], "--from-json"),
+    (bits_pareto, ["--from-json", str(RESULTS / "bits_cora_int.json"), "--json", "o.json"],
+     "--json"),
     (bits_pareto, ["--method", "topn", "--json", "no/such/folder/b.json"], "--json"),
     (bits_pareto, ["--method", "topn", "--plot", "no/such/folder/b.png"], "--plot"),
     (train_ddp, ["--scale", "bogus"], "--scale"),
@@ -74,6 +84,13 @@ def test_bad_flags_exit_2_naming_the_flag(script, argv, flag, capsys):
         script.parse_args(argv)
     assert exit_.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_from_json_keeps_the_dataset_that_titles_its_plot(tmp_path):
+    """With --plot, --dataset names the plot, so --from-json accepts it."""
+    args = train_cora.parse_args(["--from-json", str(RESULTS / "cora_sweep.json"), "--plot",
+                                  str(tmp_path / "p.png"), "--dataset", "CiteSeer"])
+    assert args.dataset == "CiteSeer"
 
 
 def test_protection_defaults_and_applies_where_rows_protect():
