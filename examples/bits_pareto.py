@@ -86,6 +86,13 @@ ANNEAL_BITS = 2
 #: the flags ``--method recommended`` takes (it runs its recipe's chosen settings)
 RECOMMENDED_FLAGS = ("method", "target_bits", "seeds", "first_seed", "dataset", "epochs",
                      "root", "json", "from_json", "plot")
+#: flags that only some methods read (the others would ignore them), by flag
+METHOD_FLAGS: dict[str, tuple[str, ...]] = {
+    "penalty": ("learned",), "bits_lr": ("learned",), "max_bits": ("learned",),
+    "shared_bits": ("learned",), "degree_rule": ("degree",), "hub_quantile": ("degree",),
+    "anneal": ("degree",), "anneal_refit": ("degree",), "signed_grid": LSQ_METHODS,
+    "shared_step": LSQ_METHODS, "last_aggregate_bits": ("int", "degree"),
+}
 
 
 @dataclass(frozen=True)
@@ -258,6 +265,17 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if given:
             p.error(f"{', '.join(given)}: --method recommended runs its chosen settings, so "
                     "these would be ignored; please drop them")
+    defaults = p.parse_args([])
+    for name, methods in METHOD_FLAGS.items():
+        if args.method not in methods and getattr(args, name) != getattr(defaults, name):
+            p.error(f"--{name.replace('_', '-')} is read by --method {'/'.join(methods)}; "
+                    f"--method {args.method} would ignore it: please drop it")
+    if args.hub_quantile != defaults.hub_quantile and args.degree_rule != "hub-messages":
+        p.error("--hub-quantile sets the hubs of --degree-rule hub-messages; with "
+                f"--degree-rule {args.degree_rule} it would be ignored: please drop it")
+    if args.anneal_refit and not args.anneal:
+        p.error("--anneal-refit refits the steps after each annealing drop; without --anneal "
+                "there are none, so it would be ignored: please give --anneal E too")
     number, _, scale = args.input_format.partition(":")
     try:
         fxquant.QuantConfig(number, scale=scale or None)

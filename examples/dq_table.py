@@ -155,6 +155,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--seeds and --epochs must be >= 1")
     if args.plot and not args.from_json:
         p.error("--plot draws earlier results: please pass --from-json FILE ... with it")
+    if args.plot and args.json:
+        p.error("--json writes the merged table of --from-json files; with --plot each file "
+                "is drawn on its own and nothing is merged, so it would be ignored: please "
+                "run them as two commands")
     if args.from_json:
         training.refuse_training_flags(p, args)
     for path in args.from_json or []:

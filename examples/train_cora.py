@@ -119,6 +119,10 @@ class Config:
                 f"{mean:.1f} +- {std:.1f}", f"{statistics.median(self.epoch_ms):.1f}"]
 
 
+#: the sites whose rows are nodes (where --super-nodes applies)
+NODE_SITES = frozenset({"output", "input", "aggregate", "message"})
+
+
 def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
     """The quantization points of one configuration, at every site it names."""
     mapping = fxquant.QuantMapping()
@@ -146,7 +150,7 @@ def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
         fraction, over = cfg.super_nodes
         hubs = fxquant.top_degree_nodes(data.edge_index, fraction, data.num_nodes)
         for site in cfg.sites:
-            if site in ("output", "input", "aggregate", "message"):
+            if site in NODE_SITES:
                 for layer in cfg.layers or ["conv1", "conv2"]:
                     mapping.set_nodes(layer, hubs, over, site=site)
     return mapping
@@ -282,6 +286,12 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
                     "so it would be ignored: please drop it")
         training.refuse_results_files(p, args.from_json, ("name", "accs"), "train_cora.py")
         return
+    if args.rounding == "all" and not any(isinstance(n, int) for n in numbers):
+        p.error("--rounding all runs each rounding mode of top-N bit widths (--bits, --sweep); "
+                "the formats here would each run once, so please give one --rounding MODE")
+    if args.super_nodes is not None and not set(args.sites) & NODE_SITES:
+        p.error("--super-nodes gives nodes other bits at node sites (input, message, "
+                f"aggregate, output); with --sites {','.join(args.sites)} it would be ignored")
     formats = [parse(n) for n in numbers if isinstance(n, str)]
     if args.momentum is not None:
         if not formats:
