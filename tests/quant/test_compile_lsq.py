@@ -39,6 +39,16 @@ def _batches():
         yield torch.randn(n, 4, generator=g) * n, torch.randint(0, n, (2, e), generator=g)
 
 
+def _compiled_pair(seed: int):
+    """A SAGEConv model, its eager copy, the model compiled, and a batch of 12 nodes."""
+    gm = _model(SAGEConv)
+    eager = copy.deepcopy(gm)
+    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(seed)
+    batch = torch.randn(12, 4, generator=g), torch.randint(0, 12, (2, 40), generator=g)
+    return gm, eager, compiled, batch
+
+
 def _steps(gm) -> list[torch.Tensor]:
     return [m.step.detach() for m in gm.modules() if isinstance(m, fxquant.QuantPoint)]
 
@@ -86,11 +96,7 @@ def test_compiled_training_with_refit_and_changing_batch_sizes(conv):
 def test_compiled_widening_refits_follow_eager():
     """refit_steps(widen=True) inside a compiled forward: a batch of smaller values leaves
     the steps, a larger one widens them, as in eager mode."""
-    gm = _model(SAGEConv)
-    eager = copy.deepcopy(gm)
-    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
-    g = torch.Generator().manual_seed(1)
-    x, edge_index = torch.randn(12, 4, generator=g), torch.randint(0, 12, (2, 40), generator=g)
+    gm, eager, compiled, (x, edge_index) = _compiled_pair(1)
     history = []
     for scale in (10.0, 0.1, 30.0):
         for model, run in ((gm, compiled), (eager, eager)):
@@ -122,11 +128,7 @@ def test_compiled_fit_on_a_batch_without_finite_values_fits_on_the_next(settle):
     in eager mode (compiled code cannot branch on it: the mode change, refit_steps or
     QuantTraining.start_epoch notices it): the next batch fits them, and a widening refit
     does not keep the placeholder step (1) over the smaller step that batch fits."""
-    gm = _model(SAGEConv)
-    eager = copy.deepcopy(gm)
-    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
-    g = torch.Generator().manual_seed(2)
-    x, edge_index = torch.randn(12, 4, generator=g), torch.randint(0, 12, (2, 40), generator=g)
+    gm, eager, compiled, (x, edge_index) = _compiled_pair(2)
     for model, run in ((gm, compiled), (eager, eager)):
         with torch.no_grad():
             run(torch.full_like(x, float("nan")), edge_index)
@@ -144,11 +146,7 @@ def test_compiled_fit_on_a_batch_without_finite_values_fits_on_the_next(settle):
 def test_compiled_nan_batch_in_a_widening_refit_keeps_the_widening():
     """A widening refit of a fitted step whose compiled batch holds no finite value is
     still a widening refit on the next batch: a batch of smaller values keeps the step."""
-    gm = _model(SAGEConv)
-    eager = copy.deepcopy(gm)
-    compiled = torch.compile(gm, fullgraph=True, dynamic=True)
-    g = torch.Generator().manual_seed(3)
-    x, edge_index = torch.randn(12, 4, generator=g), torch.randint(0, 12, (2, 40), generator=g)
+    gm, eager, compiled, (x, edge_index) = _compiled_pair(3)
     for model, run in ((gm, compiled), (eager, eager)):
         with torch.no_grad():
             run(10 * x, edge_index)
