@@ -254,6 +254,9 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors (exit 2, naming the flag) before any work: flags the mode would ignore,
     values that would fail later (in a worker, where a failure stalls the pool). Turns the
     training lists into checked lists and ``--epochs`` into its default when training."""
+    sys.path.insert(0, str(ROOT))
+    from examples import training
+
     defaults = p.parse_args([])
     training_flags = ("candidates", "datasets", "seeds", "jobs")
     if args.merge or args.report:
@@ -267,9 +270,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--merge writes to --json PATH; please give it")
     if args.json and not (args.merge or args.report):
         p.error("--json is written by --merge or --report; training appends to --trials")
-    if args.json and (os.path.isdir(args.json)
-                      or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
-        p.error(f"--json {args.json}: not a file in an existing folder")
+    training.refuse_unwritable(p, args, "--json")
     if args.report and not os.path.isfile(args.trials):
         p.error(f"--trials {args.trials}: no such file to report")
     if args.merge or args.report:
@@ -296,9 +297,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag in ("epochs", "jobs"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
-    trials_folder = os.path.dirname(os.path.abspath(args.trials))
-    if os.path.isdir(args.trials) or not os.path.isdir(trials_folder):
-        p.error(f"--trials {args.trials}: not a file in an existing folder")
+    training.refuse_unwritable(p, args, "--trials")
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -91,7 +91,8 @@ METHOD_FLAGS: dict[str, tuple[str, ...]] = {
     "penalty": ("learned",), "bits_lr": ("learned",), "max_bits": ("learned",),
     "shared_bits": ("learned",), "degree_rule": ("degree",), "hub_quantile": ("degree",),
     "anneal": ("degree",), "anneal_refit": ("degree",), "signed_grid": LSQ_METHODS,
-    "shared_step": LSQ_METHODS, "last_aggregate_bits": ("int", "degree"),
+    "shared_step": LSQ_METHODS, "lsq_refit": LSQ_METHODS,
+    "last_aggregate_bits": ("int", "degree"),
 }
 
 
@@ -252,20 +253,16 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     training.refuse_unwritable(p, args, "--json", "--plot")
     if args.from_json:
         training.refuse_training_flags(p, args)
-        if args.json:
-            p.error("--json writes the results of training; with --from-json nothing trains, "
-                    "so it would be ignored: please drop it")
         training.refuse_results_files(p, args.from_json, ("method", "target_bits", "accs"),
                                       "bits_pareto.py")
         return
+    defaults = p.parse_args([])
     if args.method == "recommended":
-        defaults = p.parse_args([])
         given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
                  if name not in RECOMMENDED_FLAGS and value != getattr(defaults, name)]
         if given:
             p.error(f"{', '.join(given)}: --method recommended runs its chosen settings, so "
                     "these would be ignored; please drop them")
-    defaults = p.parse_args([])
     for name, methods in METHOD_FLAGS.items():
         if args.method not in methods and getattr(args, name) != getattr(defaults, name):
             p.error(f"--{name.replace('_', '-')} is read by --method {'/'.join(methods)}; "
@@ -281,9 +278,6 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         fxquant.QuantConfig(number, scale=scale or None)
     except fxquant.FxquantError as e:
         p.error(f"--input-format {args.input_format!r}: {e}")
-    if args.lsq_refit and args.method not in LSQ_METHODS:
-        p.error(f"--lsq-refit refits learned steps; --method {args.method} has none, so it "
-                "would be ignored")
     if args.refit_widen and not (args.lsq_refit or args.anneal_refit):
         p.error("--refit-widen changes how refits fit the steps; please give --lsq-refit N "
                 "or --anneal-refit R too (without refits it would be ignored)")

@@ -90,21 +90,6 @@ def rows(protect: tuple[float, float]) -> dict[str, Config]:
 NAMED_ONLY = frozenset({"int8-lsq-p", "int4-lsq-pe", "int4-lsq-ps"})
 
 
-def _not_a_table(path: str) -> str | None:
-    """Why ``path`` is not a table written by ``--json`` (None where it is one)."""
-    try:
-        with open(path) as f:
-            payload = json.load(f)
-    except (OSError, ValueError) as e:
-        return f"cannot be read as JSON ({e})"
-    results = payload.get("results") if isinstance(payload, dict) else None
-    if not isinstance(payload, dict) or not {"model", "dataset"} <= payload.keys() \
-            or not isinstance(results, list) or not results \
-            or not all(isinstance(r, dict) and {"name", "accs"} <= r.keys() for r in results):
-        return "is not a table of rows with accuracies (another script's results?)"
-    return None
-
-
 def selected(only: str | None, protect: tuple[float, float]) -> dict[str, Config]:
     """The rows a run trains: FP32 and those ``--only`` names, or every row but
     :data:`NAMED_ONLY`."""
@@ -160,12 +145,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "is drawn on its own and nothing is merged, so it would be ignored: please "
                 "run them as two commands")
     if args.from_json:
-        training.refuse_training_flags(p, args)
-    for path in args.from_json or []:
-        problem = _not_a_table(path)
-        if problem:
-            p.error(f"--from-json: {path} {problem}; please pass only files written by "
-                    "dq_table.py --json")
+        training.refuse_training_flags(p, args, writes_json=True)
+        training.refuse_results_files(p, args.from_json, ("name", "accs"), "dq_table.py",
+                                      payload_fields=("model", "dataset"))
     keys = rows((0.0, 0.0))
     if args.only is not None:
         wanted = [k.strip() for k in args.only.split(",") if k.strip()]

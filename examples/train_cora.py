@@ -281,9 +281,6 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
     naming the flag, before any work."""
     if args.from_json:  # (--dataset names the plot)
         training.refuse_training_flags(p, args, keep=("dataset",) if args.plot else ())
-        if args.json:
-            p.error("--json writes the results of training; with --from-json nothing trains, "
-                    "so it would be ignored: please drop it")
         training.refuse_results_files(p, args.from_json, ("name", "accs"), "train_cora.py")
         return
     if args.rounding == "all" and not any(isinstance(n, int) for n in numbers):

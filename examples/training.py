@@ -198,10 +198,13 @@ def t95(dof: int) -> float:
 
 
 def refuse_training_flags(p: argparse.ArgumentParser, args: argparse.Namespace,
-                          keep: tuple[str, ...] = ()) -> None:
+                          keep: tuple[str, ...] = (), writes_json: bool = False) -> None:
     """With ``--from-json`` (no training): a usage error naming every flag given that only
-    training reads (``--from-json``, ``--plot``, ``--json`` and the flags named in
-    ``keep`` aside)."""
+    training reads (``--from-json``, ``--plot`` and the flags named in ``keep`` aside),
+    and ``--json`` unless the script writes the files it read (``writes_json``)."""
+    if args.json and not writes_json:
+        p.error("--json writes the results of training; with --from-json nothing trains, "
+                "so it would be ignored: please drop it")
     defaults = p.parse_args([])
     given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
              if name not in ("from_json", "plot", "json", *keep)
@@ -212,9 +215,11 @@ def refuse_training_flags(p: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def refuse_results_files(p: argparse.ArgumentParser, paths: Sequence[str],
-                         fields: tuple[str, ...], script: str) -> None:
-    """A usage error for each ``--from-json`` file that cannot be read, or whose results
-    lack the ``fields`` that ``script --json`` writes (another script's results)."""
+                         fields: tuple[str, ...], script: str,
+                         payload_fields: tuple[str, ...] = ()) -> None:
+    """A usage error for each ``--from-json`` file that cannot be read, or that lacks the
+    ``payload_fields`` or whose results lack the ``fields`` that ``script --json`` writes
+    (another script's results)."""
     for path in paths:
         try:
             with open(path) as f:
@@ -222,10 +227,12 @@ def refuse_results_files(p: argparse.ArgumentParser, paths: Sequence[str],
         except (OSError, ValueError) as e:
             p.error(f"--from-json {path}: cannot read it as JSON ({e})")
         results = payload.get("results") if isinstance(payload, dict) else None
-        if not isinstance(results, list) or not results or not all(
-                isinstance(r, dict) and set(fields) <= r.keys() for r in results):
-            p.error(f"--from-json {path}: not a file {script} --json writes (its results need "
-                    f"{list(fields)}); please leave it out")
+        if not isinstance(results, list) or not results or not set(payload_fields) <= \
+                payload.keys() or not all(isinstance(r, dict) and set(fields) <= r.keys()
+                                          for r in results):
+            needs = f"{list(payload_fields)} and " if payload_fields else ""
+            p.error(f"--from-json {path}: not a file {script} --json writes (it needs "
+                    f"{needs}results with {list(fields)}); please leave it out")
 
 
 def refuse_unwritable(p: argparse.ArgumentParser, args: argparse.Namespace,
@@ -244,7 +251,7 @@ def refuse_float_epochs_past_training(p: argparse.ArgumentParser,
                                       args: argparse.Namespace) -> None:
     """``--float-epochs`` at or past ``--epochs``: the learned steps would never be fitted
     and every evaluation would round with the placeholder step (one class for all)."""
-    if getattr(args, "float_epochs", 0) and args.float_epochs >= args.epochs:
+    if args.float_epochs and args.float_epochs >= args.epochs:
         p.error(f"--float-epochs {args.float_epochs} with --epochs {args.epochs}: no epoch "
                 "would train rounded, and the learned steps would never be fitted; please "
                 "give --float-epochs below --epochs")

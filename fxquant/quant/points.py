@@ -669,7 +669,8 @@ class QuantPoint(nn.Module):
         :func:`refit_steps` and at :meth:`~fxquant.recipes.QuantTraining.start_epoch`."""
         if torch.compiler.is_compiling() or not self.__dict__.pop("_unsettled", False):
             return
-        if self.step_found is None or bool(self.step_found > 0):
+        assert self.step_found is not None  # (only a learned step's fit is unsettled)
+        if bool(self.step_found > 0):
             self._fitted()
             return
         self.step_ready = False
