@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--row", default="int4-lsq-p", help="a dq_table.py row key")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--lsq-refit", type=int, default=0)
-    p.add_argument("--float-epochs", type=int, default=0)
+    p.add_argument("--lsq-refit", type=training.epochs_arg, default=0)
+    p.add_argument("--float-epochs", type=training.epochs_arg, default=0)
     p.add_argument("--refit-widen", action="store_true")
     p.add_argument("--step-lr", type=float, default=None)
     p.add_argument("--protect", type=training.protect_arg, default=None,
@@ -116,8 +116,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for flag in ("epochs", "every"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
-    if args.lsq_refit < 0 or args.float_epochs < 0:
-        p.error("--lsq-refit and --float-epochs must be 0 or more")
     if args.step_lr is not None and not (math.isfinite(args.step_lr) and args.step_lr > 0):
         p.error(f"--step-lr must be a finite number above 0, got {args.step_lr}")
     if cfg.number is None and args.float_epochs:
