@@ -95,6 +95,10 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "hub-float30-refit60": _widen30(float_epochs=30, refit_epochs=60),
     # messages rounded stochastically (a hub's sum of 1-bit messages without rounding bias)
     "hub-float30-srmsg": _widen30(float_epochs=30, message_rounding="stochastic"),
+    # slower learned steps once fitted to the trained activations (the optimizer's 0.01
+    # moves a step by about 1% per epoch)
+    "hub-float30-steplr0.003": _widen30(float_epochs=30, step_lr=0.003),
+    "hub-float30-steplr0.005": _widen30(float_epochs=30, step_lr=0.005),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection
