@@ -15,7 +15,9 @@ class LastInput(Generic[T]):
     """Caches ``compute()`` for the last ``slots`` (tensor, key) pairs passed to :meth:`get`
     (a dataset's features are the same tensor every step; a training step and the
     evaluation after it pass other tensors and keys in between): each held by a weak
-    reference and the tensor's version counter, so an in-place change recomputes it.
+    reference and the tensor's version counter, so an in-place change recomputes it (as
+    for autograd, a write the counter does not see, through ``x.data`` or a NumPy array
+    sharing the memory, is not noticed).
 
     Example:
         >>> import torch
@@ -41,7 +43,11 @@ class LastInput(Generic[T]):
         self._entries: list[tuple[weakref.ref[Tensor], int, Any, T]] = []
 
     def get(self, x: Tensor, key: Hashable, compute: Callable[[], T]) -> T:
-        """``compute()``, or its result for the same unchanged ``x`` and equal ``key``."""
+        """``compute()``, or its result for the same unchanged ``x`` and equal ``key``. A
+        tensor made under :func:`torch.inference_mode` has no version counter to tell a
+        change by: it is computed every time."""
+        if x.is_inference():
+            return compute()
         for i, (ref, version, k, value) in enumerate(self._entries):
             if ref() is x and version == x._version and k == key:
                 if i:  # most recent first

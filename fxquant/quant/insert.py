@@ -183,8 +183,9 @@ def _add_masks(gm: GraphModule) -> list[QuantPoint]:
     for point in points:
         point.attach_masks(context)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    # a forward argument passed along: re-traced (unpickled), the call records itself
     _add_context(gm, "fxquant_masks", context, placeholders[-1] if placeholders else None,
-                 new_masks)
+                 new_masks, *placeholders[-1:])
     return points
 
 

@@ -88,11 +88,14 @@ class LayerMasks(nn.Module):
         return "one protective mask per layer and forward"
 
 
-def new_masks(context: LayerMasks) -> Any:
+def new_masks(context: LayerMasks, *anchor: Any) -> Any:
     """Forget the last forward's masks (each forward draws its own). Traced symbolically
-    (a GraphModule is re-traced when unpickled) it records itself."""
-    if isinstance(context, torch.fx.Proxy):  # pragma: no cover - defensive
-        return context.tracer.create_proxy("call_function", new_masks, (context,), {})
+    (a GraphModule is re-traced when unpickled) it records itself: ``context`` is then the
+    module itself, so the graph passes a forward argument as ``anchor``, which is a proxy
+    there (its value is not used)."""
+    proxy = next((a for a in (context, *anchor) if isinstance(a, torch.fx.Proxy)), None)
+    if proxy is not None:
+        return proxy.tracer.create_proxy("call_function", new_masks, (context, *anchor), {})
     context.masks = {}
     return None
 

@@ -551,9 +551,12 @@ class QuantPoint(nn.Module):
             if self._fits_step:  # the start, at the mean bits
                 rb = self.config.node_bits
                 assert rb is not None  # (the same on every rank: parameters are broadcast)
-                mean_bits = float((self.row_bits if self.row_bits is not None
-                                   else self.row_bits_table).detach().mean())  # type: ignore[union-attr]
-                lo, hi = _code_range(min(max(mean_bits, rb.min_bits), rb.max_bits), number)
+                table = self.row_bits if self.row_bits is not None else self.row_bits_table
+                assert table is not None
+                mean = table.detach().mean().clamp(rb.min_bits, rb.max_bits)
+                # compiled code keeps it a tensor (a float would need a data-dependent guard)
+                mean_bits = mean if torch.compiler.is_compiling() else float(mean)
+                lo, hi = _code_range(mean_bits, number)
                 self._init_step(x, lo, hi, number.offset)
             gain = self._lsq_gain(x, qmax, number.offset)
             if self.config.rounding is Rounding.STOCHASTIC:
@@ -605,7 +608,8 @@ class QuantPoint(nn.Module):
         s = _FiniteGrad.apply(self._step(dtype, top))
         return (s - s * gain).detach() + s * gain
 
-    def _init_step(self, x: Tensor, qmin: float, qmax: float, offset: float = 0.0) -> None:
+    def _init_step(self, x: Tensor, qmin: float | Tensor, qmax: float | Tensor,
+                   offset: float = 0.0) -> None:
         """The starting step: the one of :data:`INIT_CANDIDATES` geometric candidates (from
         ``max|x| / 1000`` to ``max|x|``) whose grid rounds this batch with the least squared
         error, on a strided sample of at most :data:`INIT_SAMPLE` values. LSQ's own start,
@@ -637,7 +641,11 @@ class QuantPoint(nn.Module):
                 dist.all_reduce(error, op=dist.ReduceOp.SUM)
             # index_select, not steps[argmin]: traceable without a data-dependent index
             best = steps.index_select(0, torch.argmin(error).reshape(1)).reshape(())
-            lo, hi = _log_step_range(x.dtype, float(max(abs(qmin), abs(qmax))) + abs(offset))
+            # (a grid given by tensors, from a mean of per-node bits while compiling: the
+            # widest grid's range, which the step is clamped to anyway (:meth:`_step`))
+            top = self._top() if isinstance(qmin, Tensor) or isinstance(qmax, Tensor) \
+                else float(max(abs(qmin), abs(qmax))) + abs(offset)
+            lo, hi = _log_step_range(x.dtype, top)
             fitted = best.clamp(min=1e-8).log().clamp(lo, hi).to(self.log_step.dtype)
             if self.refit_widens and self.step_fitted:  # never a narrower grid than the
                 fitted = torch.maximum(fitted, self.log_step)  # last fitted or learned one

@@ -245,3 +245,31 @@ def test_fixed_per_node_bits_compile_without_a_graph_break(rounding):
         eager.sum().backward()
         assert torch.equal(y, eager)
         assert torch.allclose(point.log_step.grad, step_grad, rtol=1e-5)
+
+
+@pytest.mark.parametrize("learned", [True, False])
+def test_per_node_bits_fit_their_step_inside_a_compiled_graph(learned):
+    """A learned step with per-node bits is fitted at the table's mean width; the first
+    compiled training forward (and the first after refit_steps, as QuantTraining's
+    refit and float epochs make) raised a data-dependent guard under fullgraph=True. The
+    compiled fit now picks the step eager code picks."""
+    n = 30
+    bits = fxquant.NodeBits.learned_init(n, 4.0) if learned else \
+        fxquant.NodeBits(torch.arange(n) % 3 + 2.0, learned=False)
+    config = fxquant.QuantConfig("int8", scale="tensor", range="lsq", node_bits=bits)
+    gm = fxquant.transform(nn.Sequential(nn.Linear(4, 4)),
+                           fxquant.QuantMapping().set_name("0", config), lint="off")
+    eager = copy.deepcopy(gm)
+    compiled = torch.compile(gm, fullgraph=True)
+    g = torch.Generator().manual_seed(0)
+    for scale in (1.0, 5.0):
+        x = torch.randn(n, 4, generator=g) * scale
+        out = compiled(x)
+        out.sum().backward()
+        want = eager(x)
+        want.sum().backward()
+        torch.testing.assert_close(out, want)
+        for got, expected in zip(_steps(gm), _steps(eager), strict=True):
+            torch.testing.assert_close(got, expected)
+        fxquant.refit_steps(gm)
+        fxquant.refit_steps(eager)

@@ -5,6 +5,7 @@ clipped gradient, the linear and edge sites, and the recipe that turns them all 
 from __future__ import annotations
 
 import copy
+import io
 import pickle
 
 import pytest
@@ -123,6 +124,30 @@ def test_one_mask_per_layer_is_shared_by_its_points(share):
         gm.eval()
         gm(x, ei)  # evaluation: nothing protected, nothing drawn
         assert protected_rows(inp, gm, x, ei).sum() == 0
+
+
+@pytest.mark.parametrize("route", ["pickle", "torch.save", "deepcopy"])
+def test_a_copy_draws_a_new_layer_mask_every_forward(route):
+    """A pickled GraphModule is re-traced; the call that empties the layer masks at the
+    start of a forward must survive it (it vanished, and every later training forward
+    reused the first forward's mask)."""
+    x, ei = star_graph()
+    gm, _, _ = _io_model("layer")
+    if route == "pickle":
+        again = pickle.loads(pickle.dumps(gm))
+    elif route == "torch.save":
+        buffer = io.BytesIO()
+        torch.save(gm, buffer)
+        buffer.seek(0)
+        again = torch.load(buffer, weights_only=False)
+    else:
+        again = copy.deepcopy(gm)
+    assert "new_masks" in again.code
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        expected = gm(x, ei)
+        torch.manual_seed(seed)
+        assert torch.equal(again(x, ei), expected)
 
 
 class SumConv(nn.Module):
