@@ -85,8 +85,10 @@ def transform(
         node_formats (dict, optional): ``{layer: (node_ids, format)}``: rows of these nodes
             get another format (e.g. the hubs from :func:`fxquant.top_degree_nodes`).
             (default: :obj:`None`)
-        inplace (bool, optional): share parameters with ``model`` instead of copying.
-            (default: :obj:`False`)
+        inplace (bool, optional): share parameters and buffers with ``model`` instead of
+            copying them; ``model`` itself computes as before (a layer rounded inside is
+            replaced by a copy sharing its tensors), except that a ``GraphModule`` passed
+            in is the one transformed. (default: :obj:`False`)
         concrete_args (dict, optional): arguments fixed while tracing (:func:`fxquant.trace`).
         leaf_modules (optional): module classes or qualified names traced as single calls.
         lint (str, optional): ``"warn"`` turns findings into warnings, ``"raise"`` raises

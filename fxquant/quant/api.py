@@ -8,6 +8,7 @@ The general form is ``transform(model, mapping)`` with a
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,7 +30,12 @@ from fxquant.quant.config import (
     Site,
     as_number,
 )
-from fxquant.quant.insert import edge_index_of, insert_quant_points
+from fxquant.quant.insert import (
+    check_inner_sites,
+    edge_index_of,
+    inner_layers,
+    insert_quant_points,
+)
 from fxquant.quant.points import QuantPoint
 from fxquant.quant.sites import edge_arguments, linears_of, weights_of
 
@@ -264,6 +270,14 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
         raise FxquantValueError(f"{where}: protection inside a layer's linear transforms and "
                                 "per-edge arguments follows the layer's own mask; please pass "
                                 "protect=fxquant.Protection(p_min, p_max, share='layer')")
+    if p.site is Site.OUTPUT and p.node.users and all(
+            u.op == "call_function" and u.target is operator.getitem for u in p.node.users):
+        raise FxquantValueError(
+            f"{where}: {layer!r} returns several values (the model only indexes its result, "
+            "as with GATConv(return_attention_weights=True), which returns (out, (edge_index, "
+            "alpha))), and a quantization point rounds one tensor. Please leave its output "
+            f"out (QuantMapping().set_name({layer!r}, None), or layers= without it) and round "
+            "its inner sites ('message', 'aggregate', 'edge', ...) or the next layer's 'input'")
     if p.site is Site.INPUT:
         first = p.node.args[0] if p.node.args else None
         parts = first if isinstance(first, (tuple, list)) else [first]
@@ -333,8 +347,10 @@ def transform(
             bool mask over the nodes, e.g. from :func:`fxquant.top_degree_nodes`) are rounded
             to another format (kept bits or a format). A bit-width for every node is
             :class:`~fxquant.quant.config.NodeBits` in a QuantConfig instead.
-        inplace (bool, optional): share parameters with ``model`` instead of copying.
-            (default: :obj:`False`)
+        inplace (bool, optional): share parameters and buffers with ``model`` instead of
+            copying them; ``model`` itself computes as before (a layer rounded inside is
+            replaced by a copy sharing its tensors), except that a ``GraphModule`` passed
+            in is the one transformed. (default: :obj:`False`)
         concrete_args, leaf_modules (optional): passed to :func:`fxquant.trace`.
         node_bits (dict, optional): deprecated name of ``node_formats``.
 
@@ -411,10 +427,26 @@ def transform(
     points = plan(gm, chosen)
     if isinstance(mapping, QuantMapping) and layers is not None:
         points = _only_layers(gm, points, layers)
+    check_inner_sites(gm, points)
     if not inplace:
         gm = copy.deepcopy(gm)
+    else:
+        _own_layers(gm, inner_layers(points))
     nodes = {n.name: n for n in gm.graph.nodes}
     insert_quant_points(gm, [Resolved(nodes[p.node.name], p.site, p.config, p.override)
                              for p in points])
     remember_trace(gm, concrete_args, leaf_modules)
     return gm
+
+
+def _own_layers(gm: GraphModule, targets: Iterable[str]) -> None:
+    """Replace each layer of ``targets`` in ``gm`` (under every name it has there) by a copy
+    sharing its parameters and buffers: what rounds inside a layer is set on the layer
+    itself, and with ``inplace=True`` the layer is also the user's model's."""
+    for target in targets:
+        module = gm.get_submodule(target)
+        tensors = [*module.parameters(), *module.buffers()]
+        twin = copy.deepcopy(module, {id(t): t for t in tensors})
+        for name, found in list(gm.named_modules(remove_duplicate=False)):
+            if found is module and name:
+                gm.set_submodule(name, twin)

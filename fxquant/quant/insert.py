@@ -29,9 +29,9 @@ from fxquant.fx.selectors import layer_name
 from fxquant.quant.config import Resolved, Site
 from fxquant.quant.nodes import LayerMasks, NodeIds, new_masks, set_node_ids
 from fxquant.quant.points import QuantPoint
-from fxquant.quant.sites import install, linears_of, weights_of
+from fxquant.quant.sites import check_install, install, linears_of, weights_of
 
-__all__ = ["NODE_IDS_ARG", "edge_index_of", "insert_quant_points"]
+__all__ = ["NODE_IDS_ARG", "check_inner_sites", "edge_index_of", "insert_quant_points"]
 
 
 def _other_than(*new: Node) -> Callable[[Node], bool]:
@@ -56,6 +56,7 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
     """
     if not points:
         return PassResult(gm, False)
+    check_inner_sites(gm, points)  # before any change
     device = next((b.device for b in gm.buffers()), None) or next(
         (p.device for p in gm.parameters()), torch.device("cpu"))
     graph = gm.graph
@@ -127,6 +128,33 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
     graph.lint()
     gm.recompile()
     return PassResult(gm, True)
+
+
+def inner_layers(points: Sequence[Resolved]) -> dict[str, dict[Site, Resolved]]:
+    """The targets of the layers rounded inside, each with its inner sites' points (a layer
+    called twice: the first call's)."""
+    inner: dict[str, dict[Site, Resolved]] = {}
+    for p in points:
+        if p.site.inner:
+            inner.setdefault(str(p.node.target), {}).setdefault(p.site, p)
+    return inner
+
+
+def check_inner_sites(gm: GraphModule, points: Sequence[Resolved]) -> None:
+    """Raise, changing nothing, where a layer cannot take the objects that round inside it
+    (:func:`~fxquant.quant.sites.check_install`): not a PyG layer for messages, a layer
+    with attributes of its own, or one a transform before already rounds inside."""
+    for target, sites in inner_layers(points).items():
+        module = gm.get_submodule(target)
+        message = sites.get(Site.MESSAGE)
+        protect = message.config.protect if message is not None else None
+        check_install(
+            layer_name(next(iter(sites.values())).node), module,
+            weights_of(module) if Site.WEIGHT in sites else [], Site.MESSAGE in sites,
+            Site.AGGREGATE in sites, linears_of(module) if Site.LINEAR in sites else [],
+            Site.EDGE in sites, protect is not None and protect.messages == "source",
+            any(p.config.protect is not None and p.config.protect.share == "layer"
+                for p in sites.values()))
 
 
 #: The argument a transformed model takes the batch's global node ids through.

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
-from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.errors import FxquantFileNotFoundError, FxquantTypeError, FxquantValueError
 from fxquant.fx.tracer import LeafSpec
 from fxquant.quant.api import TRACE_KEY, transform
 from fxquant.quant.config import QuantConfig, QuantMapping
@@ -75,6 +75,11 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
     except TypeError as e:
         raise FxquantValueError(f"fxquant.save: the concrete_args this model was traced with are not "
                          f"plain values ({e}); they cannot be saved without pickling") from e
+    folder = os.path.dirname(os.path.abspath(path)) if isinstance(path, (str, os.PathLike)) \
+        else None
+    if folder is not None and not os.path.isdir(folder):
+        raise FxquantFileNotFoundError(f"fxquant.save: the folder of {os.fspath(path)!r} does not "
+                                       "exist; please create it first")
     shared = any(p["step_source"] is not None or p["bits_source"] is not None for p in points)
     torch.save({"format": FORMAT_SHARED if shared else FORMAT, "points": json.dumps(points),
                 "trace": trace_json, "state_dict": gm.state_dict()}, path)
@@ -93,6 +98,9 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         leaf_modules (iterable, optional): the ``leaf_modules`` classes of the original
             transform, when the saved names cannot be found among ``model``'s submodules.
     """
+    if isinstance(path, (str, os.PathLike)) and not os.path.isfile(path):
+        raise FxquantFileNotFoundError(f"fxquant.load: no file {os.fspath(path)!r}"
+                                       + (" (a folder)" if os.path.isdir(path) else ""))
     try:
         blob = torch.load(path, weights_only=True)
     except Exception as e:

@@ -316,6 +316,11 @@ class QuantPoint(nn.Module):
         of a message; ``row_sources`` its source, for ``Protection(messages="source")``);
         degrees (for protection) come from ``node_degree`` or from the layer's
         ``edge_index`` (in-degree, ``edge_index[1]``)."""
+        if not isinstance(x, Tensor):
+            raise FxquantTypeError(
+                f"fxquant: the {self.name} received a {type(x).__name__}, not a tensor (a "
+                "layer that returns several values?); a quantization point rounds one tensor. "
+                f"Please leave this site of {self.layer!r} out of the mapping")
         if self.float_training and self.training:
             return x
         if self.site is Site.INPUT and not x.is_floating_point():
@@ -634,7 +639,8 @@ class QuantPoint(nn.Module):
                 amax, found = both[0], both[1]
             amax = torch.where(amax > 0, amax, torch.ones_like(amax))
             steps = amax * torch.logspace(-3, 0, INIT_CANDIDATES, device=v.device)
-            codes = torch.clamp(torch.round(v[None, :] / steps[:, None] - offset), qmin, qmax)
+            codes = torch.clamp(torch.round(v[None, :] / steps[:, None] - offset),
+                                cast(Any, qmin), cast(Any, qmax))
             error = (((codes + offset) * steps[:, None] - v[None, :]).square()
                      * finite[None, :]).sum(1)
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

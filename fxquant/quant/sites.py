@@ -59,6 +59,7 @@ __all__ = [
     "QuantizedForward",
     "QuantizedLinear",
     "QuantizedPropagate",
+    "check_install",
     "edge_arguments",
     "install",
     "linears_of",
@@ -240,29 +241,50 @@ class NoFusedPath:
         )
 
 
-def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] | None,
-            message: QuantPoint | None, aggregate: QuantPoint | None,
-            linear: dict[str, QuantPoint] | None = None, edge: QuantPoint | None = None,
-            drawer: QuantPoint | None = None) -> None:
-    """Set the site objects on ``module`` (the transformed copy), checking it can take them.
-    ``drawer``: a point of the layer whose ``Protection(share="layer")`` mask the layer's
-    forward draws at the start of each training call."""
-    weights, linear = dict(weights or {}), dict(linear or {})
+#: the objects :func:`install` sets on a layer
+SITE_OBJECTS = (QuantizedForward, QuantizedLinear, QuantizedPropagate, QuantizedAggregate,
+                NoFusedPath)
+
+
+def _free(owner: nn.Module, attribute: str, layer_name: str, what: str) -> None:
+    """Raise unless ``owner`` has no instance attribute ``attribute`` to be replaced."""
+    current = vars(owner).get(attribute)
+    if current is None:
+        return
+    if isinstance(current, SITE_OBJECTS):
+        raise FxquantValueError(
+            f"layer {layer_name!r} already rounds inside: its {attribute} was set by an "
+            f"earlier fxquant.transform, and rounding {what} again would silently drop those "
+            "points. Please transform the original model once, with every site in one "
+            "QuantMapping")
+    raise FxquantValueError(f"layer {layer_name!r} already has its own {attribute} attribute "
+                            f"({type(current).__name__}); fxquant cannot round {what}")
+
+
+def _split_weights(module: nn.Module, weights: list[str]) -> tuple[list[str], list[str]]:
+    """``weights`` as (the layer's own, the linear children whose ``weight`` they are)."""
     children = set(linears_of(module))
-    by_child = {name.rpartition(".")[0]: weights.pop(name) for name in list(weights)
-                if name.rpartition(".")[0] in children and name.endswith(".weight")}
-    if weights or drawer is not None:
-        if "forward" in vars(module):
-            raise FxquantValueError(f"layer {layer_name!r} already has its own forward attribute; "
-                             "fxquant cannot round its weights")
-        module.forward = QuantizedForward(module, weights, drawer)
-    for name in sorted(set(linear) | set(by_child)):
-        child = module.get_submodule(name)
-        if "forward" in vars(child):
-            raise FxquantValueError(f"the linear {name!r} of layer {layer_name!r} already has its "
-                                    "own forward attribute; fxquant cannot round it")
-        child.forward = QuantizedLinear(child, linear.get(name), by_child.get(name))
-    if message is None and aggregate is None and edge is None:
+    by_child = [name.rpartition(".")[0] for name in weights
+                if name.rpartition(".")[0] in children and name.endswith(".weight")]
+    own = [name for name in weights
+           if not (name.rpartition(".")[0] in children and name.endswith(".weight"))]
+    return own, by_child
+
+
+def check_install(layer_name: str, module: nn.Module, weights: list[str], message: bool,
+                  aggregate: bool, linear: list[str] | None = None, edge: bool = False,
+                  sources: bool = False, draws: bool = False) -> None:
+    """Raise, changing nothing, where :func:`install` could not set the objects of these
+    sites on ``module``: ``weights`` and ``linear`` name the tensors and children rounded,
+    ``sources``: messages protected by their source node, ``draws``: the layer's forward
+    draws a ``Protection(share="layer")`` mask. A layer that already carries fxquant's
+    objects (a model transformed before) is refused: replacing them would drop its points."""
+    own, by_child = _split_weights(module, weights)
+    if own or draws:
+        _free(module, "forward", layer_name, "its weights")
+    for name in sorted(set(linear or []) | set(by_child)):
+        _free(module.get_submodule(name), "forward", layer_name, f"its linear {name!r}")
+    if not (message or aggregate or edge):
         return
     if not isinstance(module, MessagePassing):
         raise FxquantValueError(f"the message and aggregate sites need a PyG MessagePassing layer; "
@@ -270,16 +292,41 @@ def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] |
     if getattr(module, "explain", False) or getattr(module, "decomposed_layers", 1) > 1:
         raise FxquantValueError(f"layer {layer_name!r} runs PyG's explain or decomposed_layers mode, "
                          "whose propagate fxquant does not round inside; please switch it off")
+    if message or aggregate:
+        for attribute in ("aggregate", "message_and_aggregate"):
+            _free(module, attribute, layer_name, "its messages and aggregation")
+    if edge or sources:
+        _free(module, "propagate", layer_name, "its per-edge arguments")
+
+
+def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] | None,
+            message: QuantPoint | None, aggregate: QuantPoint | None,
+            linear: dict[str, QuantPoint] | None = None, edge: QuantPoint | None = None,
+            drawer: QuantPoint | None = None) -> None:
+    """Set the site objects on ``module`` (the transformed copy), checked first by
+    :func:`check_install` (nothing is set on error). ``drawer``: a point of the layer whose
+    ``Protection(share="layer")`` mask the layer's forward draws at the start of each
+    training call."""
+    weights, linear = dict(weights or {}), dict(linear or {})
+    sources = message is not None and message.config.protect is not None \
+        and message.config.protect.messages == "source"
+    check_install(layer_name, module, list(weights), message is not None, aggregate is not None,
+                  list(linear), edge is not None, sources, drawer is not None)
+    _, children = _split_weights(module, list(weights))
+    by_child = {name: weights.pop(f"{name}.weight") for name in children}
+    if weights or drawer is not None:
+        module.forward = QuantizedForward(module, weights, drawer)
+    for name in sorted(set(linear) | set(by_child)):
+        child = module.get_submodule(name)
+        child.forward = QuantizedLinear(child, linear.get(name), by_child.get(name))
+    if message is None and aggregate is None and edge is None:
+        return
+    assert isinstance(module, MessagePassing)  # (check_install)
     rounds = None
     if message is not None or aggregate is not None:
         rounds = QuantizedAggregate(module, message, aggregate)
         module.aggregate = rounds
-    sources = message is not None and message.config.protect is not None \
-        and message.config.protect.messages == "source"
     if edge is not None or sources:
-        if "propagate" in vars(module):
-            raise FxquantValueError(f"layer {layer_name!r} already has its own propagate "
-                                    "attribute; fxquant cannot round its per-edge arguments")
         module.propagate = QuantizedPropagate(module, edge, rounds)
     sites = [s for s, p in (("message", message), ("aggregate", aggregate)) if p is not None]
     if sites:

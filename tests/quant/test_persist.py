@@ -79,6 +79,13 @@ def test_wrong_model_and_bad_files(tmp_path):
         fxquant.load(tmp_path / "other.pt", GCN())
     with pytest.raises(TypeError, match="expects the GraphModule"):
         fxquant.save(GCN(), tmp_path / "x.pt")
+    with pytest.raises(FileNotFoundError, match=r"fxquant\.load: no file .*missing\.pt"):
+        fxquant.load(tmp_path / "missing.pt", GCN())
+    with pytest.raises(FileNotFoundError, match=r"no file .*\(a folder\)"):
+        fxquant.load(tmp_path, GCN())
+    with pytest.raises(FileNotFoundError, match="does not exist; please create it"):
+        fxquant.save(gm, tmp_path / "nowhere" / "gm.pt")
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_torch_export_round_trip(tmp_path, graph):

@@ -91,6 +91,87 @@ def test_inplace_shares_parameters():
     assert {p.data_ptr() for p in gm.parameters()} == {p.data_ptr() for p in model.parameters()}
 
 
+@pytest.mark.parametrize("site", ["output", "message", "aggregate", "weight", "linear", "edge"])
+def test_inplace_leaves_the_model_computing_as_before(site, graph):
+    """inplace=True shares the model's tensors but never sets the objects that round inside
+    a layer on the model's own layer (the model itself rounded after it); the result equals
+    the default transform's, and training it trains the model's parameters."""
+    torch.manual_seed(0)
+    model = PygGCN(graph.x.shape[1], 8, num_layers=2, out_channels=3).eval()
+    x, ei = graph.x, graph.edge_index
+    before = model(x, ei)
+    mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig("int2", scale="tensor"),
+                                                site=site)
+    gm = fxquant.transform(model, mapping, inplace=True, lint="off")
+    copied = fxquant.transform(model, mapping, lint="off")
+    assert torch.equal(model(x, ei), before)
+    assert not any(k in vars(m) for m in model.modules()
+                   for k in ("forward", "aggregate", "propagate", "message_and_aggregate"))
+    assert torch.equal(gm(x, ei), copied(x, ei))
+    assert not torch.equal(gm(x, ei), before)
+    assert {p.data_ptr() for p in gm.parameters()} >= {p.data_ptr() for p in model.parameters()}
+    with torch.no_grad():
+        next(gm.parameters()).add_(1.0)
+    assert not torch.equal(model(x, ei), before)  # the same tensors
+
+
+def test_a_layer_returning_several_values_is_refused_at_its_output(graph):
+    """GATConv(return_attention_weights=True) returns (out, (edge_index, alpha)): an output
+    point was accepted and failed at the first forward with "'tuple' object has no
+    attribute 'dim'". It is refused by transform, naming the layer and the way out, which
+    works; a point handed a tuple anyway names itself."""
+    from torch_geometric.nn import GATConv
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.conv2 = GATConv(4, 4, heads=2), GATConv(8, 3)
+
+        def forward(self, x, edge_index):
+            out, (_, alpha) = self.conv(x, edge_index, return_attention_weights=True)
+            return self.conv2(out, edge_index), alpha
+
+    with pytest.raises(ValueError, match=r"'conv' returns several values.*set_name\('conv', "
+                                         r"None\)"):
+        fxquant.transform(Attention(), bits=8, lint="off")
+    mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig(8)).set_name("conv", None) \
+        .set_name("conv", fxquant.QuantConfig(8), site="message")
+    gm = fxquant.transform(Attention(), mapping, lint="off")
+    assert [n for n, _ in fxquant.quantization_points(gm)] == ["conv_message_quant", "conv2_quant"]
+    out, alpha = gm(graph.x, graph.edge_index)
+    assert out.shape == (graph.x.shape[0], 3)
+    with pytest.raises(TypeError, match="received a tuple, not a tensor"):
+        gm.get_submodule("conv2_quant")((out, alpha))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_transforming_again_refuses_a_layer_already_rounded_inside(inplace, graph):
+    """A second transform adding an inner site to a layer the first already rounds inside
+    replaced the first's objects, dropping its points silently. It is refused, naming the
+    layer, and nothing changes; other layers and outer sites may still be added."""
+    torch.manual_seed(0)
+    first = fxquant.transform(PygGCN(graph.x.shape[1], 8, num_layers=2, out_channels=3),
+                              fxquant.QuantMapping().set_name(
+                                  "convs.0", fxquant.QuantConfig("int2", scale="tensor"),
+                                  site="message"), lint="off").eval()
+    x, ei = graph.x, graph.edge_index
+    before, code = first(x, ei), first.code
+    for site in ("aggregate", "message"):
+        again = fxquant.QuantMapping().set_name("convs.0", fxquant.QuantConfig(16), site=site)
+        with pytest.raises(ValueError, match=r"layer 'convs\.0' already rounds inside"):
+            fxquant.transform(first, again, inplace=inplace, lint="off")
+        assert first.code == code and torch.equal(first(x, ei), before)
+    more = fxquant.QuantMapping().set_name("convs.1", fxquant.QuantConfig(16), site="message") \
+        .set_name("convs.0", fxquant.QuantConfig(16)) \
+        .set_name("convs.0", fxquant.QuantConfig(16), site="weight")  # (its linear's forward)
+    twice = fxquant.transform(first, more, lint="off").eval()
+    ran = []
+    for name, point in fxquant.quantization_points(twice):
+        point.register_forward_hook(lambda *_, name=name: ran.append(name))
+    twice(x, ei)
+    assert len(set(ran)) == len(fxquant.quantization_points(twice)) == 4  # every one runs
+
+
 @pytest.mark.parametrize(
     ("layers", "expected"),
     [
