@@ -8,7 +8,6 @@ The general form is ``transform(model, mapping)`` with a
 from __future__ import annotations
 
 import copy
-import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -270,14 +269,6 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
         raise FxquantValueError(f"{where}: protection inside a layer's linear transforms and "
                                 "per-edge arguments follows the layer's own mask; please pass "
                                 "protect=fxquant.Protection(p_min, p_max, share='layer')")
-    if p.site is Site.OUTPUT and p.node.users and all(
-            u.op == "call_function" and u.target is operator.getitem for u in p.node.users):
-        raise FxquantValueError(
-            f"{where}: {layer!r} returns several values (the model only indexes its result, "
-            "as with GATConv(return_attention_weights=True), which returns (out, (edge_index, "
-            "alpha))), and a quantization point rounds one tensor. Please leave its output "
-            f"out (QuantMapping().set_name({layer!r}, None), or layers= without it) and round "
-            "its inner sites ('message', 'aggregate', 'edge', ...) or the next layer's 'input'")
     if p.site is Site.INPUT:
         first = p.node.args[0] if p.node.args else None
         parts = first if isinstance(first, (tuple, list)) else [first]

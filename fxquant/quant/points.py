@@ -318,9 +318,13 @@ class QuantPoint(nn.Module):
         ``edge_index`` (in-degree, ``edge_index[1]``)."""
         if not isinstance(x, Tensor):
             raise FxquantTypeError(
-                f"fxquant: the {self.name} received a {type(x).__name__}, not a tensor (a "
-                "layer that returns several values?); a quantization point rounds one tensor. "
-                f"Please leave this site of {self.layer!r} out of the mapping")
+                f"fxquant: the {self.name} received a {type(x).__name__}, not a tensor: the "
+                "layer returns several values (as GATConv(return_attention_weights=True) "
+                "returns (out, (edge_index, alpha))), and a quantization point rounds one "
+                f"tensor. Please leave this site out (QuantMapping().set_name({self.layer!r}, "
+                f"None{'' if self.site is Site.OUTPUT else ', site=' + repr(self.site.value)}"
+                "), or layers= without it) and round the layer's inner sites ('message', "
+                "'aggregate', 'edge', ...) or the next layer's 'input'")
         if self.float_training and self.training:
             return x
         if self.site is Site.INPUT and not x.is_floating_point():
