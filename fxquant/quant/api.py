@@ -30,7 +30,7 @@ from fxquant.quant.config import (
     as_number,
 )
 from fxquant.quant.insert import (
-    check_inner_sites,
+    check_points,
     edge_index_of,
     inner_layers,
     insert_quant_points,
@@ -418,11 +418,11 @@ def transform(
     points = plan(gm, chosen)
     if isinstance(mapping, QuantMapping) and layers is not None:
         points = _only_layers(gm, points, layers)
-    check_inner_sites(gm, points)
+    check_points(gm, points)
     if not inplace:
         gm = copy.deepcopy(gm)
     else:
-        _own_layers(gm, inner_layers(points))
+        _own_layers(gm, inner_layers(gm, points))
     nodes = {n.name: n for n in gm.graph.nodes}
     insert_quant_points(gm, [Resolved(nodes[p.node.name], p.site, p.config, p.override)
                              for p in points])
@@ -432,12 +432,23 @@ def transform(
 
 def _own_layers(gm: GraphModule, targets: Iterable[str]) -> None:
     """Replace each layer of ``targets`` in ``gm`` (under every name it has there) by a copy
-    sharing its parameters and buffers: what rounds inside a layer is set on the layer
-    itself, and with ``inplace=True`` the layer is also the user's model's."""
+    sharing its tensors and hooks: what rounds inside a layer is set on the layer itself,
+    and with ``inplace=True`` the layer is also the user's model's. Shared, not copied:
+    every tensor the layer's modules hold (parameters, buffers, and computed ones such as a
+    pruned ``weight``), their hook tables (a hook added or removed later acts on both), and
+    every module of ``gm`` outside the layer (the points an earlier transform set inside it
+    stay the GraphModule's)."""
     for target in targets:
         module = gm.get_submodule(target)
-        tensors = [*module.parameters(), *module.buffers()]
-        twin = copy.deepcopy(module, {id(t): t for t in tensors})
+        inside = {id(m) for m in module.modules()}
+        memo: dict[int, Any] = {id(m): m for m in gm.modules() if id(m) not in inside}
+        for m in module.modules():
+            for key, value in vars(m).items():
+                if isinstance(value, Tensor) or ("hooks" in key and isinstance(value, dict)):
+                    memo[id(value)] = value
+            for table in ("_parameters", "_buffers"):
+                memo.update((id(t), t) for t in vars(m)[table].values() if t is not None)
+        twin = copy.deepcopy(module, memo)
         for name, found in list(gm.named_modules(remove_duplicate=False)):
             if found is module and name:
                 gm.set_submodule(name, twin)

@@ -29,9 +29,15 @@ from fxquant.fx.selectors import layer_name
 from fxquant.quant.config import Resolved, Site
 from fxquant.quant.nodes import LayerMasks, NodeIds, new_masks, set_node_ids
 from fxquant.quant.points import QuantPoint
-from fxquant.quant.sites import check_install, install, linears_of, weights_of
+from fxquant.quant.sites import (
+    check_install,
+    install,
+    linears_of,
+    patched_children,
+    weights_of,
+)
 
-__all__ = ["NODE_IDS_ARG", "check_inner_sites", "edge_index_of", "insert_quant_points"]
+__all__ = ["NODE_IDS_ARG", "check_points", "edge_index_of", "insert_quant_points"]
 
 
 def _other_than(*new: Node) -> Callable[[Node], bool]:
@@ -56,18 +62,20 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
     """
     if not points:
         return PassResult(gm, False)
-    check_inner_sites(gm, points)  # before any change
+    check_points(gm, points)  # before any change
     device = next((b.device for b in gm.buffers()), None) or next(
         (p.device for p in gm.parameters()), torch.device("cpu"))
     graph = gm.graph
     inner: dict[str, dict[str, Any]] = {}
+    targets = _layer_targets(gm, points)
     for p in points:
         node, layer = p.node, layer_name(p.node)
-        if p.site.inner and p.site.value in inner.get(str(node.target), {}):
+        target = targets.get(str(node.target), str(node.target))
+        if p.site.inner and p.site.value in inner.get(target, {}):
             continue  # a layer called twice: its inner sites are one set of points
         if p.site in (Site.WEIGHT, Site.LINEAR):
-            module = gm.get_submodule(str(node.target))
-            group = inner.setdefault(str(node.target), {"layer": layer}).setdefault(
+            module = gm.get_submodule(target)
+            group = inner.setdefault(target, {"layer": layer}).setdefault(
                 p.site.value, {})
             names = weights_of(module) if p.site is Site.WEIGHT else linears_of(module)
             for tensor in names:
@@ -82,7 +90,7 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
         point = QuantPoint(p.config, layer, p.site, p.override).to(device)
         gm.add_submodule(name, point)
         if p.site.inner:
-            inner.setdefault(str(node.target), {"layer": layer})[p.site.value] = point
+            inner.setdefault(target, {"layer": layer})[p.site.value] = point
             continue
         edge_index = edge_index_of(gm, node) if p.config.protect is not None else None
         extra = (edge_index,) if edge_index is not None else ()
@@ -117,6 +125,8 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
                     rounded.append(new)
             value = type(first)(rounded) if isinstance(first, (tuple, list)) else rounded[0]
             node.args = (value, *node.args[1:])
+    # node ids first: their argument is the forward argument the masks' call passes along
+    _add_node_ids(gm, [m for m in gm.modules() if isinstance(m, QuantPoint) and m.uses_node_ids])
     shared = _add_masks(gm)
     for target, sites in inner.items():
         mine = [q for q in shared if q.layer == sites["layer"]]
@@ -124,37 +134,64 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
         install(sites["layer"], gm.get_submodule(target), sites.get("weight"),
                 sites.get("message"), sites.get("aggregate"), sites.get("linear"),
                 sites.get("edge"), drawer)
-    _add_node_ids(gm, [m for m in gm.modules() if isinstance(m, QuantPoint) and m.uses_node_ids])
     graph.lint()
     gm.recompile()
     return PassResult(gm, True)
 
 
-def inner_layers(points: Sequence[Resolved]) -> dict[str, dict[Site, Resolved]]:
+def _layer_targets(gm: GraphModule, points: Sequence[Resolved]) -> dict[str, str]:
+    """Each target of a layer rounded inside -> the first target of the same module (one
+    module reached by two names is one layer: its inner sites are one set of points)."""
+    first: dict[int, str] = {}
+    out = {}
+    for p in points:
+        if p.site.inner:
+            target = str(p.node.target)
+            out[target] = first.setdefault(id(gm.get_submodule(target)), target)
+    return out
+
+
+def inner_layers(gm: GraphModule, points: Sequence[Resolved]) -> dict[str, dict[Site, Resolved]]:
     """The targets of the layers rounded inside, each with its inner sites' points (a layer
-    called twice: the first call's)."""
+    called twice, or reached by two names: the first call's)."""
+    targets = _layer_targets(gm, points)
     inner: dict[str, dict[Site, Resolved]] = {}
     for p in points:
         if p.site.inner:
-            inner.setdefault(str(p.node.target), {}).setdefault(p.site, p)
+            inner.setdefault(targets[str(p.node.target)], {}).setdefault(p.site, p)
     return inner
 
 
-def check_inner_sites(gm: GraphModule, points: Sequence[Resolved]) -> None:
-    """Raise, changing nothing, where a layer cannot take the objects that round inside it
-    (:func:`~fxquant.quant.sites.check_install`): not a PyG layer for messages, a layer
-    with attributes of its own, or one a transform before already rounds inside."""
-    for target, sites in inner_layers(points).items():
+def check_points(gm: GraphModule, points: Sequence[Resolved]) -> None:
+    """Raise, changing nothing, where :func:`insert_quant_points` could not insert
+    ``points``: per-node settings in a forward without named arguments, or a layer that
+    cannot take the objects that round inside it (:func:`~fxquant.quant.sites.check_install`:
+    not a PyG layer for messages, a layer with attributes of its own, one a transform
+    before already rounds inside, or a linear child that two layers share)."""
+    starred = any(n.op == "placeholder" and str(n.target).startswith("*") for n in gm.graph.nodes)
+    if starred and any(p.override is not None or p.config.node_bits is not None for p in points):
+        raise FxquantValueError("fxquant: per-node settings need a node_ids argument, but this "
+                                "forward takes *args/**kwargs; please give it named arguments")
+    children: dict[int, str] = {}
+    for target, sites in inner_layers(gm, points).items():
         module = gm.get_submodule(target)
+        layer = layer_name(next(iter(sites.values())).node)
         message = sites.get(Site.MESSAGE)
         protect = message.config.protect if message is not None else None
+        weights = weights_of(module) if Site.WEIGHT in sites else []
+        linear = linears_of(module) if Site.LINEAR in sites else []
         check_install(
-            layer_name(next(iter(sites.values())).node), module,
-            weights_of(module) if Site.WEIGHT in sites else [], Site.MESSAGE in sites,
-            Site.AGGREGATE in sites, linears_of(module) if Site.LINEAR in sites else [],
+            layer, module, weights, Site.MESSAGE in sites, Site.AGGREGATE in sites, linear,
             Site.EDGE in sites, protect is not None and protect.messages == "source",
             any(p.config.protect is not None and p.config.protect.share == "layer"
                 for p in sites.values()))
+        for name in patched_children(module, weights, linear):
+            other = children.setdefault(id(module.get_submodule(name)), f"{layer}.{name}")
+            if other != f"{layer}.{name}":
+                raise FxquantValueError(
+                    f"fxquant.transform: the linear {name!r} of layer {layer!r} is the same "
+                    f"module as {other!r}; its weight or output can be rounded for one layer "
+                    "only. Please give the 'weight'/'linear' site to one of these layers")
 
 
 #: The argument a transformed model takes the batch's global node ids through.

@@ -317,14 +317,16 @@ class QuantPoint(nn.Module):
         degrees (for protection) come from ``node_degree`` or from the layer's
         ``edge_index`` (in-degree, ``edge_index[1]``)."""
         if not isinstance(x, Tensor):
+            why = ("the layer returns several values (as GATConv(return_attention_weights="
+                   "True) returns (out, (edge_index, alpha)))" if self.site is Site.OUTPUT else
+                   "the layer's argument is a sequence the trace does not see into"
+                   if self.site is Site.INPUT else "the layer hands it several values")
             raise FxquantTypeError(
-                f"fxquant: the {self.name} received a {type(x).__name__}, not a tensor: the "
-                "layer returns several values (as GATConv(return_attention_weights=True) "
-                "returns (out, (edge_index, alpha))), and a quantization point rounds one "
-                f"tensor. Please leave this site out (QuantMapping().set_name({self.layer!r}, "
-                f"None{'' if self.site is Site.OUTPUT else ', site=' + repr(self.site.value)}"
-                "), or layers= without it) and round the layer's inner sites ('message', "
-                "'aggregate', 'edge', ...) or the next layer's 'input'")
+                f"fxquant: the {self.name} received a {type(x).__name__}, not a tensor: {why}, "
+                "and a quantization point rounds one tensor. Please leave this site out "
+                f"(QuantMapping().set_name({self.layer!r}, None"
+                f"{'' if self.site is Site.OUTPUT else ', site=' + repr(self.site.value)}), "
+                "or layers= without it) and round another site of the layer")
         if self.float_training and self.training:
             return x
         if self.site is Site.INPUT and not x.is_floating_point():

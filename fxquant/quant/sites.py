@@ -63,6 +63,7 @@ __all__ = [
     "edge_arguments",
     "install",
     "linears_of",
+    "patched_children",
     "weights_of",
 ]
 
@@ -246,18 +247,18 @@ SITE_OBJECTS = (QuantizedForward, QuantizedLinear, QuantizedPropagate, Quantized
                 NoFusedPath)
 
 
-def _free(owner: nn.Module, attribute: str, layer_name: str, what: str) -> None:
-    """Raise unless ``owner`` has no instance attribute ``attribute`` to be replaced."""
+def _free(owner: nn.Module, attribute: str, where: str, what: str) -> None:
+    """Raise unless ``owner`` (``where``: ``"layer 'conv1'"``) has no instance attribute
+    ``attribute`` to be replaced."""
     current = vars(owner).get(attribute)
     if current is None:
         return
     if isinstance(current, SITE_OBJECTS):
         raise FxquantValueError(
-            f"layer {layer_name!r} already rounds inside: its {attribute} was set by an "
-            f"earlier fxquant.transform, and rounding {what} again would silently drop those "
-            "points. Please transform the original model once, with every site in one "
-            "QuantMapping")
-    raise FxquantValueError(f"layer {layer_name!r} already has its own {attribute} attribute "
+            f"{where} already rounds inside: its {attribute} was set by an earlier "
+            f"fxquant.transform, and rounding {what} again would silently drop those points. "
+            "Please transform the original model once, with every site in one QuantMapping")
+    raise FxquantValueError(f"{where} already has its own {attribute} attribute "
                             f"({type(current).__name__}); fxquant cannot round {what}")
 
 
@@ -271,6 +272,13 @@ def _split_weights(module: nn.Module, weights: list[str]) -> tuple[list[str], li
     return own, by_child
 
 
+def patched_children(module: nn.Module, weights: list[str], linear: list[str] | None
+                     ) -> list[str]:
+    """The linear children of ``module`` whose ``forward`` :func:`install` sets for these
+    ``weights`` and ``linear`` sites."""
+    return sorted(set(linear or []) | set(_split_weights(module, weights)[1]))
+
+
 def check_install(layer_name: str, module: nn.Module, weights: list[str], message: bool,
                   aggregate: bool, linear: list[str] | None = None, edge: bool = False,
                   sources: bool = False, draws: bool = False) -> None:
@@ -280,10 +288,12 @@ def check_install(layer_name: str, module: nn.Module, weights: list[str], messag
     draws a ``Protection(share="layer")`` mask. A layer that already carries fxquant's
     objects (a model transformed before) is refused: replacing them would drop its points."""
     own, by_child = _split_weights(module, weights)
+    where = f"layer {layer_name!r}"
     if own or draws:
-        _free(module, "forward", layer_name, "its weights")
+        _free(module, "forward", where, "its weights")
     for name in sorted(set(linear or []) | set(by_child)):
-        _free(module.get_submodule(name), "forward", layer_name, f"its linear {name!r}")
+        _free(module.get_submodule(name), "forward", f"the linear {name!r} of {where}",
+              "its weight or output")
     if not (message or aggregate or edge):
         return
     if not isinstance(module, MessagePassing):
@@ -294,9 +304,9 @@ def check_install(layer_name: str, module: nn.Module, weights: list[str], messag
                          "whose propagate fxquant does not round inside; please switch it off")
     if message or aggregate:
         for attribute in ("aggregate", "message_and_aggregate"):
-            _free(module, attribute, layer_name, "its messages and aggregation")
+            _free(module, attribute, where, "its messages and aggregation")
     if edge or sources:
-        _free(module, "propagate", layer_name, "its per-edge arguments")
+        _free(module, "propagate", where, "its per-edge arguments")
 
 
 def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] | None,

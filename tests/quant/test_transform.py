@@ -115,6 +115,50 @@ def test_inplace_leaves_the_model_computing_as_before(site, graph):
     assert not torch.equal(model(x, ei), before)  # the same tensors
 
 
+def test_inplace_shares_hooks_and_computed_weights(graph):
+    """With inplace=True a layer rounded inside is a copy, which shares the model's hook
+    tables (a hook added or removed later acts on both, and a bound-method hook reports to
+    the user's object) and its computed tensors (a pruned weight, which deepcopy refuses)."""
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    model = PygGCN(graph.x.shape[1], 8, num_layers=2, out_channels=3).eval()
+    prune.l1_unstructured(model.convs[0].lin, "weight", amount=0.5)
+    seen = []
+    handle = model.convs[0].register_forward_hook(lambda *_: seen.append("before"))
+    mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig("int4", scale="tensor"),
+                                                site="message")
+    gm = fxquant.transform(model, mapping, inplace=True, lint="off").eval()
+    assert gm.get_submodule("convs.0") is not model.convs[0]
+    model.convs[0].register_forward_hook(lambda *_: seen.append("after"))
+    gm(graph.x, graph.edge_index)
+    assert seen == ["before", "after"]
+    handle.remove()
+    seen.clear()
+    gm(graph.x, graph.edge_index)
+    assert seen == ["after"]
+    before = gm(graph.x, graph.edge_index)
+    with torch.no_grad():  # the pruned weight is recomputed from the shared tensors
+        model.convs[0].lin.weight_orig.mul_(2.0)
+    assert not torch.equal(gm(graph.x, graph.edge_index), before)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_linear_shared_by_two_layers_is_refused_for_both(inplace, graph):
+    """One Linear child in two layers can round its weight for one of them only: refused in
+    both modes, naming both, before any change (inplace=True un-tied the two before)."""
+    torch.manual_seed(0)
+    model = PygGCN(graph.x.shape[1], 4, num_layers=2, out_channels=4)
+    model.convs[1].lin = model.convs[0].lin = torch.nn.Linear(4, 4, bias=False)
+    for site in ("weight", "linear"):
+        mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig(8), site=site)
+        with pytest.raises(ValueError, match=r"the linear 'lin' of layer 'convs\.1' is the same "
+                                             r"module as 'convs\.0\.lin'"):
+            fxquant.transform(model, mapping, inplace=inplace, lint="off")
+        assert model.convs[0].lin is model.convs[1].lin and not vars(model.convs[0].lin).get(
+            "forward")
+
+
 def test_a_layer_returning_several_values_is_refused_at_its_output(graph):
     """GATConv(return_attention_weights=True) returns (out, (edge_index, alpha)): its output
     point failed at the first forward with "'tuple' object has no attribute 'dim'". The
@@ -176,7 +220,8 @@ def test_transforming_again_refuses_a_layer_already_rounded_inside(inplace, grap
     more = fxquant.QuantMapping().set_name("convs.1", fxquant.QuantConfig(16), site="message") \
         .set_name("convs.0", fxquant.QuantConfig(16)) \
         .set_name("convs.0", fxquant.QuantConfig(16), site="weight")  # (its linear's forward)
-    twice = fxquant.transform(first, more, lint="off").eval()
+    twice = fxquant.transform(first, more, inplace=inplace, lint="off").eval()
+    assert (twice is first) == inplace
     ran = []
     for name, point in fxquant.quantization_points(twice):
         point.register_forward_hook(lambda *_, name=name: ran.append(name))
