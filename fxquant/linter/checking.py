@@ -82,22 +82,35 @@ def _grads(model: nn.Module) -> Grads:
             for name, p in model.named_parameters() if p.requires_grad}
 
 
+def _input_grads(leaves: list[Tensor]) -> Grads:
+    """The gradients of the inputs that require grad, named ``"input 0"``, ``"input 1"``,
+    ... (in the order of the example inputs' tensors)."""
+    return {f"input {i}": None if t.grad is None else t.grad.detach().clone()
+            for i, t in enumerate(leaves)}
+
+
+def _grad_leaves(inputs: Any) -> list[Tensor]:
+    return [t for t in tree_leaves(inputs) if isinstance(t, Tensor) and t.requires_grad]
+
+
 def _real_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], Tensor],
-              rng: Tensor) -> tuple[Grads | None, BaseException | None]:
-    """Forward and backward as the user's code runs them; grads, or what it raised."""
+              rng: Tensor) -> tuple[Grads | None, BaseException | None, Grads]:
+    """Forward and backward as the user's code runs them; grads (and those of the inputs
+    that require grad), or what it raised."""
     with restored_state(model):
         torch.set_rng_state(rng)
         for p in model.parameters():
             p.grad = None
+        copies = clone_inputs(inputs)
         try:
             with torch.enable_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # anomaly mode's report of a crash, if on
-                loss(model(*clone_inputs(inputs))).backward()
+                loss(model(*copies)).backward()
         except KeyboardInterrupt:
             raise
         except BaseException as e:
-            return None, e
-        return _grads(model), None
+            return None, e, {}
+        return _grads(model), None, _input_grads(_grad_leaves(copies))
 
 
 def check(
@@ -167,7 +180,7 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
               atol: float = 1e-6) -> ProtectedRun:
     """The real run and the protected run from RNG state ``rng``, compared; findings go
     to ``report``; the protected run is returned."""
-    real, real_error = _real_run(model, inputs, loss, rng)
+    real, real_error, real_inputs = _real_run(model, inputs, loss, rng)
     first = LintReport(mode="check")
     run = protected_run(model, inputs, loss, rng, first)
     kept = first.findings
@@ -193,7 +206,9 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
     protected, rec = run.grads, run.rec
     wrong: list[str] = []
     if real is not None and protected is not None:
-        wrong = _wrong(real, protected, rtol, atol)
+        # the inputs' gradients too (a write can spare every parameter's)
+        wrong = _wrong(real, protected, rtol, atol) + _wrong(
+            real_inputs, _input_grads_of(run), rtol, atol)
         if wrong:
             _explain(wrong, run, report, lambda: _locate_unseen(model, inputs, rng, run))
     crashed_there = real_error is not None and traceback_location(real_error) in {
@@ -220,7 +235,7 @@ def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any
         for p in model.parameters():
             p.grad = None
         copies = clone_inputs(inputs)
-        leaves = [t for t in tree_leaves(copies) if isinstance(t, Tensor) and t.requires_grad]
+        leaves = _grad_leaves(copies)
         rec.mark_inputs(model_tensors(model, copies), model)
         out = None
         guard = GradientGuard(None)
@@ -247,8 +262,13 @@ def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any
                             unseen=unseen)
 
 
+def _input_grads_of(run: ProtectedRun) -> Grads:
+    return {f"input {i}": None if g is None else g.detach()
+            for i, g in enumerate(run.input_grads)}
+
+
 def _wrong(real: Grads, protected: Grads, rtol: float, atol: float) -> list[str]:
-    """The parameters whose real gradient differs from the protected one."""
+    """The parameters (or inputs) whose real gradient differs from the protected one."""
     wrong = []
     for name, got in real.items():
         want = protected.get(name)

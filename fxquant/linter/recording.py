@@ -39,7 +39,7 @@ import re
 import sys
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final, NamedTuple
@@ -149,6 +149,13 @@ class SavedTensor:
     silent: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
     #: check: its value when saved (what backward is handed)
     copy: Tensor | None = field(default=None, repr=False)
+    #: what the autograd node holds for it (dead once the node is freed)
+    held: Callable[[], Any] | None = field(default=None, repr=False)
+
+    @property
+    def in_graph(self) -> bool:
+        """Whether an autograd node still holds it (backward may read it)."""
+        return self.held is None or self.held() is not None
 
     def changed_unseen(self) -> bool:
         """Whether its values differ from those saved while its version is the same: a
@@ -156,6 +163,15 @@ class SavedTensor:
         if self.copy is None or self.tensor._version != self.pack_version:
             return False
         return not same_values(self.tensor, self.copy)
+
+
+class _Packed:
+    """What autograd stores for a saved tensor: its entry and the value backward gets."""
+
+    __slots__ = ("__weakref__", "entry", "value")
+
+    def __init__(self, entry: SavedTensor, value: Tensor) -> None:
+        self.entry, self.value = entry, value
 
 
 def same_values(a: Tensor, b: Tensor) -> bool:
@@ -509,12 +525,19 @@ class Recorder:
     # saved tensors ----------------------------------------------------------------------
 
     def pack(self, t: Tensor) -> Any:
-        entry = SavedTensor(t, t._version, t._version, self.last_op, self.where())
+        # a detached alias (the same memory and version counter) holds no autograd node: a
+        # saved output would otherwise keep its own node alive through what pack returns
+        alias = t.detach()
+        entry = SavedTensor(alias, t._version, t._version, self.last_op, self.where())
         self.saved.append(entry)
         if self.copy_saved:
             entry.copy = t.detach().clone()
-            return entry, entry.copy
-        return t
+        # (autograd gives the unpacked value the node's history again)
+        packed = _Packed(entry, alias if entry.copy is None else entry.copy)
+        # the autograd node holds what pack returns: once the node is freed (its output
+        # dropped, e.g. ``h.norm().item()``), backward cannot use the value any more
+        entry.held = weakref.ref(packed)
+        return packed
 
     def name_victims(self, first: int, out: Any) -> None:
         """Name the op behind tensors saved during one call after its autograd node.
@@ -534,8 +557,8 @@ class Recorder:
 
     def unpack(self, packed: Any) -> Tensor:
         if not self.copy_saved:
-            return packed
-        entry, copy = packed
+            return packed.value
+        entry, copy = packed.entry, packed.value
         if entry.tensor._version != entry.pack_version:
             culprits = entry.culprits or [("an in-place op", None, "?", "")]
             for code, where, node, op in culprits:
@@ -580,6 +603,8 @@ class Recorder:
             version = entry.tensor._version
             if version != entry.seen_version:
                 entry.seen_version = version
+                if not entry.in_graph:
+                    continue  # its autograd node is gone: backward will not read it
                 entry.culprits.append((code, where, node, op))
                 if self.scan_saved:
                     self._report_saved(entry, code, where, node, op)

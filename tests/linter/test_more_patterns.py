@@ -187,3 +187,56 @@ def test_relu_dropout_inplace_hint_names_the_module():
     (error,) = report.errors
     assert "inplace=False" in error.hint
     F.dropout  # noqa: B018 - the functional form is covered in the corpus
+
+
+class InputOnly(nn.Module):
+    """A hidden write that spares every parameter's gradient: ``exp`` saved ``y`` and only
+    the input's gradient reads it."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        y = x.exp()
+        y.data.add_(1)
+        return y * self.w
+
+
+def test_check_compares_the_gradients_of_inputs_that_require_grad():
+    """check compared parameter gradients only: a write that made only the input's
+    gradient wrong went unreported (FXQ004 alone). It is FXQ012 at the write, naming the
+    input; an input without requires_grad is not compared."""
+    x = torch.randn(4, 3, requires_grad=True)
+    (error,) = fxquant.check(InputOnly(), x).errors
+    assert (error.rule, error.related) == ("FXQ012", "exp")
+    assert "'input 0'" in error.message and "y.data.add_(1)" in error.location.code
+    assert not fxquant.check(InputOnly(), x.detach()).errors
+
+
+class LoggedNorm(nn.Module):
+    """A statistic logged with grad on (``h.norm().item()``): norm saves ``h``, but its
+    autograd node is freed with the dropped result, so the in-place ReLU after it is legal.
+    ``keep=True`` keeps the node (the statistic as a tensor): backward through it fails."""
+
+    def __init__(self, keep=False):
+        super().__init__()
+        self.l1, self.l2, self.keep = nn.Linear(4, 4), nn.Linear(4, 4), keep
+
+    def forward(self, x):
+        h = self.l1(x)
+        self.stat = h.norm() if self.keep else h.norm().item()
+        h = F.relu(h, inplace=True)
+        return self.l2(h)
+
+
+def test_a_write_after_a_dropped_saving_op_is_not_an_error():
+    """lint reported FXQ001 for the ReLU although backward runs (a CI gate failed on
+    correct code): a saved value whose autograd node is gone is not reported; one whose
+    node lives is."""
+    x = torch.randn(5, 4)
+    model = LoggedNorm()
+    model(x).sum().backward()
+    assert not fxquant.lint(model, x).errors and not fxquant.check(model, x).errors
+    (error,) = fxquant.lint(LoggedNorm(keep=True), x).errors
+    assert (error.rule, error.related) == ("FXQ001", "linalgVectorNorm")
