@@ -26,6 +26,7 @@ anomaly watcher patch process-wide functions under :data:`fxquant.fx.serial.PROC
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 from collections.abc import Iterator
@@ -40,14 +41,14 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 __all__ = ["clone_inputs", "components", "copy_model", "held_tensors", "mode_stacks_restored",
            "named_buffers", "restored_state", "snapshot"]
 
-_MUTABLE = (dict, list, set)
+_MUTABLE = (dict, list, set, collections.deque)
 
 
 def _snapshot_attributes(obj: Any) -> dict[str, Any]:
     """Attributes, with shallow copies of mutable containers (hooks, _parameters, ...)."""
     saved = {}
     for key, value in vars(obj).items():
-        saved[key] = (value, type(value)(value) if isinstance(value, _MUTABLE) else None)
+        saved[key] = (value, copy.copy(value) if isinstance(value, _MUTABLE) else None)
     return saved
 
 
@@ -58,7 +59,7 @@ def _restore_attributes(obj: Any, saved: dict[str, Any]) -> None:
     for key, (value, contents) in saved.items():
         if contents is not None and not _same_contents(value, contents):
             value.clear()
-            if isinstance(value, list):
+            if isinstance(value, (list, collections.deque)):
                 value.extend(contents)
             else:
                 value.update(contents)
@@ -69,7 +70,7 @@ def _same_contents(a: Any, b: Any) -> bool:
     """Same entries by identity (``==`` on tensors would compare values)."""
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
-    if isinstance(a, list):
+    if isinstance(a, (list, collections.deque)):
         return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
     return {id(x) for x in a} == {id(x) for x in b}
 

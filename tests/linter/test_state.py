@@ -3,6 +3,7 @@ process-wide switches, also when the forward misbehaves or threads race."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import threading
 
@@ -107,6 +108,31 @@ def test_model_and_process_state_are_restored(run):
     assert model.lin.weight.requires_grad
     assert model.lin.weight.grad is grad and torch.equal(grad, torch.full((3, 3), 7.0))
     assert all(torch.equal(v, values[k]) for k, v in model.state_dict().items())
+
+
+class _Logs(nn.Module):
+    """Appends to a bounded deque and counts into a defaultdict (a deque was left with the
+    lint's entries; a defaultdict made the snapshot itself fail)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.recent = collections.deque([0], maxlen=3)
+        self.counts = collections.defaultdict(int)
+
+    def forward(self, x):
+        self.recent.append(x.shape[0])
+        self.counts["calls"] += 1
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("run", [*RUNS, fxquant.functionalize_inplace])
+def test_deques_and_defaultdicts_are_restored(run):
+    model = _Logs()
+    recent, counts = model.recent, model.counts
+    run(model, torch.ones(2, 3))
+    assert model.recent is recent and list(recent) == [0] and recent.maxlen == 3
+    assert model.counts is counts and dict(counts) == {} and counts.default_factory is int
 
 
 def test_lint_does_not_touch_grad_in_place():
