@@ -60,7 +60,8 @@ and --input NAME.FIELD=SHAPE[:DTYPE] a field of a PyG Data passed as NAME, e.g.
 lint runs the forward on fake tensors of those shapes: no data, no real compute (a forward
 that needs values runs on random data instead, and the report says so). --check runs
 backward on random data: floats randn, integers in [0, N), N the first dimension of the
-first floating input (so an edge_index indexes real rows). Without --input, the model is
+first floating input in forward's order (a Data's x first), so an edge_index indexes real
+rows. Without --input, the model is
 linted symbolically (what the FX graph shows): a partial check, and the output says so
 first; pass --input for the real answer.
 
@@ -190,7 +191,10 @@ def _inputs(model: nn.Module, specs: list[str], real: bool) -> tuple[Any, ...]:
     missing = [p.name for p in params if p.name not in given and p.default is p.empty]
     if missing:
         raise _UsageError(f"forward needs {missing}; please add --input for them")
-    first_float = next((s for f in given.values() for s, d in f.values()
+    # in forward's order, not the order the flags came in (a Data's x first)
+    ordered = [given[name] for name in sorted(given, key=order.index)]
+    first_float = next((s for f in ordered
+                        for _, (s, d) in sorted(f.items(), key=lambda kv: kv[0] != "x")
                         if d.is_floating_point), None)
     rows = first_float[0] if first_float else 10
 

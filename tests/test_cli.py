@@ -64,6 +64,36 @@ def test_check_with_inputs_runs_on_random_data(capsys):
     assert json.loads(capsys.readouterr().out)["mode"] == "check"
 
 
+_EDGE_MODEL = """
+import torch
+from torch_geometric.nn import GCNConv
+
+
+class EdgeWeighted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.edge = GCNConv(4, 4), torch.nn.Linear(2, 1)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv(x, edge_index, self.edge(edge_attr).sigmoid().view(-1)).relu()
+"""
+
+
+@pytest.mark.parametrize("first", ["edge_attr", "x"])
+def test_check_draws_node_ids_from_the_node_features_whatever_the_flag_order(first, tmp_path,
+                                                                          capsys):
+    """Random integer inputs index the first floating input in forward's order: with
+    --input edge_attr=100,2 given before x=10,4 they ranged over 100 rows, and a correct
+    model got an FXQ009 "index out of bounds" (exit 1)."""
+    path = tmp_path / "edge_model.py"
+    path.write_text(_EDGE_MODEL)
+    specs = {"x": "x=10,4", "edge_attr": "edge_attr=100,2"}
+    inputs = [specs[first], specs["x" if first == "edge_attr" else "edge_attr"],
+              "edge_index=2,100:int64"]
+    args = [a for spec in inputs for a in ("--input", spec)]
+    assert main(["lint", f"{path}:EdgeWeighted", *args, "--check"]) == 0, capsys.readouterr().out
+
+
 def test_check_flag_runs_backward(capsys):
     """--check adds the zero-gradient parameters."""
     assert main(["lint", SEED, "--check"]) == 1
