@@ -21,7 +21,8 @@ Four steps:
    statistics, queues) are module state and stay as they are.
 3. **Capture** when symbolic tracing fails or its rewrite does not verify: the real forward,
    recorded on the example inputs by :func:`torch.func.functionalize` under ``make_fx``
-   (ATen ops, no mutations; specialized to the example's shapes and branches).
+   (ATen ops, no mutations; specialized to the example's shapes, the branches taken on
+   them and its non-tensor arguments: called with others, it raises).
 4. **Verify** the candidate on the example inputs, from the same RNG state: the outputs
    (values, dtypes, ``requires_grad``), the buffers after forward, and every parameter's
    and input's gradient must match the reference (the protected run's gradients; where the
@@ -690,7 +691,7 @@ def _capture(model: nn.Module, example_inputs: tuple,
         if node.op == "call_function" and node.target is torch.ops.aten.copy.default:
             node.target = _copy_functional
     captured.recompile()
-    gm = _as_module(model, captured, names, layout)
+    gm = _as_module(model, captured, names, layout, example_inputs)
     gm.meta[REWRITES_KEY] = [
         Rewrite(c.where, f"`{c.name}` (in place)", "functional ATen ops (torch.func.functionalize)")
         for c in calls]
@@ -700,21 +701,24 @@ def _capture(model: nn.Module, example_inputs: tuple,
 
 
 def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
-               layout: list[tuple[str, Any]]) -> GraphModule:
+               layout: list[tuple[str, Any]], example_inputs: tuple) -> GraphModule:
     """Re-root the captured graph on ``model``: parameters become get_attr nodes again."""
     graph = Graph()
     placeholders = [n for n in captured.graph.nodes if n.op == "placeholder"]
     env: dict[Node, Node] = {}
     state_nodes = [graph.get_attr(name) for name in names]
     inputs: list[Node] = []
+    arguments: list[Node] = []
     for i, (kind, info) in enumerate(layout):
         if kind == "tensor":
             inputs.append(graph.placeholder(f"input_{i}"))
+            arguments.append(inputs[-1])
         elif kind == "data":
             data = graph.placeholder(f"data_{i}" if i else "data")
+            arguments.append(data)
             inputs += [graph.call_function(getattr, (data, f)) for f in info[2]]
-        else:
-            graph.placeholder(f"arg_{i}")  # a non-tensor argument: captured as it was
+        else:  # a non-tensor argument: captured as it was
+            arguments.append(graph.placeholder(f"arg_{i}"))
     env.update(zip(placeholders, state_nodes + inputs, strict=True))
     root = copy.copy(model)  # shares the (already copied) parameters
     for node in captured.graph.nodes:
@@ -734,27 +738,86 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
     _read_state_through_copies(graph)
-    root.add_module("fxquant_captured_mode", CapturedMode(model.training))
+    root.add_module("fxquant_captured_mode", CapturedMode(model.training, [
+        _signature(kind, info, example) for (kind, info), example in zip(
+            layout, example_inputs, strict=True)]))
     first = next(n for n in graph.nodes if n.op != "placeholder")
     with graph.inserting_before(first):
-        graph.call_module("fxquant_captured_mode", ())
+        graph.call_module("fxquant_captured_mode", tuple(arguments))
     return GraphModule(root, graph, f"Functional{type(model).__name__}")
+
+
+def _signature(kind: str, info: Any, example: Any) -> tuple:
+    """What a captured forward assumes of one argument: a tensor's shape and dtype (a
+    Data's, field by field), a non-tensor argument's value."""
+    if kind == "tensor":
+        return ("tensor", tuple(example.shape), example.dtype)
+    if kind == "data":
+        return ("data", tuple((f, tuple(getattr(example, f).shape), getattr(example, f).dtype)
+                              for f in info[2]))
+    return ("value", example)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # (values whose == is not a truth value)
+        return False
+
+
+def _mismatch(i: int, expected: tuple, got: Any) -> str | None:
+    """How argument ``i`` differs from what the forward was captured with (None: it fits)."""
+    kind = expected[0]
+    if kind == "tensor":
+        if not isinstance(got, Tensor):
+            return f"argument {i} was a tensor, got {type(got).__name__}"
+        if (tuple(got.shape), got.dtype) != expected[1:]:
+            return (f"argument {i} had shape {list(expected[1])} ({expected[2]}), got "
+                    f"{list(got.shape)} ({got.dtype})")
+        return None
+    if kind == "data":
+        for field, shape, dtype in expected[1]:
+            value = getattr(got, field, None)
+            if not isinstance(value, Tensor) or (tuple(value.shape), value.dtype) != (shape, dtype):
+                now = f"{list(value.shape)} ({value.dtype})" if isinstance(value, Tensor) \
+                    else type(value).__name__
+                return f"argument {i}'s {field} had shape {list(shape)} ({dtype}), got {now}"
+        return None
+    if not _same_value(expected[1], got):
+        return f"argument {i} was {expected[1]!r}, got {got!r}"
+    return None
 
 
 class CapturedMode(nn.Module):
     """A captured forward holds the ops of the mode it was captured in (dropout masks,
-    batch statistics): it raises in the other mode instead of running them."""
+    batch statistics) and of its example: shapes, branches taken on them, non-tensor
+    arguments. It raises in the other mode, or for arguments that differ, instead of
+    running ops that do not fit them."""
 
-    def __init__(self, captured_training: bool) -> None:
+    def __init__(self, captured_training: bool, signature: list[tuple] | None = None) -> None:
         super().__init__()
         self.captured_training = captured_training
+        self.signature = signature
 
-    def forward(self) -> None:
+    def forward(self, *arguments: Any) -> None:
         if self.training != self.captured_training:
             mode = "train" if self.captured_training else "eval"
             raise FxquantRuntimeError(
                 f"fxquant: this forward was captured in {mode} mode and holds that mode's "
                 f"ops; call functionalize_inplace on the model in the mode you run it in")
+        signature = getattr(self, "signature", None)  # (None: captured by an older fxquant)
+        if signature is None:
+            return
+        for i, (expected, got) in enumerate(zip(signature, arguments, strict=False)):
+            why = _mismatch(i, expected, got)
+            if why is not None:
+                raise FxquantRuntimeError(
+                    f"fxquant: this forward was captured from one example and holds its shapes, "
+                    f"the branches taken on them and its non-tensor arguments; {why}. Please "
+                    "call functionalize_inplace with an example like the inputs you run, or "
+                    "rewrite the in-place ops in the source (see gm.meta['fxquant_rewrites'])")
 
 
 def _read_state_through_copies(graph: Graph) -> None:
@@ -1128,7 +1191,8 @@ def functionalize_inplace(
     Returns:
         torch.fx.GraphModule: ``gm.meta["fxquant_rewrites"]`` lists each :class:`Rewrite`
         (line, before, after); ``gm.meta["fxquant_functionalized"]`` is ``"symbolic"`` or
-        ``"captured"`` (an ATen graph specialized to the example's shapes and branches).
+        ``"captured"`` (an ATen graph specialized to the example's shapes, branches and
+        non-tensor arguments, which raises when called with others).
         For a model that needed nothing rewritten and that no rewrite reproduces, a copy
         of ``model`` itself (same class and state), with a :class:`UserWarning`.
 

@@ -528,6 +528,43 @@ def test_captured_forward_refuses_the_other_mode():
     torch.autograd.set_detect_anomaly(False)
 
 
+class _Branchy(nn.Module):
+    """Not traceable symbolically (a branch on a size): captured from one example."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, scale):
+        y = self.lin(x).sigmoid()
+        if x.shape[0] > 5:
+            y = y * 3
+        y.mul_(scale)
+        return y
+
+
+def test_captured_forward_refuses_arguments_unlike_its_example():
+    """A captured forward holds its example's shapes, branches and non-tensor arguments:
+    other sizes took the example's branch, and another scale ran with the example's, both
+    silently. It raises naming the argument; the example's kind of input runs."""
+    torch.manual_seed(0)
+    model, x = _Branchy(), torch.randn(4, 3)
+    gm = fxquant.functionalize_inplace(model, x, 2.0)
+    assert gm.meta[HOW_KEY] == "captured"
+    other = torch.randn(4, 3)
+    torch.testing.assert_close(gm(other, 2.0), model(other, 2.0))
+    with pytest.raises(RuntimeError, match=r"argument 1 was 2\.0, got 5\.0"):
+        gm(other, 5.0)
+    with pytest.raises(RuntimeError, match=r"argument 0 had shape \[4, 3\] \(torch\.float32\), "
+                                           r"got \[8, 3\]"):
+        gm(torch.randn(8, 3), 2.0)
+    data = tiny_graph()
+    seed = fxquant.functionalize_inplace(SeedGCN().train(), data)
+    smaller = data.subgraph(torch.arange(data.num_nodes - 1))
+    with pytest.raises(RuntimeError, match="argument 0's x had shape"):
+        seed(smaller)
+
+
 def test_works_under_no_grad_and_in_bfloat16():
     x = torch.randn(5, 4)
     with torch.no_grad():
