@@ -741,8 +741,8 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
     root.add_module("fxquant_captured_mode", CapturedMode(model.training, [
         _signature(kind, info, example) for (kind, info), example in zip(
             layout, example_inputs, strict=True)]))
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]  # (Data fields between)
-    with graph.inserting_after(placeholders[-1]) if placeholders else \
+    mine = [n for n in graph.nodes if n.op == "placeholder"]  # (Data fields in between)
+    with graph.inserting_after(mine[-1]) if mine else \
             graph.inserting_before(next(iter(graph.nodes))):
         graph.call_module("fxquant_captured_mode", tuple(arguments))
     return GraphModule(root, graph, f"Functional{type(model).__name__}")
