@@ -385,8 +385,32 @@ def _augmented_nodes(gm: GraphModule, calls: list[InplaceCall]) -> set[Node]:
             candidates.setdefault((where, node.target), []).append(node)
     found: set[Node] = set()
     for key, nodes in candidates.items():
-        found.update(nodes[:max(0, wanted.get(key, 0))])
+        # ``h += f(h) + 1`` evaluates its right side first: an operator whose result
+        # reaches (through ops of the same line) the right operand of another is part of
+        # a right side, not the augmented write
+        inner = _right_side_nodes(nodes, key[0])
+        found.update([n for n in nodes if n not in inner][:max(0, wanted.get(key, 0))])
     return found
+
+
+def _right_side_nodes(nodes: list[Node], where: Location) -> set[Node]:
+    """Those of ``nodes`` that feed, through nodes traced at line ``where``, an operand
+    other than the first of one of ``nodes`` (not through that one's first operand: in a
+    loop, the value the line wrote the time before)."""
+    reached: set[Node] = set()
+    for start in nodes:
+        target = start.args[0] if start.args else None
+        todo = [a for a in (*start.args[1:], *start.kwargs.values()) if isinstance(a, Node)]
+        seen: set[Node] = set()
+        while todo:
+            node = todo.pop()
+            if node in seen or node is target \
+                    or stack_trace_location(node.meta.get("stack_trace")) != where:
+                continue
+            seen.add(node)
+            todo += node.all_input_nodes
+        reached |= seen
+    return reached & set(nodes)
 
 
 class _Rewriter:

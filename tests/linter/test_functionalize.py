@@ -565,6 +565,41 @@ def test_captured_forward_refuses_arguments_unlike_its_example():
         seed(smaller)
 
 
+class _AugmentedSum(nn.Module):
+    """``h += f(h) + 1``, an alias of the old ``h`` kept (``feats``), in a loop: the rewrite
+    marked the line's first ``+`` (the right side's) as the write and did not verify. (The
+    writes reach ``feats[0]``, the same tensor: its out-of-place twin returns ``h`` twice.)"""
+
+    def __init__(self, out_of_place=False):
+        super().__init__()
+        self.l1, self.l2, self.out_of_place = nn.Linear(4, 4), nn.Linear(4, 4), out_of_place
+
+    def forward(self, x):
+        h = torch.tanh(self.l1(x))
+        feats = [h]
+        for _ in range(2):
+            if self.out_of_place:
+                h = h + (self.l2(h) + 1)
+            else:
+                h += self.l2(h) + 1
+        return torch.cat([h, h] if self.out_of_place else [*feats, h], 1)
+
+
+def test_augmented_assignment_with_an_operator_on_its_right_side():
+    torch.manual_seed(0)
+    model = _AugmentedSum()
+    reference = _AugmentedSum(out_of_place=True)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(5, 4)
+    gm = fxquant.functionalize_inplace(model, x)
+    assert gm.meta[HOW_KEY] == "symbolic"
+    assert [r.before for r in gm.meta["fxquant_rewrites"]] == ["`x += y` (in place)"] * 2
+    gm(x).sum().backward()
+    reference(x).sum().backward()
+    for (name, p), q in zip(gm.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
 def test_works_under_no_grad_and_in_bfloat16():
     x = torch.randn(5, 4)
     with torch.no_grad():
