@@ -911,6 +911,7 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
             torch._C._autograd._push_saved_tensors_default_hooks(rec.pack, rec.unpack)
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(_checkpoints_run_directly())
                 if tools.functions:
                     function_mode.__enter__()
                     stack.callback(_pop_function_mode, function_mode)
@@ -926,6 +927,32 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
                     torch._C._autograd._pop_saved_tensors_default_hooks()
             else:
                 pop_saved_tensors_hooks_until(below)
+
+
+def _run_segment(function: Any, preserve_rng_state: bool, *args: Any) -> Any:
+    """A reentrant checkpoint's segment, run as a plain call."""
+    return function(*args)
+
+
+@contextlib.contextmanager
+def _checkpoints_run_directly() -> Iterator[None]:
+    """Reentrant ``torch.utils.checkpoint`` segments (PyG's ``DeepGCNLayer(ckpt_grad=True)``)
+    run as plain calls while recording: a reentrant segment runs its forward without
+    autograd and again inside backward, where no instrument sees it, so an in-place bug in
+    it would go unseen. Checkpointing saves memory and changes no value. Restored by
+    identity."""
+    owner = torch.utils.checkpoint.CheckpointFunction
+    before = vars(owner).get("apply")
+    patch = staticmethod(_run_segment)
+    owner.apply = patch  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if vars(owner).get("apply") is patch:
+            if before is None:
+                delattr(owner, "apply")
+            else:
+                owner.apply = before  # type: ignore[method-assign]
 
 
 def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseException,

@@ -3,9 +3,11 @@ each tool must say, and that nothing of the model is left changed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch_geometric.nn import DeepGCNLayer, MessagePassing
 
 import fxquant
 from fxquant import ShapeSpec
@@ -240,3 +242,42 @@ def test_a_write_after_a_dropped_saving_op_is_not_an_error():
     assert not fxquant.lint(model, x).errors and not fxquant.check(model, x).errors
     (error,) = fxquant.lint(LoggedNorm(keep=True), x).errors
     assert (error.rule, error.related) == ("FXQ001", "linalgVectorNorm")
+
+
+class _ExpConv(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, edge_index):
+        h = torch.exp(self.lin(x))
+        h += 1  # exp saved h
+        return self.propagate(edge_index, x=h)
+
+
+class _Checkpointed(nn.Module):
+    """PyG's DeepGCNLayer(ckpt_grad=True) runs its layer in a reentrant checkpoint."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = DeepGCNLayer(_ExpConv(), nn.LayerNorm(4), nn.ReLU(), block="res+",
+                                  ckpt_grad=True)
+
+    def forward(self, x, edge_index):
+        return self.layer(x, edge_index)
+
+
+def test_an_in_place_bug_inside_a_reentrant_checkpoint_is_found():
+    """A reentrant segment runs its forward without autograd and again inside backward,
+    where nothing watched it: lint reported nothing and check an FXQ009 without a place.
+    Both name the culprit line now, and the checkpoint is left as it was."""
+    torch.manual_seed(0)
+    x, edge_index = torch.randn(6, 4, requires_grad=True), torch.randint(0, 6, (2, 12))
+    model = _Checkpointed().train()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        model(x, edge_index).sum().backward()
+    for run in (fxquant.lint, fxquant.check):
+        (error,) = run(model, x, edge_index).errors
+        assert (error.rule, error.related) == ("FXQ001", "exp")
+        assert error.location.code.strip().startswith("h += 1")
+    assert "apply" not in vars(torch.utils.checkpoint.CheckpointFunction)
