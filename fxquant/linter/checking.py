@@ -294,11 +294,16 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
     if silent:
         for entry, (code, where, node, _) in silent:
             saver = f"`{entry.op}`" + (f" at {entry.where}" if entry.where else "")
-            how = "through `.data`" if ".data" in code else "through an alias autograd does not track"
+            how = (f"which `{entry.op}` keeps as `{entry.kept_as}` instead of through "
+                   "save_for_backward, so autograd does not check it" if entry.kept_as else
+                   "through `.data`" if ".data" in code else
+                   "through an alias autograd does not track")
             report.add(Finding(
                 "FXQ012", node, where,
                 f"backward runs but gives wrong gradients for {names}: the value saved by "
                 f"{saver} was changed at this line by `{code}`, {how}.",
+                "save it with ctx.save_for_backward (autograd then refuses the write), or "
+                "write into a copy (`y = y * 3`)" if entry.kept_as else
                 "compute a new tensor instead of writing into the saved one (`w = f(w)`), "
                 "or make the change under torch.no_grad() before the value is used",
                 related=entry.op, related_location=entry.where))

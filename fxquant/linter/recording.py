@@ -151,6 +151,9 @@ class SavedTensor:
     copy: Tensor | None = field(default=None, repr=False)
     #: what the autograd node holds for it (dead once the node is freed)
     held: Callable[[], Any] | None = field(default=None, repr=False)
+    #: ``"ctx.x"``: a custom Function keeps it as an attribute of its context instead of
+    #: through save_for_backward (autograd checks no write into it)
+    kept_as: str = ""
 
     @property
     def in_graph(self) -> bool:
@@ -555,6 +558,37 @@ class Recorder:
         for entry in self.saved[first:]:
             entry.op = name
 
+    def kept_in_context(self, function: type, out: Any) -> None:
+        """After a custom Function ran: track the tensors its ``ctx`` keeps as attributes
+        (``ctx.x = x``), which autograd neither saves nor checks; the check's protected run
+        hands its backward their values as they were now."""
+        node = next((t.grad_fn for t in tree_leaves(out)
+                     if isinstance(t, Tensor) and t.grad_fn is not None), None)
+        if not isinstance(node, torch.autograd.function.BackwardCFunction):
+            return
+        for key, value in list(vars(node).items()):
+            if not isinstance(value, Tensor) or key.startswith("_"):
+                continue
+            entry = SavedTensor(value.detach(), value._version, value._version,
+                                function.__name__, self.where(), kept_as=f"ctx.{key}")
+            entry.held = weakref.ref(node)
+            self.saved.append(entry)
+            if self.copy_saved:
+                entry.copy = value.detach().clone()
+                setattr(node, key, entry.copy.requires_grad_(value.requires_grad)
+                        if entry.copy.is_floating_point() else entry.copy)
+
+    def _report_kept(self, entry: SavedTensor, code: str, where: Location | None,
+                     node: str) -> None:
+        self.add("FXQ014", where, node,
+                 f"`{code}` writes in place into a tensor that the custom Function "
+                 f"`{entry.op}` keeps as `{entry.kept_as}` (not through save_for_backward, so "
+                 "autograd does not check it): its backward computes with the changed value "
+                 "(fxquant.check runs backward and tells whether the gradients change).",
+                 "save it with ctx.save_for_backward (autograd then refuses the write), or "
+                 "write into a copy (`y = y * 3`)",
+                 related=entry.op, related_location=entry.where)
+
     def unpack(self, packed: Any) -> Tensor:
         if not self.copy_saved:
             return packed.value
@@ -605,6 +639,11 @@ class Recorder:
                 entry.seen_version = version
                 if not entry.in_graph:
                     continue  # its autograd node is gone: backward will not read it
+                if entry.kept_as:  # autograd will not notice: backward computes with it
+                    entry.silent.append((code, where, node, op))
+                    if self.scan_saved:
+                        self._report_kept(entry, code, where, node)
+                    continue
                 entry.culprits.append((code, where, node, op))
                 if self.scan_saved:
                     self._report_saved(entry, code, where, node, op)
@@ -912,6 +951,7 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_checkpoints_run_directly())
+                stack.enter_context(_custom_functions_watched(rec))
                 if tools.functions:
                     function_mode.__enter__()
                     stack.callback(_pop_function_mode, function_mode)
@@ -953,6 +993,28 @@ def _checkpoints_run_directly() -> Iterator[None]:
                 delattr(owner, "apply")
             else:
                 owner.apply = before  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _custom_functions_watched(rec: Recorder) -> Iterator[None]:
+    """``torch.autograd.Function.apply`` tells ``rec`` what each custom Function's context
+    keeps (:meth:`Recorder.kept_in_context`) while recording; restored by identity."""
+    owner = torch.autograd.Function
+    before = vars(owner)["apply"]
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        out = before.__func__(cls, *args, **kwargs)
+        if not torch.compiler.is_compiling():
+            rec.kept_in_context(cls, out)
+        return out
+
+    patch: Any = classmethod(apply)
+    owner.apply = patch  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if vars(owner).get("apply") is patch:
+            owner.apply = before  # type: ignore[method-assign]
 
 
 def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseException,

@@ -281,3 +281,42 @@ def test_an_in_place_bug_inside_a_reentrant_checkpoint_is_found():
         assert (error.rule, error.related) == ("FXQ001", "exp")
         assert error.location.code.strip().startswith("h += 1")
     assert "apply" not in vars(torch.utils.checkpoint.CheckpointFunction)
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x  # kept as an attribute, not through save_for_backward
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * ctx.x * grad
+
+
+class _KeptInContext(nn.Module):
+    def __init__(self, write=True):
+        super().__init__()
+        self.lin, self.write = nn.Linear(3, 3), write
+
+    def forward(self, x):
+        h = self.lin(x)
+        y = _Square.apply(h)
+        h = h.mul_(3) if self.write else h * 3
+        return y + h
+
+
+def test_a_write_into_a_tensor_a_custom_function_keeps_on_ctx_is_found():
+    """``ctx.x = x`` instead of save_for_backward: autograd does not check a later write
+    into x, and backward silently computes with the written value. lint warns (FXQ014),
+    check reports the wrong gradients at the write (FXQ012); the out-of-place model is
+    clean, and Function.apply is left as it was."""
+    x = torch.randn(4, 3)
+    (warning,) = [f for f in fxquant.lint(_KeptInContext(), x).findings if f.rule == "FXQ014"]
+    assert warning.related == "_Square" and "ctx.x" in warning.message
+    (error,) = fxquant.check(_KeptInContext(), x).errors
+    assert (error.rule, error.related) == ("FXQ012", "_Square")
+    assert error.location.code.strip().startswith("h = h.mul_(3)")
+    assert not fxquant.lint(_KeptInContext(write=False), x).findings
+    assert not fxquant.check(_KeptInContext(write=False), x).findings
+    assert vars(torch.autograd.Function)["apply"].__func__.__module__ == "torch.autograd.function"
