@@ -649,7 +649,8 @@ class Recorder:
                     self._report_saved(entry, code, where, node, op)
             elif any(_same_storage(t, entry.tensor) for t in written):
                 entry.silent.append((code, where, node, op))
-        if any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
+        # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there)
+        if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
             self.add("FXQ002", where, node,
                      f"`{code}` overwrites elements of a tensor that requires grad; legal, but "
                      "those elements pass no gradient to what computed them.",

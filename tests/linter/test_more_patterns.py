@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import DeepGCNLayer, MessagePassing
+from torch_geometric.nn import DeepGCNLayer, GCNConv, MessagePassing
 
 import fxquant
+import fxquant.testing
 from fxquant import ShapeSpec
 
 
@@ -320,3 +321,25 @@ def test_a_write_into_a_tensor_a_custom_function_keeps_on_ctx_is_found():
     assert not fxquant.lint(_KeptInContext(write=False), x).findings
     assert not fxquant.check(_KeptInContext(write=False), x).findings
     assert vars(torch.autograd.Function)["apply"].__func__.__module__ == "torch.autograd.function"
+
+
+class _LearnedEdgeWeights(nn.Module):
+    """GCNConv with edge weights from a learned map: PyG's gcn_norm overwrites infinities
+    of a tensor that requires grad (masked_fill_), which is its business, not the user's."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.edge = GCNConv(4, 4), nn.Linear(2, 1)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv(x, edge_index, self.edge(edge_attr).sigmoid().view(-1)).relu()
+
+
+def test_overwrites_inside_pyg_are_not_blamed_on_the_user():
+    """FXQ002 named the user's line for gcn_norm's masked_fill_, and strict
+    assert_backward_safe failed on correct code; a user's own overwrite is still named."""
+    g = torch.Generator().manual_seed(0)
+    args = torch.randn(10, 4, generator=g), torch.randint(0, 10, (2, 30), generator=g), \
+        torch.randn(30, 2, generator=g)
+    assert not fxquant.lint(_LearnedEdgeWeights(), *args).findings
+    fxquant.testing.assert_backward_safe(_LearnedEdgeWeights(), *args, strict=True)
