@@ -155,6 +155,15 @@ def _default_args(model: nn.Module) -> dict[str, Any]:
     }
 
 
+def refuse_compiled(model: nn.Module, api: str) -> None:
+    """A clear error for a ``torch.compile`` wrapper, whose forward is compiled code that
+    cannot be traced or rewritten: the module it wraps can."""
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        raise FxquantTypeError(
+            f"fxquant.{api} takes the module itself, not its torch.compile wrapper: please pass "
+            "model._orig_mod (the module it compiles) and compile what fxquant returns")
+
+
 def trace(
     model: nn.Module,
     concrete_args: dict[str, Any] | None = None,
@@ -197,6 +206,7 @@ def trace(
     """
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"fxquant.trace expects a torch.nn.Module, got {type(model).__name__}")
+    refuse_compiled(model, "trace")
     if concrete_args is not None and not isinstance(concrete_args, dict):
         raise FxquantTypeError(
             "concrete_args must be a dict {argument name: value} of forward arguments to fix "

@@ -55,7 +55,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 from fxquant.errors import FxquantError, FxquantRuntimeError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, stack_trace_location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
-from fxquant.fx.tracer import LeafSpec, trace
+from fxquant.fx.tracer import LeafSpec, refuse_compiled, trace
 from fxquant.linter.checking import both_runs
 from fxquant.linter.recording import HiddenWrite, InplaceCall
 from fxquant.linter.report import LintReport
@@ -1242,6 +1242,7 @@ def functionalize_inplace(
     if not isinstance(model, nn.Module):
         raise FxquantTypeError("fxquant.functionalize_inplace expects a torch.nn.Module, got "
                         f"{type(model).__name__}")
+    refuse_compiled(model, "functionalize_inplace")
     if not example_inputs:
         raise FxquantTypeError("functionalize_inplace verifies its rewrite on example inputs: please "
                         "pass them, functionalize_inplace(model, *inputs)")

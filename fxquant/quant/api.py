@@ -20,7 +20,7 @@ from fxquant._ops.layouts import bit_width
 from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
 from fxquant.formats import Format, TopN
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
-from fxquant.fx.tracer import LeafSpec, check_leaf_modules, trace
+from fxquant.fx.tracer import LeafSpec, check_leaf_modules, refuse_compiled, trace
 from fxquant.quant.config import (
     NodeOverride,
     QuantConfig,
@@ -378,6 +378,7 @@ def transform(
     """
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"fxquant.transform expects a torch.nn.Module, got {type(model).__name__}")
+    refuse_compiled(model, "transform")
     if not isinstance(inplace, bool):
         raise FxquantTypeError(f"inplace must be True or False, got {inplace!r}")
     check_leaf_modules(leaf_modules)

@@ -608,3 +608,13 @@ def test_works_under_no_grad_and_in_bfloat16():
     model = _seeded(Lin(split_clamp_then_both)).to(torch.bfloat16)
     gm = fxquant.functionalize_inplace(model, x.to(torch.bfloat16))
     assert gm.meta[HOW_KEY] == "symbolic"
+
+
+def test_a_compiled_module_is_refused_with_the_way_out():
+    """functionalize_inplace (and transform) on a torch.compile wrapper failed with "missing
+    the required forward"; the error names _orig_mod."""
+    compiled = torch.compile(Lin(chained_methods))
+    for run in (fxquant.functionalize_inplace, fxquant.transform):
+        with pytest.raises(TypeError, match=r"fxquant\.(functionalize_inplace|transform) takes "
+                                            r"the module itself.*model\._orig_mod"):
+            run(compiled, torch.randn(5, 4))
