@@ -37,6 +37,7 @@ import contextlib
 import os
 import re
 import sys
+import threading
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
@@ -970,11 +971,6 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
                 pop_saved_tensors_hooks_until(below)
 
 
-def _run_segment(function: Any, preserve_rng_state: bool, *args: Any) -> Any:
-    """A reentrant checkpoint's segment, run as a plain call."""
-    return function(*args)
-
-
 @contextlib.contextmanager
 def _checkpoints_run_directly() -> Iterator[None]:
     """Reentrant ``torch.utils.checkpoint`` segments (PyG's ``DeepGCNLayer(ckpt_grad=True)``)
@@ -984,7 +980,15 @@ def _checkpoints_run_directly() -> Iterator[None]:
     identity."""
     owner = torch.utils.checkpoint.CheckpointFunction
     before = vars(owner).get("apply")
-    patch = staticmethod(_run_segment)
+    thread = threading.get_ident()  # (other threads checkpoint as before)
+
+    def run_segment(function: Any, preserve_rng_state: bool, *args: Any) -> Any:
+        if threading.get_ident() == thread:
+            return function(*args)
+        apply: Any = torch.autograd.Function.apply  # (bound to Function: its function)
+        return apply.__func__(owner, function, preserve_rng_state, *args)
+
+    patch = staticmethod(run_segment)
     owner.apply = patch  # type: ignore[method-assign]
     try:
         yield
@@ -1002,10 +1006,11 @@ def _custom_functions_watched(rec: Recorder) -> Iterator[None]:
     keeps (:meth:`Recorder.kept_in_context`) while recording; restored by identity."""
     owner = torch.autograd.Function
     before = vars(owner)["apply"]
+    thread = threading.get_ident()  # (another thread's Functions are not the forward's)
 
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         out = before.__func__(cls, *args, **kwargs)
-        if not torch.compiler.is_compiling():
+        if threading.get_ident() == thread and not torch.compiler.is_compiling():
             rec.kept_in_context(cls, out)
         return out
 
