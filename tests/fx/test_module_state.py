@@ -3,9 +3,6 @@ model reproduces the updates (eager, copies, save/load, torch.compile)."""
 
 from __future__ import annotations
 
-import copy
-import io
-import pickle
 import warnings
 
 import pytest
@@ -19,6 +16,7 @@ from torch_geometric.nn.norm import InstanceNorm
 import fxquant
 from fxquant.errors import FxquantRuntimeError
 from fxquant.fx.module_state import ModuleState, write_buffer
+from tests.support.copies import python_copy
 
 #: the ways forward updates a registered buffer, and the buffer each one updates
 UPDATES = {"iadd": "count", "inplace_ema": "ema", "copy": "last", "rebind_ema": "hidden",
@@ -139,18 +137,11 @@ def test_copies_keep_updating_buffers(route, tmp_path):
     x, edge_index = _inputs(1)
     gm(x, edge_index)
     model(x, edge_index)
-    if route == "deepcopy":
-        again = copy.deepcopy(gm)
-    elif route == "pickle":
-        again = pickle.loads(pickle.dumps(gm))
-    elif route == "torch.save":
-        buffer = io.BytesIO()
-        torch.save(gm, buffer)
-        buffer.seek(0)
-        again = torch.load(buffer, weights_only=False)
-    else:
+    if route == "fxquant.save":
         fxquant.save(gm, tmp_path / "gm.pt")
         again = fxquant.load(tmp_path / "gm.pt", Updates(kinds))
+    else:
+        again = python_copy(gm, route)
     for _ in range(2):
         assert torch.equal(again(x, edge_index), model(x, edge_index))
     if route == "fxquant.save":  # a non-persistent buffer is not in a saved state_dict

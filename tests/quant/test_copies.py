@@ -5,8 +5,6 @@ every per-node and learned feature."""
 from __future__ import annotations
 
 import copy
-import io
-import pickle
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from hypothesis import strategies as st
 import fxquant
 from fxquant.quant.config import NodeBits, QuantConfig
 from tests.quant import TwoGCN
+from tests.support.copies import python_copy
 
 N = 12
 HUBS = torch.tensor([0, 5])
@@ -78,15 +77,8 @@ def _train(gm, steps: int, seed: int) -> None:
 
 
 def copy_of(gm, route: str, feature: str, tmp_path):
-    if route == "deepcopy":
-        return copy.deepcopy(gm)
-    if route == "pickle":
-        return pickle.loads(pickle.dumps(gm))
-    if route == "torch.save":
-        buffer = io.BytesIO()
-        torch.save(gm, buffer)
-        buffer.seek(0)
-        return torch.load(buffer, weights_only=False)
+    if route in ("deepcopy", "pickle", "torch.save"):
+        return python_copy(gm, route)
     if route == "state_dict":
         again = build(feature)
         again.load_state_dict(copy.deepcopy(gm.state_dict()))

@@ -5,7 +5,6 @@ clipped gradient, the linear and edge sites, and the recipe that turns them all 
 from __future__ import annotations
 
 import copy
-import io
 import pickle
 
 import pytest
@@ -24,6 +23,7 @@ from fxquant.quant.config import Protection
 from fxquant.quant.observers import RangeObserver
 from fxquant.quant.points import QuantPoint
 from tests.quant.test_sites import One, graph_data
+from tests.support.copies import python_copy
 from tests.support.models import tiny_graph
 
 SEVEN = ["input", "weight", "linear", "edge", "message", "aggregate", "output"]
@@ -152,15 +152,7 @@ def test_a_copy_draws_a_new_layer_mask_every_forward(route):
         gm = fxquant.transform(Held(), QuantMapping().set_name("layer", config, site="input")
                                .set_name("layer", config), lint="off")
         x, ei, route = (), None, "pickle"
-    if route == "pickle":
-        again = pickle.loads(pickle.dumps(gm))
-    elif route == "torch.save":
-        buffer = io.BytesIO()
-        torch.save(gm, buffer)
-        buffer.seek(0)
-        again = torch.load(buffer, weights_only=False)
-    else:
-        again = copy.deepcopy(gm)
+    again = python_copy(gm, route)
     assert "new_masks" in again.code
     args = (x, ei) if ei is not None else ()
     for seed in (1, 2, 3):
