@@ -102,6 +102,7 @@ def _real_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
         for p in model.parameters():
             p.grad = None
         copies = clone_inputs(inputs)
+        leaves = _grad_leaves(copies)  # before forward, as the protected run takes them
         try:
             with torch.enable_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # anomaly mode's report of a crash, if on
@@ -110,7 +111,7 @@ def _real_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
             raise
         except BaseException as e:
             return None, e, {}
-        return _grads(model), None, _input_grads(_grad_leaves(copies))
+        return _grads(model), None, _input_grads(leaves)
 
 
 def check(
@@ -310,6 +311,20 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
         return
     if already or run.gradient_writes:
         return  # reported by the recorder, or by _report_gradient_writes
+    suspect = [c for c in rec.checkpoints if not c.input_requires_grad or not c.preserve_rng_state]
+    if suspect and not run.unseen:
+        segment = suspect[0]
+        why = ("none of its inputs requires grad, so backward passes no gradient to the "
+               "parameters inside it" if not segment.input_requires_grad else
+               "it does not preserve the RNG state (preserve_rng_state=False), so backward "
+               "recomputes its random ops (dropout) with other draws")
+        report.add(Finding(
+            "FXQ012", "checkpoint", segment.where,
+            f"backward runs but gives other gradients for {names} than the forward's values "
+            f"imply: this line runs a reentrant torch.utils.checkpoint segment, and {why}.",
+            "pass use_reentrant=False to torch.utils.checkpoint.checkpoint (PyTorch's "
+            "recommended mode), which has neither limit"))
+        return
     if run.unseen:
         entries = [rec.saved[i] for i in run.unseen]
         first = entries[0]

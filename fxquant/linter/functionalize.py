@@ -786,8 +786,9 @@ def _signature(kind: str, info: Any, example: Any) -> tuple:
 def _same_value(a: Any, b: Any) -> bool:
     if a is b:
         return True
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
     try:
-        return type(a) is type(b) and bool(a == b)
+        return (type(a) is type(b) or numbers) and bool(a == b)
     except Exception:  # (values whose == is not a truth value)
         return False
 
@@ -833,8 +834,8 @@ class CapturedMode(nn.Module):
                 f"fxquant: this forward was captured in {mode} mode and holds that mode's "
                 f"ops; call functionalize_inplace on the model in the mode you run it in")
         signature = getattr(self, "signature", None)  # (None: captured by an older fxquant)
-        if signature is None:
-            return
+        if signature is None or any(isinstance(a, torch.fx.Proxy) for a in arguments):
+            return  # (traced symbolically: no values to check)
         for i, (expected, got) in enumerate(zip(signature, arguments, strict=False)):
             why = _mismatch(i, expected, got)
             if why is not None:

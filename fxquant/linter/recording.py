@@ -169,6 +169,15 @@ class SavedTensor:
         return not same_values(self.tensor, self.copy)
 
 
+@dataclass
+class Checkpoint:
+    """A reentrant ``torch.utils.checkpoint`` segment the forward ran."""
+
+    where: Location | None
+    preserve_rng_state: bool
+    input_requires_grad: bool
+
+
 class _Packed:
     """What autograd stores for a saved tensor: its entry and the value backward gets."""
 
@@ -289,6 +298,8 @@ class Recorder:
         self.copy_saved = copy_saved  # check: keep copies so backward can finish
         self.prov: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.saved: list[SavedTensor] = []
+        #: the reentrant checkpoint segments the forward ran (directly, while recording)
+        self.checkpoints: list[Checkpoint] = []
         self.origins: dict[int, _Origin] = {}
         self.reported_factories: set[int] = set()
         self.writes: list[tuple[str, Tensor, bool]] = []  # (aten op, tensor, was requires_grad)
@@ -568,16 +579,18 @@ class Recorder:
         if not isinstance(node, torch.autograd.function.BackwardCFunction):
             return
         for key, value in list(vars(node).items()):
-            if not isinstance(value, Tensor) or key.startswith("_"):
-                continue
+            if not isinstance(value, Tensor) or key.startswith("_") or value.is_inference():
+                continue  # (an inference tensor has no version counter to watch)
             entry = SavedTensor(value.detach(), value._version, value._version,
                                 function.__name__, self.where(), kept_as=f"ctx.{key}")
             entry.held = weakref.ref(node)
             self.saved.append(entry)
             if self.copy_saved:
                 entry.copy = value.detach().clone()
-                setattr(node, key, entry.copy.requires_grad_(value.requires_grad)
-                        if entry.copy.is_floating_point() else entry.copy)
+                # a clone keeps the value's history (a backward that differentiates
+                # through it, for second derivatives, still can), not its later writes
+                with torch.enable_grad():
+                    setattr(node, key, value.clone() if value.requires_grad else entry.copy)
 
     def _report_kept(self, entry: SavedTensor, code: str, where: Location | None,
                      node: str) -> None:
@@ -952,8 +965,9 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
             torch._C._autograd._push_saved_tensors_default_hooks(rec.pack, rec.unpack)
         try:
             with contextlib.ExitStack() as stack:
-                stack.enter_context(_checkpoints_run_directly())
-                stack.enter_context(_custom_functions_watched(rec))
+                if tools.hooks:  # (both record saved values: part of the hooks' work)
+                    stack.enter_context(_checkpoints_run_directly(rec))
+                    stack.enter_context(_custom_functions_watched(rec))
                 if tools.functions:
                     function_mode.__enter__()
                     stack.callback(_pop_function_mode, function_mode)
@@ -972,7 +986,7 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
 
 
 @contextlib.contextmanager
-def _checkpoints_run_directly() -> Iterator[None]:
+def _checkpoints_run_directly(rec: Recorder) -> Iterator[None]:
     """Reentrant ``torch.utils.checkpoint`` segments (PyG's ``DeepGCNLayer(ckpt_grad=True)``)
     run as plain calls while recording: a reentrant segment runs its forward without
     autograd and again inside backward, where no instrument sees it, so an in-place bug in
@@ -984,6 +998,8 @@ def _checkpoints_run_directly() -> Iterator[None]:
 
     def run_segment(function: Any, preserve_rng_state: bool, *args: Any) -> Any:
         if threading.get_ident() == thread:
+            rec.checkpoints.append(Checkpoint(rec.where(), preserve_rng_state, any(
+                isinstance(a, Tensor) and a.requires_grad for a in args)))
             return function(*args)
         apply: Any = torch.autograd.Function.apply  # (bound to Function: its function)
         return apply.__func__(owner, function, preserve_rng_state, *args)

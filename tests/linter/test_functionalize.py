@@ -553,8 +553,10 @@ def test_captured_forward_refuses_arguments_unlike_its_example():
     assert gm.meta[HOW_KEY] == "captured"
     other = torch.randn(4, 3)
     torch.testing.assert_close(gm(other, 2.0), model(other, 2.0))
+    torch.testing.assert_close(gm(other, 2), model(other, 2.0))  # (an equal number)
     with pytest.raises(RuntimeError, match=r"argument 1 was 2\.0, got 5\.0"):
         gm(other, 5.0)
+    assert torch.fx.symbolic_trace(gm).graph  # (tracing it sees proxies: nothing to check)
     with pytest.raises(RuntimeError, match=r"argument 0 had shape \[4, 3\] \(torch\.float32\), "
                                            r"got \[8, 3\]"):
         gm(torch.randn(8, 3), 2.0)

@@ -343,3 +343,53 @@ def test_overwrites_inside_pyg_are_not_blamed_on_the_user():
         torch.randn(30, 2, generator=g)
     assert not fxquant.lint(_LearnedEdgeWeights(), *args).findings
     fxquant.testing.assert_backward_safe(_LearnedEdgeWeights(), *args, strict=True)
+
+
+class _Physics(nn.Module):
+    """A physics-informed forward: it turns requires_grad on for its input to take du/dx,
+    through a custom activation that keeps its input on ctx (differentiated twice)."""
+
+    class Softplus(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.x = x
+            return F.softplus(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * torch.sigmoid(ctx.x)
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(1, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        x.requires_grad_(True)
+        u = self.l2(self.Softplus.apply(self.l1(x)))
+        (du,) = torch.autograd.grad(u.sum(), x, create_graph=True)
+        return u + du
+
+
+def test_second_derivatives_in_forward_are_clean():
+    """Correct code: check compared an input gradient taken after the forward against
+    none, and cut the second-order path through a kept ctx tensor (two false FXQ012)."""
+    assert not fxquant.check(_Physics(), torch.randn(5, 1)).errors
+
+
+class _NoGradSegment(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = torch.utils.checkpoint.checkpoint(self.b, x, use_reentrant=True)
+        return self.a(x) + h
+
+
+def test_a_reentrant_segment_without_grad_inputs_is_named():
+    """A reentrant segment none of whose inputs requires grad passes no gradient to its
+    parameters: check names the checkpoint line and the way out, not a backward hook."""
+    report = fxquant.check(_NoGradSegment(), torch.randn(4, 3))
+    (error,) = report.errors
+    assert error.rule == "FXQ012" and "reentrant torch.utils.checkpoint" in error.message
+    assert "checkpoint(self.b, x" in error.location.code and "use_reentrant=False" in error.hint
