@@ -735,8 +735,9 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
     arguments: list[Node] = []
     for i, (kind, info) in enumerate(layout):
         if kind == "tensor":
-            inputs.append(graph.placeholder(f"input_{i}"))
-            arguments.append(inputs[-1])
+            tensor = graph.placeholder(f"input_{i}")
+            inputs.append(tensor)
+            arguments.append(tensor)
         elif kind == "data":
             data = graph.placeholder(f"data_{i}" if i else "data")
             arguments.append(data)
