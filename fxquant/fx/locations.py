@@ -2,7 +2,8 @@
 
 A frame is *internal* when it belongs to torch, torch_geometric, fxquant itself or
 Python's standard library (site-packages excepted), or is generated code (``<string>``,
-FX's ``<eval_with_key>``); code typed at a prompt or in a doctest is the user's.
+FX's ``<eval_with_key>``, the modules PyG writes from its templates); code typed at a
+prompt or in a doctest is the user's.
 Everything fxquant reports (trace errors, lint findings, exceptions raised by a model)
 points at the innermost frame that is not internal.
 """
@@ -13,6 +14,7 @@ import linecache
 import os
 import sys
 import sysconfig
+import tempfile
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -77,10 +79,23 @@ def is_internal(filename: str) -> bool:
     """Whether a frame in ``filename`` is library code rather than the user's."""
     if filename.startswith("<"):
         return filename.startswith(_GENERATED)
-    if filename.startswith(_LIBRARY_DIRS):
+    if filename.startswith(_LIBRARY_DIRS) or _from_template(filename):
         return True
     in_site = filename.startswith((_PURELIB, _PLATLIB))
     return filename.startswith(_STDLIB) and not in_site
+
+
+def _from_template(filename: str) -> bool:
+    """Whether ``filename`` is a module PyG generated from a template into a temporary file
+    (``torch_geometric.nn.Sequential``'s forward, a layer's ``propagate``): written as
+    ``<module name>_<8 random characters>.py`` and imported under that module name."""
+    if not filename.startswith(_TEMP) or not filename.endswith(".py"):
+        return False
+    module = sys.modules.get(os.path.basename(filename)[:-len("_12345678.py")])
+    return module is not None and getattr(module, "__file__", None) == filename
+
+
+_TEMP = os.path.join(tempfile.gettempdir(), "")
 
 
 def innermost_user(frames: Iterable[tuple[str, int | None]]) -> Location | None:

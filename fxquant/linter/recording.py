@@ -333,7 +333,7 @@ class Recorder:
         if self.module_names:
             site = container_site(self.boundary, self.module_names, self.modules)
             if site is not None and site.line is not None:
-                self.sites.setdefault(site.line, site)
+                self.sites[site.line] = site  # latest: one line may build many
                 return site.line
         found = caller_location(self.boundary)
         if found is not None:

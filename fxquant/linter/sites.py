@@ -19,17 +19,19 @@ import functools
 import inspect
 import sys
 import textwrap
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 
+import torch_geometric.nn
 from torch import nn
 
 from fxquant.fx.locations import Location, is_internal
 
 __all__ = ["ModuleSite", "built_at", "container_site"]
 
-_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, torch_geometric.nn.Sequential)
 _MODULE_PY = nn.Module.__call__.__code__.co_filename
 
 
@@ -168,10 +170,16 @@ def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
     switched: Location | None = None
     for owner in _owners(name):
         holder = modules.get(owner)
-        for cls in _user_classes(holder) if holder is not None else []:
-            for source in _sources(cls):
-                call = call or source.call_of(kind)
-                switched = switched or source.switch
+        classes = _user_classes(holder) if holder is not None else []
+        attribute = name[len(owner):].lstrip(".").split(".")[0]
+        own = [s for cls in classes for s in _sources(cls)]
+        assigned, others = _helper_sources(classes, attribute) if own else ([], [])
+        # nearest first: a call assigned to the attribute (``self.body = nn.Sequential(...)``
+        # or ``self.body = make_block(...)``), then any call in the class, then any helper
+        for source, within in [*((s, attribute) for s in own), *((s, None) for s in assigned),
+                               *((s, None) for s in own), *((s, None) for s in others)]:
+            call = call or source.call_of(kind, within)
+            switched = switched or source.switch
         if call is not None:
             break
     if call is not None:
@@ -183,6 +191,70 @@ def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
         return _Found(found.at, found.code, "", switched or found.switched_at,
                       in_container=found.at is not None)
     return _Found(switched_at=switched)
+
+
+def _helper_sources(classes: list[type], attribute: str) -> tuple[list[_Source], list[_Source]]:
+    """The parsed source of the user's functions that ``classes`` call, to a depth of
+    :data:`_HELPER_DEPTH` (a container built by ``self.mlp = make_mlp(16)`` was built in
+    ``make_mlp``): those called in an assignment to ``.attribute`` and what they call, and
+    the others."""
+    assigned: list[_Source] = []
+    others: list[_Source] = []
+    seen: set[object] = set()
+    frontier = [(s, _namespace(cls), False) for cls in classes for s in _sources(cls)]
+    for depth in range(_HELPER_DEPTH):
+        called = []
+        for source, namespace, inherited in frontier:
+            for call, targets in zip(source.calls, source.assigned, strict=True):
+                function = _resolve(call.func, namespace)
+                if function is None or function in seen:
+                    continue
+                seen.add(function)
+                near = inherited or (depth == 0 and attribute in targets)
+                called += [(parsed, function.__globals__, near)
+                           for parsed in _function_sources(function)]
+        assigned += [parsed for parsed, _, near in called if near]
+        others += [parsed for parsed, _, near in called if not near]
+        frontier = called
+    return assigned, others
+
+
+#: how many calls deep :func:`_helper_sources` follows the user's helper functions
+_HELPER_DEPTH = 2
+
+
+def _namespace(cls: type) -> dict[str, object]:
+    module = sys.modules.get(cls.__module__)
+    return dict(vars(module)) if module is not None else {}
+
+
+def _resolve(func: ast.expr, namespace: Mapping[str, object]) -> types.FunctionType | None:
+    """The user's Python function a call's callee names (``make_mlp``, ``helpers.make_mlp``)
+    in ``namespace``; None for anything else (classes, methods, library functions)."""
+    parts: list[str] = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name):
+        return None
+    value = namespace.get(func.id)
+    for part in reversed(parts):
+        if not isinstance(value, types.ModuleType):
+            return None
+        value = getattr(value, part, None)
+    if not isinstance(value, types.FunctionType):
+        return None
+    path = value.__code__.co_filename
+    return None if is_internal(path) else value
+
+
+@functools.lru_cache(maxsize=256)
+def _function_sources(function: types.FunctionType) -> tuple[_Source, ...]:
+    try:
+        parsed = _parse(inspect.getsourcefile(function), *inspect.getsourcelines(function))
+    except (OSError, TypeError):
+        return ()
+    return (parsed,) if parsed is not None else ()
 
 
 @dataclass(frozen=True)
@@ -201,9 +273,13 @@ class _Source:
     calls: tuple[ast.Call, ...]
     switch: Location | None  # the first `x.inplace = True` in the class
 
-    def call_of(self, kind: type) -> _Call | None:
-        """The first call of ``kind`` (by name) in the class, one passing ``inplace`` first."""
-        named = [n for n in self.calls if _callee(n) == kind.__name__]
+    assigned: tuple[frozenset[str], ...] = ()  # per call: the attributes its value is assigned to
+
+    def call_of(self, kind: type, within: str | None = None) -> _Call | None:
+        """The first call of ``kind`` (by name) in the class, one passing ``inplace`` first;
+        with ``within``, only calls in an assignment to ``.within``."""
+        named = [n for n, targets in zip(self.calls, self.assigned, strict=True)
+                 if _callee(n) == kind.__name__ and (within is None or within in targets)]
         chosen = next((n for n in named if _inplace_argument(n, kind) is not None),
                       named[0] if named else None)
         if chosen is None:
@@ -281,4 +357,11 @@ def _parse(path: str | None, lines: list[str], start: int) -> _Source | None:
         (n for n in ast.walk(tree) if isinstance(n, ast.Assign)), key=lambda n: n.lineno)
         if any(isinstance(t, ast.Attribute) and t.attr == "inplace" for t in n.targets)
         and not (isinstance(n.value, ast.Constant) and n.value.value is False)), None)
-    return _Source(path, start, text, tuple(calls), switch)
+    targets: dict[int, set[str]] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign):
+            names = {t.attr for t in n.targets if isinstance(t, ast.Attribute)}
+            for inner in ast.walk(n.value):
+                targets.setdefault(id(inner), set()).update(names)
+    return _Source(path, start, text, tuple(calls), switch,
+                   tuple(frozenset(targets.get(id(c), ())) for c in calls))

@@ -254,3 +254,36 @@ class CountsAndBreaks(nn.Module):
         y = torch.exp(h - self.ema)
         y += 1
         return y
+
+
+def make_block(width, inplace=True):
+    """A helper that builds the container (the construction line is here, not in the model's
+    class): Tanh saves its output, Hardtanh(inplace=True) then writes into it."""
+    return nn.Sequential(nn.Linear(width, width), nn.Tanh(),
+                         nn.Hardtanh(inplace=inplace))
+
+
+def make_tower(width):
+    """A helper calling the helper above: two calls deep."""
+    return nn.Sequential(make_block(width, inplace=False), make_block(width))
+
+
+class HelperBuilt(nn.Module):
+    """Two containers from helpers: ``head`` (clean) and ``body`` (the in-place one)."""
+
+    def __init__(self, width=4):
+        super().__init__()
+        self.head = nn.Sequential(nn.Linear(width, width), nn.Hardtanh(inplace=False))
+        self.body = make_block(width)
+
+    def forward(self, x):
+        return self.body(self.head(x))
+
+
+class TowerBuilt(nn.Module):
+    def __init__(self, width=4):
+        super().__init__()
+        self.tower = make_tower(width)
+
+    def forward(self, x):
+        return self.tower(x)
