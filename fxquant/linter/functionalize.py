@@ -744,6 +744,8 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
             inputs += [graph.call_function(getattr, (data, f)) for f in info[2]]
         else:  # a non-tensor argument: captured as it was
             arguments.append(graph.placeholder(f"arg_{i}"))
+    # arguments the example did not pass reach the guard, which names them
+    extra, named = graph.placeholder("*extra_arguments"), graph.placeholder("**named_arguments")
     env.update(zip(placeholders, state_nodes + inputs, strict=True))
     root = copy.copy(model)  # shares the (already copied) parameters
     for node in captured.graph.nodes:
@@ -765,12 +767,23 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
     _read_state_through_copies(graph)
     root.add_module("fxquant_captured_mode", CapturedMode(model.training, [
         _signature(kind, info, example) for (kind, info), example in zip(
-            layout, example_inputs, strict=True)]))
+            layout, example_inputs, strict=True)], _parameter_names(model)))
     mine = [n for n in graph.nodes if n.op == "placeholder"]  # (Data fields in between)
-    with graph.inserting_after(mine[-1]) if mine else \
-            graph.inserting_before(next(iter(graph.nodes))):
-        graph.call_module("fxquant_captured_mode", tuple(arguments))
+    with graph.inserting_after(mine[-1]):
+        graph.call_module("fxquant_captured_mode", tuple(arguments),
+                          {"extra": extra, "named": named})
     return GraphModule(root, graph, f"Functional{type(model).__name__}")
+
+
+def _parameter_names(model: nn.Module) -> list[tuple[str, Any]]:
+    """``model.forward``'s positional parameters as ``(name, default)`` (default
+    ``inspect.Parameter.empty`` where there is none; [] where Python cannot tell)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [(p.name, p.default) for p in parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _signature(kind: str, info: Any, example: Any) -> tuple:
@@ -823,20 +836,26 @@ class CapturedMode(nn.Module):
     arguments. It raises in the other mode, or for arguments that differ, instead of
     running ops that do not fit them."""
 
-    def __init__(self, captured_training: bool, signature: list[tuple] | None = None) -> None:
+    def __init__(self, captured_training: bool, signature: list[tuple] | None = None,
+                 parameters: list[tuple[str, Any]] | None = None) -> None:
         super().__init__()
         self.captured_training = captured_training
         self.signature = signature
+        self.parameters_of_forward = parameters or []
 
-    def forward(self, *arguments: Any) -> None:
+    def forward(self, *arguments: Any, extra: tuple = (),
+                named: dict[str, Any] | None = None) -> None:
         if self.training != self.captured_training:
             mode = "train" if self.captured_training else "eval"
             raise FxquantRuntimeError(
                 f"fxquant: this forward was captured in {mode} mode and holds that mode's "
                 f"ops; call functionalize_inplace on the model in the mode you run it in")
         signature = getattr(self, "signature", None)  # (None: captured by an older fxquant)
-        if signature is None or any(isinstance(a, torch.fx.Proxy) for a in arguments):
+        if signature is None or any(isinstance(a, torch.fx.Proxy)
+                                    for a in (*arguments, extra, named)):
             return  # (traced symbolically: no values to check)
+        if extra or named:
+            self._refuse_unseen(len(arguments), extra, named or {})
         for i, (expected, got) in enumerate(zip(signature, arguments, strict=False)):
             why = _mismatch(i, expected, got)
             if why is not None:
@@ -845,6 +864,29 @@ class CapturedMode(nn.Module):
                     f"the branches taken on them and its non-tensor arguments; {why}. Please "
                     "call functionalize_inplace with an example like the inputs you run, or "
                     "rewrite the in-place ops in the source (see gm.meta['fxquant_rewrites'])")
+
+    def _refuse_unseen(self, count: int, extra: tuple, named: dict[str, Any]) -> None:
+        """Arguments past the example's ``count``: those equal to forward's default run as
+        captured (the example ran with the default); any other raises, naming them."""
+        known = getattr(self, "parameters_of_forward", [])
+        defaults = dict(known)
+        names = [name for name, _ in known]
+        given = [(names[count + k] if count + k < len(names) else f"argument {count + k}",
+                  value, False) for k, value in enumerate(extra)]
+        given += [(name, value, True) for name, value in named.items()]
+        unseen = [f"{name} (by keyword)" if keyword and name not in names[count:] else name
+                  for name, value, keyword in given
+                  if name not in defaults or name in names[:count] or not _same_value(
+                      defaults[name], value) or defaults[name] is inspect.Parameter.empty]
+        if not unseen:
+            return
+        example = ", ".join(names[:count]) or f"{count} argument(s)"
+        raise FxquantRuntimeError(
+            f"fxquant: this forward was captured from an example of {count} positional "
+            f"argument(s) ({example}) and runs only with those (and defaults); got "
+            f"{', '.join(unseen)} besides. Please call functionalize_inplace with an example "
+            "that passes them (positionally, in forward's order), or rewrite the in-place "
+            "ops in the source (see gm.meta['fxquant_rewrites'])")
 
 
 def _read_state_through_copies(graph: Graph) -> None:
@@ -1219,7 +1261,8 @@ def functionalize_inplace(
         torch.fx.GraphModule: ``gm.meta["fxquant_rewrites"]`` lists each :class:`Rewrite`
         (line, before, after); ``gm.meta["fxquant_functionalized"]`` is ``"symbolic"`` or
         ``"captured"`` (an ATen graph specialized to the example's shapes, branches and
-        non-tensor arguments, which raises when called with others).
+        non-tensor arguments, which raises when called with others, or with arguments the
+        example did not pass, other than forward's defaults).
         For a model that needed nothing rewritten and that no rewrite reproduces, a copy
         of ``model`` itself (same class and state), with a :class:`UserWarning`.
 

@@ -8,6 +8,7 @@ the original's where its backward runs, else a dot-product test with forward-mod
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import pytest
@@ -565,6 +566,36 @@ def test_captured_forward_refuses_arguments_unlike_its_example():
     smaller = data.subgraph(torch.arange(data.num_nodes - 1))
     with pytest.raises(RuntimeError, match="argument 0's x had shape"):
         seed(smaller)
+
+
+class _Optional(_Branchy):
+    def forward(self, x, scale=1.5, bias=None):
+        y = super().forward(x, scale)
+        return y if bias is None else y + bias
+
+
+def test_captured_forward_names_arguments_its_example_did_not_pass():
+    """An optional argument left out of the example: calling with it failed with Python's
+    "takes 2 positional arguments but 3 were given"; now it raises naming the argument, and
+    passing the default it ran with still runs."""
+    torch.manual_seed(0)
+    model, x = _Optional(), torch.randn(4, 3)
+    gm = fxquant.functionalize_inplace(model, x)
+    assert gm.meta[HOW_KEY] == "captured"
+    torch.testing.assert_close(gm(x), model(x))
+    torch.testing.assert_close(gm(x, 1.5, None), model(x))  # (the defaults it ran with)
+    torch.testing.assert_close(gm(x, bias=None), model(x))
+    for call in (lambda: gm(x, 2.0), lambda: gm(x, scale=2.0), lambda: gm(x, 1.5, x)):
+        with pytest.raises(RuntimeError, match=r"example of 1 positional argument\(s\) \(x\)"
+                                               r".* got (scale|bias) besides"):
+            call()
+    with pytest.raises(RuntimeError, match=r"got argument 3 besides"):
+        gm(x, 1.5, None, 7)
+    assert torch.fx.symbolic_trace(gm).graph  # (proxies for the extra arguments too)
+    restored = pickle.loads(pickle.dumps(gm))
+    torch.testing.assert_close(restored(x), model(x))
+    with pytest.raises(RuntimeError, match="got scale besides"):
+        restored(x, 2.0)
 
 
 class _AugmentedSum(nn.Module):
