@@ -16,7 +16,7 @@ import torch
 import torch.autograd.forward_ad as fwad
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import GCNConv
+from torch_geometric.nn import GCNConv, MessagePassing
 
 import fxquant
 from examples.seed_model import SeedGCN
@@ -651,3 +651,39 @@ def test_a_compiled_module_is_refused_with_the_way_out():
         with pytest.raises(TypeError, match=r"fxquant\.(functionalize_inplace|transform) takes "
                                             r"the module itself.*model\._orig_mod"):
             run(compiled, torch.randn(5, 4))
+
+
+class _EdgeScale(MessagePassing):
+    """An in-place write in ``message()`` (sigmoid saved ``edge_attr``): captured."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.lin, self.elin = nn.Linear(4, 4), nn.Linear(2, 4)
+
+    def forward(self, x, edge_index, edge_attr):
+        e = torch.sigmoid(self.elin(edge_attr))
+        return self.propagate(edge_index, x=self.lin(x), edge_attr=e)
+
+    def message(self, x_j, edge_attr):
+        edge_attr.mul_(2)
+        return x_j * edge_attr
+
+
+class _EdgeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.gcn = _EdgeScale(), GCNConv(4, 4)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.gcn(self.conv(x, edge_index, edge_attr), edge_index)
+
+
+def test_captured_rewrites_list_the_users_writes_not_pygs():
+    """gcn_norm's and the aggregation's own in-place ops were listed as rewrites."""
+    torch.manual_seed(0)
+    x, ei, ea = torch.randn(6, 4), torch.randint(0, 6, (2, 12)), torch.randn(12, 2)
+    gm = fxquant.functionalize_inplace(_EdgeNet(), x, ei, ea)
+    assert gm.meta[HOW_KEY] == "captured"
+    (rewrite,) = gm.meta[REWRITES_KEY]
+    assert rewrite.before == "`mul_` (in place)"
+    assert rewrite.location.code == "edge_attr.mul_(2)"
