@@ -1001,6 +1001,8 @@ def _checkpoints_run_directly(rec: Recorder) -> Iterator[None]:
             rec.checkpoints.append(Checkpoint(rec.where(), preserve_rng_state, any(
                 isinstance(a, Tensor) and a.requires_grad for a in args)))
             return function(*args)
+        if before is not None:  # (a torch whose CheckpointFunction defines its own apply)
+            return before.__get__(None, owner)(function, preserve_rng_state, *args)
         apply: Any = torch.autograd.Function.apply  # (bound to Function: its function)
         return apply.__func__(owner, function, preserve_rng_state, *args)
 

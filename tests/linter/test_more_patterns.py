@@ -393,3 +393,37 @@ def test_a_reentrant_segment_without_grad_inputs_is_named():
     (error,) = report.errors
     assert error.rule == "FXQ012" and "reentrant torch.utils.checkpoint" in error.message
     assert "checkpoint(self.b, x" in error.location.code and "use_reentrant=False" in error.hint
+
+
+def test_other_threads_checkpoint_through_checkpoint_functions_own_apply(monkeypatch):
+    """While a forward is recorded, another thread's reentrant checkpoint runs as before:
+    through ``CheckpointFunction.apply`` where a torch version defines one (here one that
+    counts its calls), which is put back by identity afterwards."""
+    import threading
+
+    owner = torch.utils.checkpoint.CheckpointFunction
+    calls = []
+
+    def counting(cls, *args):
+        calls.append(threading.get_ident())
+        return torch.autograd.Function.apply.__func__(cls, *args)
+
+    own = classmethod(counting)
+    monkeypatch.setattr(owner, "apply", own, raising=False)
+    layer = nn.Linear(4, 4)
+    outside = []
+
+    class _Waits(nn.Module):
+        def forward(self, x):
+            worker = threading.Thread(target=lambda: outside.append(
+                torch.utils.checkpoint.checkpoint(layer, torch.randn(2, 4, requires_grad=True),
+                                                  use_reentrant=True)))
+            worker.start()
+            worker.join()
+            return x * 2
+
+    fxquant.lint(_Waits(), torch.randn(2, 4))
+    assert len(calls) == 1 and calls[0] != threading.get_ident() and len(outside) == 1
+    assert outside[0].grad_fn is not None and type(outside[0].grad_fn).__name__ == \
+        "CheckpointFunctionBackward"
+    assert vars(owner)["apply"] is own
