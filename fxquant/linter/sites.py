@@ -173,7 +173,7 @@ def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
         classes = _user_classes(holder) if holder is not None else []
         attribute = name[len(owner):].lstrip(".").split(".")[0]
         own = [s for cls in classes for s in _sources(cls)]
-        assigned, others = _helper_sources(classes, attribute) if own else ([], [])
+        assigned, others = _helper_sources(tuple(classes), attribute) if own else ((), ())
         # nearest first: a call assigned to the attribute (``self.body = nn.Sequential(...)``
         # or ``self.body = make_block(...)``), then any call in the class, then any helper
         for source, within in [*((s, attribute) for s in own), *((s, None) for s in assigned),
@@ -193,7 +193,9 @@ def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
     return _Found(switched_at=switched)
 
 
-def _helper_sources(classes: list[type], attribute: str) -> tuple[list[_Source], list[_Source]]:
+@functools.lru_cache(maxsize=256)
+def _helper_sources(classes: tuple[type, ...], attribute: str
+                    ) -> tuple[tuple[_Source, ...], tuple[_Source, ...]]:
     """The parsed source of the user's functions that ``classes`` call, to a depth of
     :data:`_HELPER_DEPTH` (a container built by ``self.mlp = make_mlp(16)`` was built in
     ``make_mlp``): those called in an assignment to ``.attribute`` and what they call, and
@@ -201,9 +203,10 @@ def _helper_sources(classes: list[type], attribute: str) -> tuple[list[_Source],
     assigned: list[_Source] = []
     others: list[_Source] = []
     seen: set[object] = set()
-    frontier = [(s, _namespace(cls), False) for cls in classes for s in _sources(cls)]
+    frontier: list[tuple[_Source, Mapping[str, object], bool]] = [
+        (s, _namespace(cls), False) for cls in classes for s in _sources(cls)]
     for depth in range(_HELPER_DEPTH):
-        called = []
+        called: list[tuple[_Source, Mapping[str, object], bool]] = []
         for source, namespace, inherited in frontier:
             for call, targets in zip(source.calls, source.assigned, strict=True):
                 function = _resolve(call.func, namespace)
@@ -216,16 +219,16 @@ def _helper_sources(classes: list[type], attribute: str) -> tuple[list[_Source],
         assigned += [parsed for parsed, _, near in called if near]
         others += [parsed for parsed, _, near in called if not near]
         frontier = called
-    return assigned, others
+    return tuple(assigned), tuple(others)
 
 
 #: how many calls deep :func:`_helper_sources` follows the user's helper functions
 _HELPER_DEPTH = 2
 
 
-def _namespace(cls: type) -> dict[str, object]:
+def _namespace(cls: type) -> Mapping[str, object]:
     module = sys.modules.get(cls.__module__)
-    return dict(vars(module)) if module is not None else {}
+    return vars(module) if module is not None else {}
 
 
 def _resolve(func: ast.expr, namespace: Mapping[str, object]) -> types.FunctionType | None:
