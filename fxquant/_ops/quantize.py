@@ -325,6 +325,7 @@ def _mx_factor(amax: Tensor, emax: int) -> Tensor:
     """OCP MX: ``1 / X`` with ``X = 2**(floor(log2 amax) - emax)``, the E8M0 exponent
     clamped to [-127, 127] (factor 1 where amax is 0 or not finite)."""
     layout = layout_of(amax.dtype)
+    emax = min(emax, _BIAS[layout.width])  # (8 exponent bits: the dtype's largest binade)
     usable = (amax > 0) & torch.isfinite(amax) & (amax >= torch.finfo(amax.dtype).tiny)
     shared = torch.clamp(_exponent(torch.where(usable, amax, 1.0)) - emax, -127, 127)
     shared = torch.where(usable, shared, 0)
@@ -509,17 +510,20 @@ def _saturating(fmt: Format) -> Format:
     return Format(fmt.exp_bits, fmt.man_bits, fmt.bias, fmt.special, fmt.subnormals, "saturate")
 
 
-def _split_rounds(fmt: Format, rounding: str) -> bool:
-    """Whether :func:`_round_nearest_split` computes exactly what :func:`round_float` does."""
-    return (rounding == Rounding.NEAREST and fmt.man_bits >= 1 and fmt.subnormals
-            and fmt.overflow == "saturate" and fmt.special != "ieee" and fmt.exp_bits >= 1)
+def _split_rounds(fmt: Format, rounding: str, compute: torch.dtype = torch.float32) -> bool:
+    """Whether :func:`_round_nearest_split` computes exactly what :func:`round_float` does
+    (with fewer mantissa bits than ``compute``: its subnormal step needs one to spare)."""
+    return (rounding == Rounding.NEAREST and 1 <= fmt.man_bits < layout_of(compute).man_bits
+            and fmt.subnormals and fmt.overflow == "saturate" and fmt.special != "ieee"
+            and fmt.exp_bits >= 1)
 
 
 def _round_nearest_split(part: Tensor, fmt: Format) -> None:
     """Round ``part`` in place to ``fmt`` (nearest, saturating), as :func:`round_float` does.
 
     Normal values: Veltkamp's splitting (``c = y * (2**s + 1)``, ``hi = c - (c - y)``) keeps
-    ``man_bits + 1`` significant bits, rounded to nearest even by the hardware; values below
+    ``man_bits + 1`` significant bits, rounded to nearest even by the hardware (values so
+    large that ``c`` would overflow are split scaled down by ``2**-(s + 1)``); values below
     the smallest normal: adding and subtracting ``1.5 * 2**(emin - man_bits + p - 1)`` rounds
     them to the subnormal spacing. Each step is its own kernel, so nothing fuses them into
     a fused multiply-add (which would change the result); the tests check every tie.
@@ -527,8 +531,17 @@ def _round_nearest_split(part: Tensor, fmt: Format) -> None:
     layout = layout_of(part.dtype)
     big = _finite(fmt.max_finite, part.dtype)
     part.clamp_(-big, big)
-    c = part * float(2 ** (layout.man_bits - fmt.man_bits) + 1)
+    shift = layout.man_bits - fmt.man_bits
+    c = part * float(2 ** shift + 1)
     c.sub_(c - part)
+    top = math.floor(math.log2(torch.finfo(part.dtype).max)) - shift - 1
+    if big >= 2.0 ** top:  # (8 exponent bits: y * (2**s + 1) overflows for the largest y)
+        down = part * 2.0 ** -(shift + 1)  # exact: these values stay normal
+        high = down * float(2 ** shift + 1)
+        high.sub_(high - down).mul_(2.0 ** (shift + 1))
+        fmax = torch.finfo(part.dtype).max  # (a value rounded up past the dtype saturates)
+        high.clamp_(-fmax, fmax)
+        torch.where(part.abs() >= 2.0 ** top, high, c, out=c)
     magic = 1.5 * 2.0 ** (fmt.emin - fmt.man_bits + layout.man_bits)
     small = (part + magic).sub_(magic).copysign_(part)
     torch.where(part.abs() < 2.0 ** fmt.emin, small, c, out=part)
@@ -627,7 +640,7 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
             cast, shift = route
             lim = _finite(target.max_finite, compute) * 2.0 ** shift
             table = _fp8_table(cast, x.device)
-        split = _split_rounds(target, rounding)
+        split = _split_rounds(target, rounding, compute)
         for part, source in zip(_chunks(out), _chunks(view), strict=True):
             if whole:
                 if factor is None:

@@ -209,7 +209,7 @@ def test_integer_ties_go_to_even_codes():
 
 
 @pytest.mark.parametrize("name", ["e3m2", "e2m3", "e2m1", "e4m3", (4, 2), (3, 1), (2, 2),
-                                  (1, 2), (5, 3), (6, 5)])
+                                  (1, 2), (5, 3), (6, 5), (8, 3), (8, 1)])
 def test_veltkamp_split_equals_the_reference_rounding_on_every_tie(name):
     fmt = parse(name)
     grid = torch.from_numpy(format_values(fmt))
@@ -259,7 +259,8 @@ def test_cast_route_is_refused_where_it_would_round_twice():
     assert Q._cast_route(parse((3, 2)), "nearest", torch.float32) is not None
 
 
-@pytest.mark.parametrize("name", ["e4m3", "e2m1", "e3m2", "e2m3", "fp16", "int8", "int4:asym"])
+@pytest.mark.parametrize("name", ["e4m3", "e2m1", "e3m2", "e2m3", "fp16", "int8", "int4:asym",
+                                  "e8m7", "e8m3", "e8m23"])
 @pytest.mark.parametrize("scale", ["none", "tensor", "row", "block32"])
 @pytest.mark.parametrize("rounding", ["nearest", "toward_zero"])
 def test_chunked_eager_equals_whole(name, scale, rounding, monkeypatch):
@@ -293,7 +294,7 @@ def _extremes(dtype: torch.dtype) -> list[float]:
 
 FORMAT_SPECS = [*PRESETS, "e3m0", "e1m0", "e0m1", "e0m3", "e1m1", "e2m0", "e5m0", "e8m0",
                 "e4m3:bias=1", "e3m2:special=nan_only", "e5m2:special=ieee:overflow=inf",
-                "e2m1:subnormals=0", "e6m9"]
+                "e2m1:subnormals=0", "e6m9", "e8m7", "e8m3", "e8m23"]
 ALL_SCALES = [None, "tensor", "row", "tensor-pow2", "row-pow2", "block32"]
 
 
@@ -335,6 +336,20 @@ def test_nan_and_inf_inputs(name, dtype):
         has_inf = name == "e5m2"  # MX saturates finite overflow; inf stays inf
         assert (y[0, 1:3].isinf().all() if has_inf else y[0, 1:3].isfinite().all()), (scale, y)
         assert y[0, 1] > 0 > y[0, 2]
+
+
+@pytest.mark.parametrize("name", ["e8m7", "e8m3", "e8m1", "e8m23", (8, 7)])
+@pytest.mark.parametrize("scale", [None, "tensor", "row", "tensor-pow2", "block32"])
+def test_eight_exponent_bits_with_a_scale_keep_the_values(name, scale):
+    """A format with float32's 8 exponent bits: splitting ``y * (2**s + 1)`` overflowed for
+    values near float32's largest (where every scale puts the largest input), giving NaN,
+    and the MX scale put the largest input past float32. Each value now lies within the
+    format's relative spacing of the input."""
+    x = torch.tensor([[3.0, -1.5, 0.25, 1e-3, 0.0, 7.0], [1e34, -2e35, 5.0, 1e-20, 3e38, 1.0]])
+    y = fxquant.quantize(x, name, scale=scale)
+    spacing = 2.0 ** -parse(name).man_bits
+    assert y.isfinite().all(), y
+    assert ((y - x).abs() <= spacing * x.abs()).all(), (x, y)
 
 
 def test_reported_nan_and_inf_cases():
