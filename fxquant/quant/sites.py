@@ -186,10 +186,34 @@ class QuantizedPropagate:
                     f"per-edge argument ({', '.join(self.names)}) in this call, so it rounded "
                     "nothing; pass edge weights, or drop the edge site of this layer",
                     UserWarning, stacklevel=2)
+            degree = None
+            if self.edge.needs_nodes:  # per-node settings: each edge follows its target
+                targets = self._target_nodes(size, kwargs, i, j)
+                if targets is not None:
+                    degree = in_degree(edge_index[[i, i]], targets, edge_index)
             for name in found:
-                kwargs[name] = self.edge(kwargs[name], row_nodes=edge_index[i],
-                                         row_sources=edge_index[j])
+                kwargs[name] = self.edge(kwargs[name], node_degree=degree,
+                                         row_nodes=edge_index[i], row_sources=edge_index[j])
         return type(self.owner).propagate(self.owner, edge_index, size=size, **kwargs)
+
+    def _target_nodes(self, size: Any, kwargs: dict[str, Any], i: int, j: int) -> int | None:
+        """How many target nodes this call has, as ``propagate`` finds it: ``size``, else
+        the node tensors ``message()`` reads as ``x_i`` / ``x_j`` (a pair: both sides);
+        None where neither says."""
+        sizes: list[int | None] = list(size) if size is not None else [None, None]
+        for name in self.owner.inspector.get_param_names("message"):
+            if name[-2:] not in ("_i", "_j") or sizes[i] is not None:
+                continue
+            dim = i if name.endswith("_i") else j
+            data = kwargs.get(name[:-2])
+            if isinstance(data, tuple | list) and len(data) == 2:
+                if isinstance(data[i], Tensor):
+                    sizes[i] = data[i].size(self.owner.node_dim)
+                data = data[dim]
+            if isinstance(data, Tensor) and sizes[dim] is None:
+                sizes[dim] = data.size(self.owner.node_dim)
+        found = sizes[i] if sizes[i] is not None else sizes[j]
+        return int(found) if found is not None else None
 
 
 class QuantizedAggregate:

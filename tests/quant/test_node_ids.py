@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader, NeighborLoader, RandomNodeLoader
-from torch_geometric.utils import subgraph
+from torch_geometric.utils import add_remaining_self_loops, subgraph
 
 import fxquant
 from tests.quant import TwoGCN
@@ -90,6 +90,45 @@ def test_messages_follow_their_global_target():
     coarse = torch.isclose(seen["y"], fxquant.truncate(seen["x"], 3, "nearest")).all(1)
     assert exact[hub_rows].all() and coarse[~hub_rows].all()
     assert not coarse[hub_rows].all()  # the hub rows really differ from the 3-bit grid
+
+
+@pytest.mark.parametrize("how", ["set_nodes", "node_bits"])
+def test_per_edge_arguments_follow_their_global_target(how):
+    """The edge site (GCNConv's normalized edge weights) with per-node settings: its rows
+    were counted as nodes ("node_ids has 6 entries, but the edge ... has 20 nodes", also
+    for a full batch); each edge now follows its target, as a message does."""
+    torch.manual_seed(0)
+    if how == "set_nodes":
+        mapping = fxquant.QuantMapping().set_name("conv1", fxquant.QuantConfig(3, "nearest"),
+                                                  site="edge")
+        mapping.set_nodes("conv1", HUBS, 20, site="edge")
+    else:
+        widths = torch.full((N,), 2.0)
+        widths[HUBS] = 8.0
+        mapping = fxquant.QuantMapping().set_name("conv1", fxquant.QuantConfig(
+            "int8", scale="tensor", node_bits=fxquant.NodeBits(widths)), site="edge")
+    gm = fxquant.transform(Net(), mapping)
+    point = gm.get_submodule("conv1_edge_quant")
+    seen = {}
+    point.register_forward_hook(lambda m, args, out: seen.update(x=args[0], y=out))
+    data = graph()
+    n_id = torch.tensor([7, 2, 20, 11, 3, 50])
+    sub, _ = subgraph(n_id, data.edge_index, relabel_nodes=True, num_nodes=N)
+    for x, edge_index, ids, nodes in ((data.x[n_id], sub, n_id, n_id),
+                                      (data.x, data.edge_index, None, torch.arange(N))):
+        gm(x, edge_index, node_ids=ids)
+        targets = add_remaining_self_loops(edge_index, num_nodes=len(nodes))[0][1]  # gcn_norm's
+        hub_rows = torch.isin(nodes[targets], HUBS)
+        assert seen["x"].shape[0] == len(targets) and hub_rows.any() and (~hub_rows).any()
+        if how == "set_nodes":
+            exact = seen["y"] == fxquant.truncate(seen["x"], 20, "nearest")
+            coarse = seen["y"] == fxquant.truncate(seen["x"], 3, "nearest")
+            assert exact[hub_rows].all() and coarse[~hub_rows].all()
+            assert not coarse[hub_rows].all()
+        else:  # 8 bits: within half a step of one per-tensor grid; 2 bits: 0 or +-step
+            step = seen["x"].abs().max() / 127
+            assert ((seen["y"] - seen["x"])[hub_rows].abs() <= step / 2 + 1e-7).all()
+            assert seen["y"][~hub_rows].unique().numel() <= 2
 
 
 def test_node_ids_are_checked_where_they_enter():
