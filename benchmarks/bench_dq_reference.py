@@ -79,7 +79,7 @@ from torch import nn
 from torch_geometric.nn import GCNConv
 
 import fxquant
-from benchmarks.common import machine, publish
+from benchmarks.common import machine, publish, refuse_overridden, refuse_unwritable
 from benchmarks.dq_reference_support import (
     ENV,
     REFERENCE_COMMIT,
@@ -582,6 +582,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.protect = (float(low), float(high))
     except ValueError:
         p.error(f"--protect: expected P_MIN:P_MAX, got {args.protect!r}")
+    if not 0 <= args.protect[0] <= args.protect[1] <= 1:
+        p.error(f"--protect: expected 0 <= P_MIN <= P_MAX <= 1, got {args.protect}")
+    if args.first_seed < 0 or args.first_seed + args.seeds > 2**63:
+        p.error(f"--first-seed must lie in 0..2**63 - --seeds, got {args.first_seed}")
+    if args.accuracy_from:
+        refuse_overridden(p, args, "--accuracy-from", ("rows", "seeds", "first_seed", "epochs",
+                                                       "jobs"),
+                          "the accuracy rows come from that file")
+        try:
+            load_results(args.accuracy_from)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            p.error(f"--accuracy-from {args.accuracy_from}: cannot read it as this "
+                    f"benchmark's --json ({type(e).__name__}: {e})")
+    if not timed:
+        refuse_overridden(p, args, "--time-rows ''", ("fast_dropout", "warmup", "time_rounds",
+                                                      "time_steps"), "no row is timed")
+    if args.reference is not None and reference_path(args.reference) is None:
+        p.error(f"--reference {args.reference}: not a Degree-Quant checkout (it lacks "
+                "dq/multi_quant.py)")
+    refuse_unwritable(p, args.json, "--json")
     args.rows, args.time_rows = rows, timed
     return args
 

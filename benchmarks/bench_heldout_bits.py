@@ -28,6 +28,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .common import finite_positive, refuse_counts, refuse_overridden, refuse_unwritable
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "bits_heldout.json"
 #: (p_in, skew) of each graph
@@ -99,12 +101,26 @@ def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--target-bits", type=float, default=2.0)
+    p.add_argument("--target-bits", type=finite_positive, default=2.0)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="one small graph, 1 seed, 4 epochs")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--json", default=str(OUT))
     args = p.parse_args(argv)
+    refuse_counts(p, args, "seeds", "epochs", "jobs")
+    if args.quick:
+        refuse_overridden(p, args, "--quick", ("seeds", "epochs"))
+    if args.no_write:
+        refuse_overridden(p, args, "--no-write", ("json",), "nothing is written")
+    else:
+        refuse_unwritable(p, args.json, "--json")
+    import fxquant
+
+    anneal = fxquant.recipes.RECOMMENDED[1]
+    reached = anneal["anneal_every"] * anneal["anneal_bits"]
+    if not args.quick and args.epochs <= reached:
+        p.error(f"--epochs {args.epochs}: the recommended recipe's widths reach the budget at "
+                f"epoch {reached}; please give more epochs")
     graphs, nodes, edges, seeds, epochs = GRAPHS, NODES, EDGES, args.seeds, args.epochs
     if args.quick:
         graphs, nodes, edges, seeds, epochs = [(0.7, 0.5)], 200, 800, 1, 4

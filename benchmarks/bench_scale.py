@@ -39,7 +39,7 @@ from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv
 
 import fxquant
-from benchmarks.common import machine, publish
+from benchmarks.common import machine, publish, refuse_counts, refuse_overridden
 
 CASES = ("plain", "output", "message")
 
@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)  # one case, in a child
     args = p.parse_args(argv)
+    refuse_counts(p, args, "nodes", "edges", "features", "batches")
     if args.quick:
+        refuse_overridden(p, args, "--quick", ("nodes", "edges", "batches"))
         args.nodes, args.edges, args.batches = 20_000, 100_000, 3
     if args.case:
         print(json.dumps(full_batch_case(args.case, args.nodes, args.edges, args.features)))

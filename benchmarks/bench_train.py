@@ -23,7 +23,7 @@ from torch._inductor.utils import run_and_get_code
 from torch_geometric.data import Data
 
 import fxquant
-from benchmarks.common import machine, publish
+from benchmarks.common import machine, publish, refuse_counts, refuse_overridden
 from examples import training
 from examples.training import GCN
 from fxquant.datasets import load_planetoid
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--quick", action="store_true", help="1 seed, 3 epochs, small graph")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
+    refuse_counts(p, args, "seeds", "epochs")
+    if args.quick:
+        refuse_overridden(p, args, "--quick", ("seeds", "epochs"))
     seeds, epochs = (1, 3) if args.quick else (args.seeds, args.epochs)
     device = torch.device("cpu")
     if args.quick:

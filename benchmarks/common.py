@@ -3,6 +3,8 @@ the RESULTS.md sections."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import platform
 import re
@@ -106,3 +108,40 @@ def publish(name: str, body: str, write: bool) -> str:
     if write:
         write_section(name, body)
     return body
+
+
+def refuse_overridden(p: argparse.ArgumentParser, args: argparse.Namespace, switch: str,
+                      names: tuple[str, ...], why: str = "") -> None:
+    """A usage error naming the flags of ``names`` given with ``switch`` (e.g. ``--quick``,
+    which sets them itself; or ``why`` they would not be read), so that none is silently
+    ignored."""
+    defaults = p.parse_args([])
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) != getattr(defaults, n)]
+    if given:
+        p.error(f"{', '.join(given)} with {switch}: {why or switch + ' sets them itself'}, so "
+                "they would be ignored; please drop one or the other")
+
+
+def refuse_counts(p: argparse.ArgumentParser, args: argparse.Namespace,
+                  *names: str) -> None:
+    """A usage error for each count flag (``seeds``, ``epochs``, ...) below 1."""
+    for n in names:
+        if getattr(args, n) < 1:
+            p.error(f"--{n.replace('_', '-')} must be >= 1, got {getattr(args, n)}")
+
+
+def refuse_unwritable(p: argparse.ArgumentParser, path: str | None, flag: str) -> None:
+    """A usage error for an output path that is a folder or lies in no existing folder."""
+    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
+        p.error(f"{flag} {path}: not a file in an existing folder")
+
+
+def finite_positive(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value

@@ -224,8 +224,8 @@ def merge(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     fixed = ("dataset", "model", "epochs", "select", "signed_grid", "shared_step")
     for p in ordered[1:]:
         if any(p.get(k) != first.get(k) for k in fixed) or \
-                [r["target_bits"] for r in p["results"]] != \
-                [r["target_bits"] for r in first["results"]]:
+                [(r.get("method"), r["target_bits"]) for r in p["results"]] != \
+                [(r.get("method"), r["target_bits"]) for r in first["results"]]:
             raise ValueError("merge: these JSON files come from different commands")
     start = first.get("first_seed", 0)
     for p in ordered:
@@ -270,6 +270,12 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if given:
             p.error(f"{', '.join(given)}: {mode} trains nothing, so these would be ignored; "
                     "please drop them")
+    if args.merge and args.report:
+        p.error("--merge and --report are two commands (--report reads --trials); please run "
+                "them one after the other")
+    if args.merge and args.trials != defaults.trials:
+        p.error("--trials is read by --report and written by training; --merge joins "
+                "bits_pareto.py JSON files, so it would be ignored: please drop it")
     if args.merge and not args.json:
         p.error("--merge writes to --json PATH; please give it")
     if args.json and not (args.merge or args.report):
@@ -277,6 +283,14 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     training.refuse_unwritable(p, args, "--json")
     if args.report and not os.path.isfile(args.trials):
         p.error(f"--trials {args.trials}: no such file to report")
+    if args.report:
+        try:
+            trials = load(args.trials)
+            if not all(isinstance(r, dict) and {"candidate", "epochs"} <= r.keys()
+                       for r in trials):
+                raise ValueError("lines without 'candidate' and 'epochs'")
+        except (OSError, ValueError) as e:  # (json.JSONDecodeError is a ValueError)
+            p.error(f"--trials {args.trials}: not the JSON lines training writes ({e})")
     if args.merge or args.report:
         return
     args.candidates = [n.strip() for n in args.candidates.split(",") if n.strip()]
@@ -289,13 +303,16 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--datasets {args.datasets!r}: the choice is made on {list(DATASETS)}; "
                 "please name those")
     args.datasets = [canonical[d.lower()] for d in names]
+    for flag, values in (("--candidates", args.candidates), ("--datasets", args.datasets)):
+        if len(set(values)) < len(values):  # (each trial would run again)
+            p.error(f"{flag}: {sorted({v for v in values if values.count(v) > 1})} given twice")
     text = args.seeds
     try:
         args.seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         args.seeds = []
-    if not args.seeds or min(args.seeds) < 0:
-        p.error(f"--seeds: expected a comma list of seeds (0 or more), got {text!r}")
+    if not args.seeds or min(args.seeds) < 0 or len(set(args.seeds)) < len(args.seeds):
+        p.error(f"--seeds: expected a comma list of distinct seeds (0 or more), got {text!r}")
     if args.epochs is None:
         args.epochs = 200
     for flag in ("epochs", "jobs"):

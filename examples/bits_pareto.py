@@ -83,6 +83,9 @@ DEGREE_RULES = ("hubs-more", "hub-messages")
 SHARED_BITS = ("none", "layer", "all")
 #: fixed per-node bit-widths start this many bits above their final widths (``--anneal``)
 ANNEAL_BITS = 2
+#: the annealing period of ``--method recommended`` (the recipe's ``anneal_every``)
+RECOMMENDED_ANNEAL = int(fxquant.recipes.RECOMMENDED[1]["anneal_every"])
+RECOMMENDED_ANNEAL_BITS = int(fxquant.recipes.RECOMMENDED[1]["anneal_bits"])
 #: the flags ``--method recommended`` takes (it runs its recipe's chosen settings)
 RECOMMENDED_FLAGS = ("method", "target_bits", "seeds", "first_seed", "dataset", "epochs",
                      "root", "json", "from_json", "plot")
@@ -234,6 +237,9 @@ def _targets(text: str) -> list[float]:
     if not values or any(not 0 < v <= 32 for v in values):  # also refuses nan and inf
         raise argparse.ArgumentTypeError(f"--target-bits must lie in (0, 32] (average bits per "
                                          f"value), got {text!r}")
+    twice = sorted({f"{v:g}" for v in values if values.count(v) > 1})
+    if twice:  # (each would train twice, in two rows)
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} given twice in {text!r}")
     return values
 
 
@@ -256,6 +262,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         training.refuse_results_files(p, args.from_json, ("method", "target_bits", "accs"),
                                       "bits_pareto.py")
         return
+    training.refuse_missing_data(p, args)
     defaults = p.parse_args([])
     if args.method == "recommended":
         given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
@@ -273,6 +280,19 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.anneal_refit and not args.anneal:
         p.error("--anneal-refit refits the steps after each annealing drop; without --anneal "
                 "there are none, so it would be ignored: please give --anneal E too")
+    recommended = args.method == "recommended"
+    anneal, above = (RECOMMENDED_ANNEAL if recommended else args.anneal,
+                     RECOMMENDED_ANNEAL_BITS if recommended else ANNEAL_BITS)
+    if anneal and above * anneal >= args.epochs:
+        flag = "--epochs" if recommended else "--anneal"
+        p.error(f"{flag}: the widths start {above} bits above the budget and drop one "
+                f"every {anneal} epochs, so they reach it at epoch {above * anneal}; "
+                f"with --epochs {args.epochs} no epoch would train within the budget. Please "
+                f"give more epochs{'' if recommended else ' or a shorter --anneal'}")
+    if args.method == "format" and min(args.target_bits) < 5:
+        p.error(f"--target-bits {min(args.target_bits):g} with --method format: a budget B "
+                "leaves B - 2 value bits to the format, and the narrowest here (e1m1) has 3, "
+                "so that row would run e1m1 over budget; please give budgets of 5 or more")
     number, _, scale = args.input_format.partition(":")
     try:
         fxquant.QuantConfig(number, scale=scale or None)
@@ -361,14 +381,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="no training: table (and --plot) from earlier --json files")
     p.add_argument("--plot", default=None, metavar="PNG")
     args = p.parse_args(argv)
-    if args.seeds < 1 or args.epochs < 1:
+    if args.epochs < 1:
         p.error("--seeds and --epochs must be >= 1")
-    if args.first_seed < 0:
-        p.error("--first-seed must be >= 0")
+    training.refuse_seeds(p, args)
     if (args.shared_bits != "none" or args.bits_lr != DEFAULTS.bits_lr) and args.method != "learned":
         p.error("--shared-bits and --bits-lr are for --method learned")
-    if args.bits_lr <= 0:
-        p.error("--bits-lr must be positive")
+    if not (math.isfinite(args.bits_lr) and args.bits_lr > 0):
+        p.error(f"--bits-lr must be a positive number, got {args.bits_lr}")
     lowest = 1 if args.signed_grid == "midrise" else 2
     if not lowest <= args.max_bits <= 8 or (args.max_bits != 8 and args.method != "learned"):
         p.error(f"--max-bits: {lowest}..8 bits (1 only with --signed-grid midrise), for "

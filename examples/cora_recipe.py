@@ -13,6 +13,7 @@ Run (data: ``FXQUANT_DATA`` pointing at a folder with ``Cora/raw/ind.cora.*``):
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,12 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--seed", type=int, default=0, help="(default 0)")
     parser.add_argument("--root", default=None, help="data folder (default $FXQUANT_DATA)")
     args = parser.parse_args(argv)
+    if args.epochs < 1:
+        parser.error(f"--epochs must be >= 1, got {args.epochs}")
+    if not 0 <= args.seed < 2**63:
+        parser.error(f"--seed must lie in 0..2**63 - 1, got {args.seed}")
+    if args.root is not None and not os.path.isdir(args.root):
+        parser.error(f"--root {args.root}: no such folder")
 
     data = load_planetoid("Cora", args.root, transform=T.NormalizeFeatures())[0]
     torch.manual_seed(args.seed)

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     with socket.socket() as s:  # a free port on loopback
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

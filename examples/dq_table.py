@@ -136,8 +136,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="with --from-json: bars of each row's difference to FP32 per file")
     args = p.parse_args(argv)
-    if args.seeds < 1 or args.epochs < 1:
+    if args.epochs < 1:
         p.error("--seeds and --epochs must be >= 1")
+    training.refuse_seeds(p, args)
     if args.plot and not args.from_json:
         p.error("--plot draws earlier results: please pass --from-json FILE ... with it")
     if args.plot and args.json:
@@ -148,6 +149,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         training.refuse_training_flags(p, args, writes_json=True)
         training.refuse_results_files(p, args.from_json, ("name", "accs"), "dq_table.py",
                                       payload_fields=("model", "dataset"))
+        if not args.plot:  # (rows whose seeds would not pair)
+            try:
+                merge(args.from_json)
+            except SystemExit as e:
+                p.error(f"--from-json: {str(e.code).removeprefix('dq_table.py: ')}")
     keys = rows((0.0, 0.0))
     if args.only is not None:
         wanted = [k.strip() for k in args.only.split(",") if k.strip()]
@@ -172,6 +178,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training.refuse_unwritable(p, args, "--json", "--plot")
     if not args.from_json:
         training.refuse_float_epochs_past_training(p, args)
+        training.refuse_missing_data(p, args)
     if args.protect is None:
         args.protect = DEFAULT_PROTECT
     return args

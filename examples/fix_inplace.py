@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     torch.manual_seed(0)
     x, y = torch.randn(30, 8), torch.randint(0, 3, (30,))
     edge_index = torch.randint(0, 25, (2, 80))  # nodes 25..29 have no edges

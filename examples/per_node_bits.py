@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
     parser.add_argument("--budget", type=float, default=3.0, help="average bits (default 3)")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    if not 1 <= args.budget <= 7:  # (learned widths start a bit above it, within 2..8)
+        parser.error(f"--budget must lie in 1..7 bits, got {args.budget}")
     torch.manual_seed(0)
     n = 500
     y = torch.randint(0, 4, (n,))

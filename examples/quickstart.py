@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     torch.manual_seed(0)
     data = random_graph()
     model = GCN(16, 16, 2)

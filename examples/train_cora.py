@@ -172,6 +172,9 @@ def _number_list(text: str) -> list[int | str]:
     numbers = [training.number_arg(t) for t in text.split(",") if t.strip()]
     if not numbers:  # an empty sweep would run the default instead
         raise argparse.ArgumentTypeError(f"expected a comma list of bits or formats, got {text!r}")
+    twice = sorted({str(n) for n in numbers if numbers.count(n) > 1})
+    if twice:  # (each would train twice and print two rows)
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} given twice in {text!r}")
     return numbers
 
 
@@ -195,8 +198,9 @@ def _super_nodes(text: str) -> tuple[float, int | str]:
         parsed = float(fraction)
     except ValueError:
         parsed = -1.0
-    if not sep or not 0 < parsed <= 1:
-        raise argparse.ArgumentTypeError(f"expected FRACTION:BITS like 0.1:8, got {text!r}")
+    if not sep or not 0 < parsed < 1:  # (1: every node, the same as BITS for all)
+        raise argparse.ArgumentTypeError(f"expected FRACTION:BITS like 0.1:8 (FRACTION in "
+                                         f"(0, 1)), got {text!r}")
     return parsed, training.number_arg(number)
 
 
@@ -258,6 +262,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--seeds and --epochs must be >= 1")
     if args.bits is not None and not 1 <= args.bits <= 32:
         p.error("--bits must be in 1..32")
+    if args.sweep and (args.bits is not None or args.format is not None):
+        flag = "--bits" if args.bits is not None else "--format"
+        p.error(f"{flag} with --sweep: the sweep's widths and formats are the ones trained, so "
+                f"{flag} would be ignored; please add it to --sweep instead")
     if args.plot and not (args.sweep or args.from_json):
         p.error("--plot needs --sweep or --from-json")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -272,6 +280,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--protect needs a site that belongs to nodes (input, message, aggregate, output)")
     _check_combinations(p, args, numbers)
     training.refuse_unwritable(p, args, "--json", "--plot")
+    if not args.from_json:
+        training.refuse_missing_data(p, args)
     return args
 
 
@@ -281,7 +291,8 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
     naming the flag, before any work."""
     if args.from_json:  # (--dataset names the plot)
         training.refuse_training_flags(p, args, keep=("dataset",) if args.plot else ())
-        training.refuse_results_files(p, args.from_json, ("name", "accs"), "train_cora.py")
+        training.refuse_results_files(p, args.from_json, ("name", "accs"), "train_cora.py",
+                                      one_subject=True)
         return
     if args.rounding == "all" and not any(isinstance(n, int) for n in numbers):
         p.error("--rounding all runs each rounding mode of top-N bit widths (--bits, --sweep); "
@@ -438,6 +449,9 @@ def report(configs: list[Config], args: argparse.Namespace) -> None:
             below = sorted((c.bits for c in tops if 100 * statistics.mean(c.accs) < 80.0),
                            reverse=True)
             print(f"top-N, {rounding}: under 80% at bits {below or 'none'}")
+
+
+def write_plot(configs: list[Config], args: argparse.Namespace) -> None:
     if args.plot:
         plot(configs, args.plot, args.dataset)
         print(f"plot written to {args.plot}")
@@ -448,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
     if args.from_json:
         configs = load_results(args.from_json)
         report(configs, args)
+        write_plot(configs, args)
         return configs
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
@@ -488,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)
         print(f"results written to {args.json}")
+    write_plot(configs, args)  # (after the results are safe)
     return configs
 
 

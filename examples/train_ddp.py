@@ -137,7 +137,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.emulate_world < 1:
         p.error("--epochs, --batch-size and --emulate-world must be >= 1")
+    if args.emulate_world > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        p.error(f"--emulate-world {args.emulate_world} emulates ranks on one process; under "
+                f"torchrun (WORLD_SIZE={os.environ['WORLD_SIZE']}) each rank would do every "
+                "emulated rank's work. Please drop it, or run without torchrun")
     formatted = isinstance(args.format, str)
+    defaults = p.parse_args([])
+    if not formatted:
+        given = [flag for flag, name in (("--scale", "scale"), ("--momentum", "momentum"))
+                 if getattr(args, name) != getattr(defaults, name)]
+        if given:
+            p.error(f"{', '.join(given)} with --format {args.format}: kept bits (top-N "
+                    "truncation) have no scale or range, so these would be ignored; please "
+                    "drop them or give a format (e.g. int8, e4m3)")
     if args.momentum is not None and formatted and args.scale not in ("tensor", "tensor-pow2"):
         p.error(f"--momentum {args.momentum:g} keeps a running per-tensor range; --scale "
                 f"{args.scale} has none. Please pass --momentum none with --scale {args.scale}.")
@@ -149,6 +161,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.num_neighbors = [int(n) for n in args.num_neighbors.split(",")]
     except ValueError:
         p.error(f"--num-neighbors must be comma-separated ints, got {args.num_neighbors!r}")
+    if not args.num_neighbors or any(n < 1 and n != -1 for n in args.num_neighbors):
+        p.error(f"--num-neighbors: a count per hop, >= 1 or -1 (every neighbour), got "
+                f"{args.num_neighbors}")
+    default_counts = [int(n) for n in defaults.num_neighbors.split(",")]
+    if args.loader == "khop" and args.num_neighbors != default_counts \
+            and any(n != -1 for n in args.num_neighbors):
+        hops = ",".join(["-1"] * len(args.num_neighbors))
+        p.error(f"--num-neighbors {','.join(map(str, args.num_neighbors))} with --loader khop: "
+                "khop takes every neighbour within as many hops as counts are given, so the "
+                f"counts would be ignored; please pass --num-neighbors={hops} or --loader "
+                "neighbor")
+    training.refuse_unwritable(p, args, "--json", "--checkpoint")
+    if args.dump_state and os.path.exists(args.dump_state) and not os.path.isdir(args.dump_state):
+        p.error(f"--dump-state {args.dump_state}: a file, not a folder")
+    training.refuse_missing_data(p, args)
     if args.loader == "neighbor":
         try:
             import torch_sparse  # noqa: F401

@@ -216,10 +216,12 @@ def refuse_training_flags(p: argparse.ArgumentParser, args: argparse.Namespace,
 
 def refuse_results_files(p: argparse.ArgumentParser, paths: Sequence[str],
                          fields: tuple[str, ...], script: str,
-                         payload_fields: tuple[str, ...] = ()) -> None:
+                         payload_fields: tuple[str, ...] = (), one_subject: bool = False) -> None:
     """A usage error for each ``--from-json`` file that cannot be read, or that lacks the
     ``payload_fields`` or whose results lack the ``fields`` that ``script --json`` writes
-    (another script's results)."""
+    (another script's results); with ``one_subject`` (a script that pairs every row
+    against one FP32 line), one if the files hold different models or datasets."""
+    subjects: dict[str, tuple[str, str]] = {}
     for path in paths:
         try:
             with open(path) as f:
@@ -233,6 +235,21 @@ def refuse_results_files(p: argparse.ArgumentParser, paths: Sequence[str],
             needs = f"{list(payload_fields)} and " if payload_fields else ""
             p.error(f"--from-json {path}: not a file {script} --json writes (it needs "
                     f"{needs}results with {list(fields)}); please leave it out")
+        subjects[path] = results_subject(payload)
+    if one_subject and len(set(subjects.values())) > 1:
+        held = "; ".join(f"{path}: {model} on {dataset}"
+                         for path, (model, dataset) in subjects.items())
+        p.error(f"--from-json: the files hold results of different models or datasets "
+                f"({held}), which would be paired against one FP32 line; please pass files "
+                "of one model and dataset")
+
+
+def results_subject(payload: dict[str, Any]) -> tuple[str, str]:
+    """``(model, dataset)`` of a ``--json`` file (files written before either was recorded:
+    the GCN, on the dataset of its arguments, else Cora)."""
+    args = payload.get("args") if isinstance(payload.get("args"), dict) else {}
+    return (str(payload.get("model", args.get("model", "gcn"))),
+            str(payload.get("dataset", args.get("dataset", "Cora"))))
 
 
 def refuse_unwritable(p: argparse.ArgumentParser, args: argparse.Namespace,
@@ -245,6 +262,42 @@ def refuse_unwritable(p: argparse.ArgumentParser, args: argparse.Namespace,
         if path and (os.path.isdir(path) or not os.path.isdir(
                 os.path.dirname(os.path.abspath(path)))):
             p.error(f"{flag} {path}: not a file in an existing folder")
+        if path and flag == "--plot":
+            from matplotlib.backend_bases import FigureCanvasBase
+
+            kinds = FigureCanvasBase.get_supported_filetypes()
+            if os.path.splitext(path)[1].lstrip(".").lower() not in kinds:
+                p.error(f"--plot {path}: matplotlib writes {', '.join(sorted(kinds))}; please "
+                        "end the name with one of them (e.g. .png)")
+
+
+def refuse_missing_data(p: argparse.ArgumentParser, args: argparse.Namespace,
+                        name: str | None = None) -> None:
+    """``--root`` (or ``FXQUANT_DATA``) that holds no raw files of the dataset: a usage
+    error before any work (where neither is set, the loader downloads into its cache)."""
+    name = name or args.dataset
+    given = args.root if args.root is not None else os.environ.get("FXQUANT_DATA") or None
+    if given is None:
+        return
+    flag = "--root" if args.root is not None else "FXQUANT_DATA"
+    folder = os.path.expanduser(given)
+    places = [os.path.join(folder, name, "raw"), os.path.join(folder, name.lower(), "raw"),
+              os.path.join(folder, "raw"), folder]
+    if not any(os.path.isfile(os.path.join(d, f"ind.{name.lower()}.x")) for d in places):
+        p.error(f"{flag} {given}: no {name} raw files there (PyG's Planetoid files "
+                f"{name}/raw/ind.{name.lower()}.x, .tx, .allx, .y, .ty, .ally, .graph, "
+                ".test.index); please point --root or FXQUANT_DATA at the folder that "
+                "holds them")
+
+
+def refuse_seeds(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--seeds`` and ``--first-seed``: at least one seed, none negative or past what
+    ``torch.manual_seed`` takes."""
+    first = getattr(args, "first_seed", 0)
+    if args.seeds < 1:
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
+    if first < 0 or first + args.seeds > 2**63:
+        p.error(f"--first-seed must lie in 0..2**63 - --seeds, got {first}")
 
 
 def refuse_float_epochs_past_training(p: argparse.ArgumentParser,

@@ -201,11 +201,17 @@ def _inputs(model: nn.Module, specs: list[str], real: bool) -> tuple[Any, ...]:
     def make(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if not real:
             return torch.empty(shape, dtype=dtype, device="meta")
-        if dtype.is_floating_point:
-            return torch.randn(shape, dtype=dtype)
-        if dtype == torch.bool:
-            return torch.randint(0, 2, shape).bool()
-        return torch.randint(0, max(rows, 1), shape, dtype=dtype)
+        try:
+            if dtype.is_floating_point:
+                return torch.randn(shape, dtype=dtype)
+            if dtype == torch.bool:
+                return torch.randint(0, 2, shape).bool()
+            return torch.randint(0, max(rows, 1), shape, dtype=dtype)
+        except (RuntimeError, MemoryError) as e:  # (a shape too large for this machine)
+            raise _UsageError(f"--input of shape {list(shape)} ({dtype}): --check needs real "
+                              f"values and cannot allocate them here ({str(e).splitlines()[0]}); "
+                              "please pass smaller shapes, or lint without --check "
+                              "(shapes only)") from e
 
     values: list[Any] = []
     last = max((order.index(name) for name in given), default=-1)
@@ -285,6 +291,11 @@ def _run(args: argparse.Namespace) -> LintReport:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 clean, 1 errors found, 2 could not lint)."""
     args = _parser().parse_args(argv)
+    if args.output and (Path(args.output).is_dir()
+                        or not Path(args.output).resolve().parent.is_dir()):
+        print(f"fxquant: error: --output {args.output}: not a file in an existing folder",
+              file=sys.stderr)
+        return 2
     try:
         report = _run(args)
     except _UsageError as e:

@@ -114,6 +114,10 @@ def test_check_flag_runs_backward(capsys):
         (["lint", f"{MODELS}:GCN", "--input", "x=3,4"], r"forward needs \['edge_index'\]"),
         (["lint", f"{MODELS}:GCN", "--check"], "needs example inputs"),
         (["lint", f"{MODELS}:GCN", "--input", "x=3,4", "--input", "x=3,5"], "given twice"),
+        (["lint", f"{MODELS}:GCN", "--check", "--input", "x=100000000000000,16", "--input",
+          "edge_index=2,10:int64"], r"--input of shape \[100000000000000, 16\].*cannot allocate"),
+        (["lint", f"{MODELS}:GCN", "--output", "no/such/folder/out.txt"],
+         "--output no/such/folder/out.txt: not a file in an existing folder"),
     ],
 )
 def test_usage_errors_exit_2(argv, message, capsys):

@@ -577,3 +577,26 @@ def test_budget_annealing_and_infeasible_budgets():
         fxquant.recipes.BudgetBits(init="hubs")
     with pytest.raises(fxquant.FxquantError, match="project=True"):
         QuantTraining(run.model, project=True)
+
+
+@pytest.mark.parametrize("name", ["degree-quant", "lsq-protect", "mx"])
+def test_every_site_recipes_skip_the_weights_of_a_layer_without_any(name):
+    """APPNP has no weight: the recipe's own weight site refused the model ("APPNP has no
+    weight to round"), and the user could not take it out."""
+    from torch_geometric.nn import APPNP, GCNConv
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.prop = GCNConv(6, 3), APPNP(K=2, alpha=0.1)
+
+        def forward(self, x, edge_index):
+            return self.prop(self.conv(x, edge_index), edge_index)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = fxquant.recipes.get(name).prepare(Net(), graph())
+    points = [p for _, p in fxquant.quantization_points(run.model)]
+    weights = {p.layer for p in points if p.site.value == "weight"}
+    assert weights == {"conv"}
+    assert {p.site.value for p in points if p.layer == "prop"} >= {"input", "message", "output"}

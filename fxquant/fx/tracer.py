@@ -164,6 +164,19 @@ def refuse_compiled(model: nn.Module, api: str) -> None:
             "model._orig_mod (the module it compiles) and compile what fxquant returns")
 
 
+def refuse_lazy(model: nn.Module, api: str) -> None:
+    """A clear error for parameters still uninitialized (``GCNConv(-1, 16)``,
+    ``nn.LazyLinear``): they take their shape from the first forward, and a copy or
+    rewrite before it fails inside torch."""
+    lazy = next((name for name, p in model.named_parameters()
+                 if nn.parameter.is_lazy(p)), None)
+    if lazy is not None:
+        raise FxquantValueError(
+            f"fxquant.{api}: the parameter {lazy!r} is not initialized yet (a lazy layer, "
+            "e.g. GCNConv(-1, 16) or nn.LazyLinear, takes its shape from the first forward); "
+            f"please run the model once on example inputs, then call fxquant.{api}")
+
+
 def trace(
     model: nn.Module,
     concrete_args: dict[str, Any] | None = None,

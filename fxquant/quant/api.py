@@ -20,7 +20,7 @@ from fxquant._ops.layouts import bit_width
 from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
 from fxquant.formats import Format, TopN
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
-from fxquant.fx.tracer import LeafSpec, check_leaf_modules, refuse_compiled, trace
+from fxquant.fx.tracer import LeafSpec, check_leaf_modules, refuse_compiled, refuse_lazy, trace
 from fxquant.quant.config import (
     NodeOverride,
     QuantConfig,
@@ -34,6 +34,7 @@ from fxquant.quant.insert import (
     edge_index_of,
     inner_layers,
     insert_quant_points,
+    layer_input,
 )
 from fxquant.quant.points import QuantPoint
 from fxquant.quant.sites import edge_arguments, linears_of, weights_of
@@ -270,7 +271,8 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
                                 "per-edge arguments follows the layer's own mask; please pass "
                                 "protect=fxquant.Protection(p_min, p_max, share='layer')")
     if p.site is Site.INPUT:
-        first = p.node.args[0] if p.node.args else None
+        found = layer_input(gm, p.node)
+        first = found[1] if found is not None else None
         parts = first if isinstance(first, (tuple, list)) else [first]
         if not any(isinstance(part, Node) for part in parts):
             raise FxquantValueError(f"{where}: the layer's first argument is not a tensor of the graph")
@@ -379,6 +381,7 @@ def transform(
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"fxquant.transform expects a torch.nn.Module, got {type(model).__name__}")
     refuse_compiled(model, "transform")
+    refuse_lazy(model, "transform")
     if not isinstance(inplace, bool):
         raise FxquantTypeError(f"inplace must be True or False, got {inplace!r}")
     check_leaf_modules(leaf_modules)

@@ -18,12 +18,15 @@ How bits are counted (so a budget cannot be met by accounting):
 - unquantized float32 values are not counted (a model is as cheap as its quantized sites).
 
 The counts are of the last forward (rows differ per batch): :func:`bit_report` runs one in
-eval on the inputs given.
+eval on the inputs given. A point that runs several times in one forward (a layer called
+twice, or one that propagates several steps, as ``APPNP`` does) is counted for its last
+call; :func:`bit_report` warns, naming it.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,13 +225,25 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
         raise FxquantValueError("fxquant.bit_report: this model has no quantization points")
     if example_inputs or kwargs:
         modes = [(m, m.training) for m in gm.modules()]
+        all_points = [(n, m) for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
         try:
             gm.eval()
+            for _, point in all_points:
+                point.__dict__["calls"] = 0
             with torch.no_grad():
                 gm(*example_inputs, **kwargs)
+            again = [(n, p.__dict__["calls"]) for n, p in all_points if p.__dict__["calls"] > 1]
         finally:
             for module, mode in modes:
                 module.training = mode
+            for _, point in all_points:
+                point.__dict__.pop("calls", None)
+        if again:
+            ran = ", ".join(f"{n} ({k} times)" for n, k in again)
+            warnings.warn(f"fxquant.bit_report: {ran} ran more than once in this forward (a "
+                          "layer called again, or one that propagates several steps, as APPNP "
+                          "does); only each point's last call is counted, so the report "
+                          "covers fewer values than were rounded", UserWarning, stacklevel=2)
     points = _points(gm)
     tables = _table_nodes(points)
     return BitReport([_count(name, p, tables.get(name, 0))[0] for name, p in points])

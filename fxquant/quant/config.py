@@ -967,6 +967,14 @@ class QuantMapping:
                 raise _no_match(gm, _Entry(_NAME, layer, site, None), nodes, "node_formats")
             for n in matched:
                 if chosen.get((n, site), (None, None))[1] is None:
+                    here = sorted(k[1].value for k, v in chosen.items()
+                                  if k[0] is n and v[1] is not None)
+                    if here:  # the layer rounds, at other sites than the override's
+                        raise FxquantValueError(
+                            f"node_formats[{layer!r}] sets nodes of the {site.value} site of "
+                            f"{layer_name(n)!r}, which rounds only its {', '.join(here)} "
+                            f"site(s); please pass site={here[0]!r} to set_nodes (or give "
+                            f"the {site.value} site a config first)")
                     quantized = sorted({layer_name(k[0]) for k, v in chosen.items()
                                         if v[1] is not None})
                     raise FxquantValueError(

@@ -15,6 +15,7 @@ Node metadata written (documented keys, as torch.fx passes do):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,6 +52,24 @@ def edge_index_of(gm: GraphModule, node: Node) -> Node | None:
         return None
     arg = node.args[1] if len(node.args) > 1 else node.kwargs.get("edge_index")
     return arg if isinstance(arg, Node) else None
+
+
+def layer_input(gm: GraphModule, node: Node) -> tuple[int | str, Any] | None:
+    """Where a layer call passes the layer's first argument, and what: ``(0, value)`` when
+    positional, ``(name, value)`` when by keyword (``conv(x=h, edge_index=e)``); None when
+    it is not passed."""
+    if node.args:
+        return 0, node.args[0]
+    if node.op != "call_module":
+        return None
+    try:
+        parameters = list(inspect.signature(gm.get_submodule(str(node.target)).forward)
+                          .parameters.values())
+    except (TypeError, ValueError):
+        return None
+    first = next((p.name for p in parameters
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)), None)
+    return (first, node.kwargs[first]) if first is not None and first in node.kwargs else None
 
 
 def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResult:
@@ -100,7 +119,9 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
             _annotate(new, node, layer, p.site)
             node.replace_all_uses_with(new, delete_user_cb=_other_than(new))
         else:  # INPUT: the first argument, or each tensor of a (source, target) pair
-            first = node.args[0]
+            found = layer_input(gm, node)
+            assert found is not None  # (check_points refused a layer without one)
+            where, first = found
             parts = list(first) if isinstance(first, (tuple, list)) else [first]
             rounded: list[Any] = []
             moved: set[Node] = set()
@@ -124,7 +145,10 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
                 else:
                     rounded.append(new)
             value = type(first)(rounded) if isinstance(first, (tuple, list)) else rounded[0]
-            node.args = (value, *node.args[1:])
+            if isinstance(where, str):
+                node.kwargs = {**node.kwargs, where: value}
+            else:
+                node.args = (value, *node.args[1:])
     # node ids first: their argument is the forward argument the masks' call passes along
     _add_node_ids(gm, [m for m in gm.modules() if isinstance(m, QuantPoint) and m.uses_node_ids])
     shared = _add_masks(gm)

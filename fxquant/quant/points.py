@@ -344,6 +344,8 @@ class QuantPoint(nn.Module):
                 f"fxquant: node_ids has {ids.shape[0]} entries, but the {self.name} has "
                 f"{num_nodes} nodes; pass one global id per node of the batch (batch.n_id)")
         rows = None if self.override_table is None else self._rows(x, num_nodes, row_nodes, ids)
+        if self.__dict__.get("calls") is not None:  # (counted during fxquant.bit_report)
+            self.__dict__["calls"] += 1
         # what the last forward rounded, for fxquant.bit_report / bit_penalty (not state)
         self.__dict__["last_rows"] = (x.shape[0] if x.dim() else 1,
                                       math.prod(x.shape[1:]) if x.dim() else 1, num_nodes, rows)

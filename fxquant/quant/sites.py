@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.stateless import _reparametrize_module
 from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
@@ -102,22 +103,19 @@ class QuantizedForward:
         self.owner = owner
         self.points = points
         self.drawer = drawer
-        self.active = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.active:  # functional_call calls the module, which comes back here
-            return type(self.owner).forward(self.owner, *args, **kwargs)
         if self.drawer is not None and self.drawer.training and not self.drawer.has_mask:
             self._draw(args, kwargs)
         if not self.points:
             return type(self.owner).forward(self.owner, *args, **kwargs)
         params = dict(self.owner.named_parameters())
         rounded = {name: point(params[name]) for name, point in self.points.items()}
-        self.active = True
-        try:
-            return torch.func.functional_call(self.owner, rounded, args, kwargs)
-        finally:
-            self.active = False
+        # the rounded weights in place of the parameters for this call only (what
+        # torch.func.functional_call does, without calling the module again, which would
+        # run its hooks a second time); restored on exit, also on error
+        with _reparametrize_module(self.owner, rounded):
+            return type(self.owner).forward(self.owner, *args, **kwargs)
 
     def _draw(self, args: tuple, kwargs: dict[str, Any]) -> None:
         """Draw the layer's mask over its nodes (the in-degree of this call's graph)."""

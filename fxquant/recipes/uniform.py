@@ -12,7 +12,7 @@ from fxquant.errors import FxquantValueError
 from fxquant.fx.selectors import layer_name
 from fxquant.quant import QuantConfig, QuantMapping
 from fxquant.quant.config import Protection, Site
-from fxquant.quant.sites import edge_arguments, linears_of
+from fxquant.quant.sites import edge_arguments, linears_of, weights_of
 from fxquant.recipes.core import Recipe, check_count, check_flag, check_rounding
 from fxquant.recipes.graph import gnn_layers
 
@@ -36,12 +36,15 @@ class _EverySite(Recipe):
         raise NotImplementedError
 
     def mapping(self, gm: GraphModule, data: Any = None) -> QuantMapping:
-        gnn_layers(gm)
+        layers = gnn_layers(gm)
         mapping = QuantMapping()
         protect = getattr(self, "protect", None)
         for site in _ALL_SITES:
             mapping.set_global(self.config(protect if site != "weight" else None, site),
                                site=site)
+        for layer in layers:  # (APPNP, SGConv's propagation: no weight to round)
+            if not weights_of(gm.get_submodule(str(layer.target))):
+                mapping.set_name(layer_name(layer), None, site="weight")
         return mapping
 
 
@@ -124,6 +127,8 @@ class DegreeQuant(Recipe):
                 if site is Site.LINEAR and not linears_of(module):
                     continue
                 if site is Site.EDGE and not edge_arguments(module):
+                    continue
+                if site is Site.WEIGHT and not weights_of(module):
                     continue
                 mapping.set_name(name, self.config(protect if site is not Site.WEIGHT
                                                    else None), site=site.value)

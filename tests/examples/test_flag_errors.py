@@ -5,7 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from examples import bits_pareto, dq_table, train_cora, train_ddp
+from examples import (
+    bits_pareto,
+    cora_recipe,
+    ddp,
+    dq_table,
+    fix_inplace,
+    per_node_bits,
+    quickstart,
+    train_cora,
+    train_ddp,
+)
 
 #: published results (a benchmark's JSON beside the tables)
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -85,6 +95,35 @@ CASES = [
     (train_ddp, ["--scale", "row"], "--momentum"),
     (train_ddp, ["--format", "int8", "--rounding", "toward_zero", "--scale", "block32",
                  "--momentum", "none", "--sites", "bogus"], "--sites"),
+    # flags that were ignored, mis-ran or failed after the work
+    (train_cora, ["--bits", "10", "--sweep", "16,8"], "--bits"),
+    (train_cora, ["--format", "e4m3", "--sweep", "16"], "--format"),
+    (train_cora, ["--sweep", "16,8,16"], "--sweep"),
+    (train_cora, ["--bits", "16", "--super-nodes", "1:8"], "--super-nodes"),
+    (train_cora, ["--sweep", "16,8", "--plot", "p.xyz"], "--plot"),
+    (train_cora, ["--from-json", str(RESULTS / "cora_sweep.json"),
+                  str(RESULTS / "dq_citeseer_gat.json")], "--from-json"),
+    (train_cora, ["--root", "no/such/folder"], "--root"),
+    (bits_pareto, ["--method", "degree", "--degree-rule", "hub-messages", "--anneal", "50",
+                   "--epochs", "6"], "--anneal"),
+    (bits_pareto, ["--method", "recommended", "--epochs", "80"], "--epochs"),
+    (bits_pareto, ["--method", "format", "--target-bits", "2"], "--target-bits"),
+    (bits_pareto, ["--target-bits", "2,3,2"], "--target-bits"),
+    (bits_pareto, ["--bits-lr", "nan"], "--bits-lr"),
+    (bits_pareto, ["--first-seed", "99999999999999999999"], "--first-seed"),
+    (bits_pareto, ["--method", "topn", "--plot", "b.xyz"], "--plot"),
+    (dq_table, ["--first-seed", "-1"], "--first-seed"),
+    (dq_table, ["--first-seed", "99999999999999999999"], "--first-seed"),
+    (dq_table, ["--from-json", str(RESULTS / "dq_cora_gcn.json"),
+                str(RESULTS / "dq_cora_gat.json")], "--from-json"),
+    (train_ddp, ["--format", "16", "--scale", "row"], "--scale"),
+    (train_ddp, ["--format", "16", "--momentum", "0.5"], "--momentum"),
+    (train_ddp, ["--num-neighbors", "5,5"], "--num-neighbors"),
+    (train_ddp, ["--num-neighbors", "0,3", "--loader", "neighbor"], "--num-neighbors"),
+    (train_ddp, ["--json", "no/such/folder/x.json"], "--json"),
+    (train_ddp, ["--checkpoint", "no/such/folder/x.pt"], "--checkpoint"),
+    (train_ddp, ["--dump-state", str(RESULTS / "dq_cora_gcn.json")], "--dump-state"),
+    (train_ddp, ["--root", "no/such/folder"], "--root"),
 ]
 
 
@@ -96,6 +135,37 @@ def test_bad_flags_exit_2_naming_the_flag(script, argv, flag, capsys):
         script.parse_args(argv)
     assert exit_.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("main", "argv", "flag"), [
+    (quickstart.main, ["--steps", "0"], "--steps"),
+    (fix_inplace.main, ["--steps", "0"], "--steps"),
+    (ddp.main, ["--steps", "-2"], "--steps"),
+    (per_node_bits.main, ["--steps", "0"], "--steps"),
+    (per_node_bits.main, ["--budget", "nan"], "--budget"),
+    (per_node_bits.main, ["--budget", "0"], "--budget"),
+    (cora_recipe.main, ["--epochs", "0"], "--epochs"),
+    (cora_recipe.main, ["--seed", "99999999999999999999"], "--seed"),
+    (cora_recipe.main, ["--root", "no/such/folder"], "--root"),
+])
+def test_short_examples_refuse_values_they_cannot_run(main, argv, flag, capsys):
+    """A traceback (AttributeError, UnboundLocalError, ...) or a silent no-op before."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_emulated_ranks_under_torchrun_are_refused(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as exit_:
+        train_ddp.parse_args(["--emulate-world", "3"])
+    assert exit_.value.code == 2 and "--emulate-world" in capsys.readouterr().err
+
+
+def test_khop_takes_every_neighbour_spelled_as_minus_one():
+    assert train_ddp.parse_args(["--num-neighbors=-1,-1,-1"]).num_neighbors == [-1, -1, -1]
+    assert train_ddp.parse_args([]).num_neighbors == [10, 10]
 
 
 def test_from_json_keeps_the_dataset_that_titles_its_plot(tmp_path):
@@ -123,3 +193,10 @@ def test_ddp_scales_can_run(argv):
     args = train_ddp.parse_args(argv)
     config = train_ddp.build_config(args)
     assert (config.momentum is None) == ("none" in argv)
+
+
+@pytest.mark.parametrize("script", [train_cora, dq_table, bits_pareto, train_ddp])
+def test_a_data_root_without_the_dataset_is_a_usage_error(script, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        script.parse_args(["--root", str(tmp_path)])
+    assert exit_.value.code == 2 and "--root" in capsys.readouterr().err

@@ -69,9 +69,9 @@ def test_script_usage_errors(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_no_data_gives_one_clear_message(tmp_path, monkeypatch):
-    """No data folder: one message naming --root / FXQUANT_DATA and what the folder holds,
-    and no download attempt."""
+def test_no_data_gives_one_clear_message(tmp_path, monkeypatch, capsys):
+    """No data folder: one usage error naming --root / FXQUANT_DATA and what the folder
+    holds, before any work (no download attempt)."""
     from torch_geometric.datasets import Planetoid
 
     def no_download(self):
@@ -82,7 +82,8 @@ def test_no_data_gives_one_clear_message(tmp_path, monkeypatch):
     monkeypatch.setenv("FXQUANT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SystemExit) as e:
         train_cora.main(["--root", str(tmp_path / "nothing"), "--seeds", "1", "--epochs", "1"])
-    message = str(e.value)
+    message = capsys.readouterr().err
+    assert e.value.code == 2
     assert "--root" in message and "FXQUANT_DATA" in message and "ind.cora" in message
     assert "root=" not in message.replace("--root", "")
 
@@ -268,7 +269,7 @@ def test_train_cora_message_rounding_reaches_the_messages_only():
     assert set(roundings(base).values()) == {"nearest"}
 
 
-def test_dq_table_merge_by_row_and_seed(tmp_path):
+def test_dq_table_merge_by_row_and_seed(tmp_path, capsys):
     """--from-json A B --json OUT: rows merged by seed, a later file's re-run of a row
     replaces the earlier one seed for seed, new seeds are appended, epoch times follow."""
     import json
@@ -307,8 +308,9 @@ def test_dq_table_merge_by_row_and_seed(tmp_path):
     assert json.loads(out.read_text())["results"][1]["vals"] == pytest.approx([0.60, 0.61])
     gap = tmp_path / "gap.json"
     gap.write_text(json.dumps(payload(3, [("FP32", None, [0.9, 0.9]), ("X", "int8", [0.5])])))
-    with pytest.raises(SystemExit, match="not a prefix"):
+    with pytest.raises(SystemExit) as exit_:
         dq_table.main(["--from-json", str(a), str(gap)])
+    assert exit_.value.code == 2 and "not a prefix" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["gcn", "gin"])

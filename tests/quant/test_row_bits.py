@@ -375,3 +375,32 @@ def test_learned_bits_outside_their_range_only_get_gradient_back_in(start, targe
     assert (grad != 0) is moves
     if moves:  # a descent step moves it toward the range
         assert (start - grad - 5.0) ** 2 < (start - 5.0) ** 2
+
+
+def test_bit_report_says_when_a_point_ran_more_than_once():
+    """APPNP rounds its messages on each of its K propagation steps; the report counts each
+    point's last call, and says so instead of passing a partial count for the whole."""
+    import warnings
+
+    from torch_geometric.nn import APPNP
+
+    class Propagate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.prop = APPNP(K=3, alpha=0.1)
+
+        def forward(self, x, edge_index):
+            return self.prop(x, edge_index)
+
+    x, edge_index = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
+    mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig(4), site="message")
+    gm = fxquant.transform(Propagate(), mapping, lint="off")
+    with pytest.warns(UserWarning, match=r"prop_message_quant \(3 times\) ran more than once"):
+        fxquant.bit_report(gm, x, edge_index)
+    point = gm.get_submodule("prop_message_quant")
+    assert "calls" not in point.__dict__  # (the count is not left behind)
+    once = fxquant.transform(Propagate(), fxquant.QuantMapping().set_global(
+        fxquant.QuantConfig(4), site="output"), lint="off")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxquant.bit_report(once, x, edge_index)

@@ -544,3 +544,43 @@ def test_observers_learned_steps_and_protection_compile_without_breaks():
     gm.eval()
     with torch.no_grad():
         assert torch.allclose(compiled(x, ei), gm(x, ei), atol=1e-5)
+
+
+def test_weight_site_runs_the_layers_hooks_once():
+    """Rounding a layer's own weights (GATConv's att_src/att_dst) called the layer a second
+    time inside its forward, so its hooks ran twice: a pre-hook that scales the input scaled
+    it twice. At 32 kept bits the output is now the original's, with one call of each hook."""
+    torch.manual_seed(0)
+    x, edge_index = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
+
+    class One(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GATConv(8, 4, heads=2)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    model = One().eval()
+    calls = {"pre": 0, "post": 0}
+
+    def pre(module, args):
+        calls["pre"] += 1
+        return (args[0] * 2.0, *args[1:])
+
+    def post(module, args, out):
+        calls["post"] += 1
+
+    model.conv.register_forward_pre_hook(pre)
+    model.conv.register_forward_hook(post)
+    expected = model(x, edge_index)
+    gm = fxquant.transform(model, QuantMapping().set_global(QuantConfig(32), site="weight"),
+                           lint="off").eval()
+    calls.update(pre=0, post=0)
+    torch.testing.assert_close(gm(x, edge_index), expected, rtol=0, atol=0)
+    assert calls == {"pre": 1, "post": 1}
+    rounded = fxquant.transform(model, QuantMapping().set_global(QuantConfig(4), site="weight"),
+                                lint="off").eval()
+    assert not torch.equal(rounded(x, edge_index), expected)
+    weight = dict(model.conv.named_parameters())["att_src"]
+    assert torch.equal(weight, dict(rounded.get_submodule("conv").named_parameters())["att_src"])

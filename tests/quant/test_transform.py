@@ -558,3 +558,65 @@ def test_node_overrides_compile_with_fullgraph(kind, graph):
     with torch.no_grad():  # log_softmax fused by inductor differs in the last ulp
         assert torch.allclose(compiled(graph.x, graph.edge_index), gm(graph.x, graph.edge_index),
                               atol=1e-6)
+
+
+def test_a_lazy_layer_is_named_with_the_way_out():
+    """GCNConv(-1, 4) before its first forward: torch's "Attempted to use an uninitialized
+    parameter" came from inside the copy; now an FxquantError names the parameter."""
+    from torch_geometric.nn import GCNConv
+
+    class Lazy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GCNConv(-1, 4)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    model = Lazy()
+    x, edge_index = torch.randn(5, 3), torch.tensor([[0, 1, 2], [1, 2, 3]])
+    with pytest.raises(fxquant.FxquantError, match=r"'conv\.lin\.weight' is not initialized.*"
+                                                   r"run the model once"):
+        fxquant.transform(model, bits=8)
+    model(x, edge_index)
+    assert fxquant.transform(model, bits=8)(x, edge_index).shape == (5, 4)
+
+
+def test_input_site_of_a_layer_called_by_keyword():
+    """``self.conv(x=x, edge_index=edge_index)``: the input site was refused ("the layer's
+    first argument is not a tensor of the graph"); it rounds the keyword argument as it
+    rounds a positional one."""
+    from torch_geometric.nn import GCNConv
+
+    class Positional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GCNConv(8, 4)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    class ByKeyword(Positional):
+        def forward(self, x, edge_index):
+            return self.conv(x=x, edge_index=edge_index)
+
+    torch.manual_seed(0)
+    plain, named = Positional(), ByKeyword()
+    named.load_state_dict(plain.state_dict())
+    x, edge_index = torch.randn(10, 8), torch.randint(0, 10, (2, 30))
+    mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig(4), site="input")
+    expected = fxquant.transform(plain, mapping)(x, edge_index)
+    got = fxquant.transform(named, mapping)(x, edge_index)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert not torch.allclose(got, named(x, edge_index))  # (it does round)
+
+
+def test_node_settings_at_a_site_the_layer_does_not_round_name_the_site():
+    """set_nodes without site= on a layer that rounds its messages: the error said the
+    layer 'gets no quantization' and listed it among the quantized layers."""
+    mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig("int4", scale="tensor"),
+                                                site="message")
+    mapping.set_nodes("conv1", torch.arange(3), "int8")
+    with pytest.raises(ValueError, match=r"output site of 'conv1', which rounds only its "
+                                         r"message site\(s\); please pass site='message'"):
+        fxquant.transform(GCN(), mapping)
