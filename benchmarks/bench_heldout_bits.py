@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .common import finite_positive, refuse_counts, refuse_overridden, refuse_unwritable
+from .common import refuse_counts, refuse_overridden, refuse_unwritable
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "bits_heldout.json"
@@ -101,13 +101,16 @@ def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--target-bits", type=finite_positive, default=2.0)
+    p.add_argument("--target-bits", type=float, default=2.0)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="one small graph, 1 seed, 4 epochs")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--json", default=str(OUT))
     args = p.parse_args(argv)
     refuse_counts(p, args, "seeds", "epochs", "jobs")
+    if not 0 < args.target_bits <= 32:  # (also nan)
+        p.error(f"--target-bits must lie in (0, 32] (average bits per value), got "
+                f"{args.target_bits}")
     if args.quick:
         refuse_overridden(p, args, "--quick", ("seeds", "epochs"))
     if args.no_write:

@@ -4,7 +4,6 @@ the RESULTS.md sections."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import re
@@ -135,13 +134,3 @@ def refuse_unwritable(p: argparse.ArgumentParser, path: str | None, flag: str) -
     if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
         p.error(f"{flag} {path}: not a file in an existing folder")
 
-
-def finite_positive(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value

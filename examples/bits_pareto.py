@@ -262,7 +262,6 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         training.refuse_results_files(p, args.from_json, ("method", "target_bits", "accs"),
                                       "bits_pareto.py")
         return
-    training.refuse_missing_data(p, args)
     defaults = p.parse_args([])
     if args.method == "recommended":
         given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()

@@ -13,7 +13,6 @@ Run (data: ``FXQUANT_DATA`` pointing at a folder with ``Cora/raw/ind.cora.*``):
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
@@ -49,10 +48,11 @@ def main(argv: list[str] | None = None) -> float:
         parser.error(f"--epochs must be >= 1, got {args.epochs}")
     if not 0 <= args.seed < 2**63:
         parser.error(f"--seed must lie in 0..2**63 - 1, got {args.seed}")
-    if args.root is not None and not os.path.isdir(args.root):
-        parser.error(f"--root {args.root}: no such folder")
 
-    data = load_planetoid("Cora", args.root, transform=T.NormalizeFeatures())[0]
+    try:
+        data = load_planetoid("Cora", args.root, transform=T.NormalizeFeatures())[0]
+    except (FileNotFoundError, ValueError) as e:  # (no raw files there, and no download)
+        parser.error(f"--root / FXQUANT_DATA: {e}")
     torch.manual_seed(args.seed)
     model = GCN(data.num_features, 16, 7)
     run = fxquant.recipes.get(args.recipe).prepare(model, data)

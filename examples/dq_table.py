@@ -178,7 +178,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training.refuse_unwritable(p, args, "--json", "--plot")
     if not args.from_json:
         training.refuse_float_epochs_past_training(p, args)
-        training.refuse_missing_data(p, args)
     if args.protect is None:
         args.protect = DEFAULT_PROTECT
     return args

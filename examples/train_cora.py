@@ -280,8 +280,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--protect needs a site that belongs to nodes (input, message, aggregate, output)")
     _check_combinations(p, args, numbers)
     training.refuse_unwritable(p, args, "--json", "--plot")
-    if not args.from_json:
-        training.refuse_missing_data(p, args)
     return args
 
 

@@ -40,7 +40,6 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import torch_geometric.transforms as T
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch_geometric.data import Batch, Data
@@ -49,7 +48,7 @@ from torch_geometric.utils import k_hop_subgraph
 from tqdm import tqdm
 
 import fxquant
-from fxquant.datasets import PLANETOID_NAMES, load_planetoid
+from fxquant.datasets import PLANETOID_NAMES
 
 try:  # imported as examples.train_ddp (python -m, tests)
     from examples import training
@@ -123,7 +122,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=32, help="seed nodes per rank and step")
     p.add_argument("--loader", choices=["khop", "neighbor"], default="khop")
-    p.add_argument("--num-neighbors", default="10,10")
+    p.add_argument("--num-neighbors", default="10,10",
+                   help="neighbours sampled per hop with --loader neighbor (-1: every one); "
+                        "--loader khop takes every neighbour within as many hops "
+                        "(--num-neighbors=-1,-1,-1 for 3; default 10,10)")
     p.add_argument("--dropout", type=_dropout, default=0.5, help="(default 0.5)")
     p.add_argument("--lr", type=_positive, default=0.01, help="Adam's learning rate (default 0.01)")
     p.add_argument("--seed", type=int, default=0)
@@ -175,7 +177,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training.refuse_unwritable(p, args, "--json", "--checkpoint")
     if args.dump_state and os.path.exists(args.dump_state) and not os.path.isdir(args.dump_state):
         p.error(f"--dump-state {args.dump_state}: a file, not a folder")
-    training.refuse_missing_data(p, args)
     if args.loader == "neighbor":
         try:
             import torch_sparse  # noqa: F401
@@ -275,10 +276,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def run(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> dict:
-    dataset = load_planetoid(args.dataset, args.root, transform=T.NormalizeFeatures(),
-                             download=False)
-    data = dataset[0]
-    gm = build(args, data, dataset.num_classes).to(device)
+    data, num_classes = training.load_data(args.dataset, args.root, "train_ddp.py")
+    gm = build(args, data, num_classes).to(device)
     model: torch.nn.Module = gm
     if world > 1:
         model = DistributedDataParallel(gm, device_ids=[device.index] if device.type == "cuda"

@@ -271,25 +271,6 @@ def refuse_unwritable(p: argparse.ArgumentParser, args: argparse.Namespace,
                         "end the name with one of them (e.g. .png)")
 
 
-def refuse_missing_data(p: argparse.ArgumentParser, args: argparse.Namespace,
-                        name: str | None = None) -> None:
-    """``--root`` (or ``FXQUANT_DATA``) that holds no raw files of the dataset: a usage
-    error before any work (where neither is set, the loader downloads into its cache)."""
-    name = name or args.dataset
-    given = args.root if args.root is not None else os.environ.get("FXQUANT_DATA") or None
-    if given is None:
-        return
-    flag = "--root" if args.root is not None else "FXQUANT_DATA"
-    folder = os.path.expanduser(given)
-    places = [os.path.join(folder, name, "raw"), os.path.join(folder, name.lower(), "raw"),
-              os.path.join(folder, "raw"), folder]
-    if not any(os.path.isfile(os.path.join(d, f"ind.{name.lower()}.x")) for d in places):
-        p.error(f"{flag} {given}: no {name} raw files there (PyG's Planetoid files "
-                f"{name}/raw/ind.{name.lower()}.x, .tx, .allx, .y, .ty, .ally, .graph, "
-                ".test.index); please point --root or FXQUANT_DATA at the folder that "
-                "holds them")
-
-
 def refuse_seeds(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--seeds`` and ``--first-seed``: at least one seed, none negative or past what
     ``torch.manual_seed`` takes."""

@@ -718,7 +718,7 @@ def _capture(model: nn.Module, example_inputs: tuple,
     gm = _as_module(model, captured, names, layout, example_inputs)
     gm.meta[REWRITES_KEY] = [
         Rewrite(c.where, f"`{c.name}` (in place)", "functional ATen ops (torch.func.functionalize)")
-        for c in calls if not c.by_library]  # (torch's and PyG's own writes are not the user's)
+        for c in calls if not c.by_library or c.requested]  # (not torch's or PyG's own writes)
     gm.meta["fxquant_kept"] = []
     gm.meta[HOW_KEY] = "captured"
     return gm

@@ -264,6 +264,9 @@ class InplaceCall(NamedTuple):
     where: Location | None
     name: str
     by_library: bool
+    #: torch made the call because the user asked for it (``F.relu(x, inplace=True)``,
+    #: ``nn.ReLU(inplace=True)``), not for its own bookkeeping
+    requested: bool = False
 
 
 @dataclass(eq=False)
@@ -620,7 +623,7 @@ class Recorder:
                 self._report_saved(entry, code, where, node, op)
 
     def after_call(self, func_name: str, where: Location | None, grad_enabled: bool = True,
-                   by_library: bool = False) -> None:
+                   by_library: bool = False, requested: bool = False) -> None:
         """Attribute the writes of one Python-level call: saved tensors, overwrites, and
         writes autograd does not see (``grad_enabled``: the grad mode of the call;
         ``by_library``: torch itself made the call)."""
@@ -633,7 +636,7 @@ class Recorder:
             if site is not None:
                 self.unlocated[(code, node)] = site
         written = [t for _, t, _ in writes]
-        self.inplace_calls.append(InplaceCall(where, func_name, by_library))
+        self.inplace_calls.append(InplaceCall(where, func_name, by_library, requested))
         for _, t, grad_before in writes:
             if (grad_enabled and grad_before) or by_library:
                 continue  # autograd records it (or it is torch's documented behaviour)
@@ -704,6 +707,15 @@ def _called_by_library() -> bool:
         frame = frame.f_back  # type: ignore[assignment]
     return frame is not None and is_internal(frame.f_code.co_filename) \
         and not frame.f_code.co_filename.startswith("<")
+
+
+def _requested_in_place() -> bool:
+    """Whether the library function that made the torch call being handled was asked to
+    write in place (an ``inplace=True`` argument: ``F.relu``, ``F.dropout``, ...)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame is not None and frame.f_locals.get("inplace") is True
 
 
 def _is_data_setter(func: Any) -> bool:
@@ -788,7 +800,9 @@ class _FunctionMode(TorchFunctionMode):
         # writes into the call's own temporaries (inside gru_cell, say) are not the user's
         rec.writes = [w for w in rec.writes if _storage_ptr(w[1]) in reachable]
         if rec.writes:
-            rec.after_call(_call_name(func), rec.where(), grad_enabled, _called_by_library())
+            by_library = _called_by_library()
+            rec.after_call(_call_name(func), rec.where(), grad_enabled, by_library,
+                           by_library and _requested_in_place())
         if grad_enabled:
             outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
             if outputs:

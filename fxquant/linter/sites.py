@@ -166,6 +166,8 @@ def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
     of the user's classes that own it, nearest owner first; where ``inplace`` was switched
     on after; else where its container was built."""
     kind = type(module)
+    inplace = getattr(module, "inplace", None)
+    inplace = inplace if isinstance(inplace, bool) else None
     call: _Call | None = None
     switched: Location | None = None
     for owner in _owners(name):
@@ -175,10 +177,13 @@ def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
         own = [s for cls in classes for s in _sources(cls)]
         assigned, others = _helper_sources(tuple(classes), attribute) if own else ((), ())
         # nearest first: a call assigned to the attribute (``self.body = nn.Sequential(...)``
-        # or ``self.body = make_block(...)``), then any call in the class, then any helper
+        # or ``self.body = make_block(...)``), then any call in the class, then any helper;
+        # not another call in the class where the attribute is assigned something else
+        named = any(attribute in s.attributes for s in own)
         for source, within in [*((s, attribute) for s in own), *((s, None) for s in assigned),
-                               *((s, None) for s in own), *((s, None) for s in others)]:
-            call = call or source.call_of(kind, within)
+                               *((s, None) for s in own if not named),
+                               *((s, None) for s in others)]:
+            call = call or source.call_of(kind, within, inplace)
             switched = switched or source.switch
         if call is not None:
             break
@@ -204,7 +209,8 @@ def _helper_sources(classes: tuple[type, ...], attribute: str
     others: list[_Source] = []
     seen: set[object] = set()
     frontier: list[tuple[_Source, Mapping[str, object], bool]] = [
-        (s, _namespace(cls), False) for cls in classes for s in _sources(cls)]
+        (s, {**_namespace(cls), "self": cls}, False)  # (self.method())
+        for cls in classes for s in _sources(cls)]
     for depth in range(_HELPER_DEPTH):
         called: list[tuple[_Source, Mapping[str, object], bool]] = []
         for source, namespace, inherited in frontier:
@@ -223,7 +229,7 @@ def _helper_sources(classes: tuple[type, ...], attribute: str
 
 
 #: how many calls deep :func:`_helper_sources` follows the user's helper functions
-_HELPER_DEPTH = 2
+_HELPER_DEPTH = 3
 
 
 def _namespace(cls: type) -> Mapping[str, object]:
@@ -242,9 +248,11 @@ def _resolve(func: ast.expr, namespace: Mapping[str, object]) -> types.FunctionT
         return None
     value = namespace.get(func.id)
     for part in reversed(parts):
-        if not isinstance(value, types.ModuleType):
+        if not isinstance(value, types.ModuleType | type):
             return None
         value = getattr(value, part, None)
+    while isinstance(value, functools.partial):
+        value = value.func
     if not isinstance(value, types.FunctionType):
         return None
     path = value.__code__.co_filename
@@ -277,12 +285,16 @@ class _Source:
     switch: Location | None  # the first `x.inplace = True` in the class
 
     assigned: tuple[frozenset[str], ...] = ()  # per call: the attributes its value is assigned to
+    attributes: frozenset[str] = frozenset()  # every attribute the source assigns
 
-    def call_of(self, kind: type, within: str | None = None) -> _Call | None:
+    def call_of(self, kind: type, within: str | None = None,
+                inplace: bool | None = None) -> _Call | None:
         """The first call of ``kind`` (by name) in the class, one passing ``inplace`` first;
-        with ``within``, only calls in an assignment to ``.within``."""
+        with ``within``, only calls in an assignment to ``.within``; with ``inplace`` (the
+        module's own), none that passes the other value as a literal (another module)."""
         named = [n for n, targets in zip(self.calls, self.assigned, strict=True)
-                 if _callee(n) == kind.__name__ and (within is None or within in targets)]
+                 if _callee(n) == kind.__name__ and (within is None or within in targets)
+                 and (inplace is None or _literal_inplace(n, kind) in (None, inplace))]
         chosen = next((n for n in named if _inplace_argument(n, kind) is not None),
                       named[0] if named else None)
         if chosen is None:
@@ -306,6 +318,17 @@ class _Source:
 def _callee(n: ast.Call) -> str:
     f = n.func
     return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _literal_inplace(n: ast.Call, kind: type) -> bool | None:
+    """The ``inplace`` a call of ``kind`` passes as a literal True/False; None otherwise."""
+    position = _inplace_argument(n, kind)
+    if position is None:
+        return None
+    value = n.args[position] if isinstance(position, int) else \
+        next(k.value for k in n.keywords if k.arg == "inplace")
+    return value.value if isinstance(value, ast.Constant) and isinstance(value.value, bool) \
+        else None
 
 
 def _inplace_argument(n: ast.Call, kind: type) -> int | str | None:
@@ -366,5 +389,7 @@ def _parse(path: str | None, lines: list[str], start: int) -> _Source | None:
             names = {t.attr for t in n.targets if isinstance(t, ast.Attribute)}
             for inner in ast.walk(n.value):
                 targets.setdefault(id(inner), set()).update(names)
+    attributes = frozenset(t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                           for t in n.targets if isinstance(t, ast.Attribute))
     return _Source(path, start, text, tuple(calls), switch,
-                   tuple(frozenset(targets.get(id(c), ())) for c in calls))
+                   tuple(frozenset(targets.get(id(c), ())) for c in calls), attributes)

@@ -232,7 +232,8 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
                 point.__dict__["calls"] = 0
             with torch.no_grad():
                 gm(*example_inputs, **kwargs)
-            again = [(n, p.__dict__["calls"]) for n, p in all_points if p.__dict__["calls"] > 1]
+            again = [(n, p.__dict__["calls"]) for n, p in all_points
+                     if p.__dict__["calls"] > 1 and p.site.value != "weight"]  # (one tensor)
         finally:
             for module, mode in modes:
                 module.training = mode

@@ -42,6 +42,7 @@ kept), and compiles: dynamo inlines the objects like methods, so compiled == eag
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any
 
@@ -103,12 +104,26 @@ class QuantizedForward:
         self.owner = owner
         self.points = points
         self.drawer = drawer
+        self.lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.drawer is not None and self.drawer.training and not self.drawer.has_mask:
             self._draw(args, kwargs)
         if not self.points:
             return type(self.owner).forward(self.owner, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            return self._rounded_call(args, kwargs)
+        with self.lock:  # (one call at a time swaps the layer's parameters)
+            return self._rounded_call(args, kwargs)
+
+    def _rounded_call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         params = dict(self.owner.named_parameters())
         rounded = {name: point(params[name]) for name, point in self.points.items()}
         # the rounded weights in place of the parameters for this call only (what

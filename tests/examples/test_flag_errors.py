@@ -103,7 +103,6 @@ CASES = [
     (train_cora, ["--sweep", "16,8", "--plot", "p.xyz"], "--plot"),
     (train_cora, ["--from-json", str(RESULTS / "cora_sweep.json"),
                   str(RESULTS / "dq_citeseer_gat.json")], "--from-json"),
-    (train_cora, ["--root", "no/such/folder"], "--root"),
     (bits_pareto, ["--method", "degree", "--degree-rule", "hub-messages", "--anneal", "50",
                    "--epochs", "6"], "--anneal"),
     (bits_pareto, ["--method", "recommended", "--epochs", "80"], "--epochs"),
@@ -123,7 +122,6 @@ CASES = [
     (train_ddp, ["--json", "no/such/folder/x.json"], "--json"),
     (train_ddp, ["--checkpoint", "no/such/folder/x.pt"], "--checkpoint"),
     (train_ddp, ["--dump-state", str(RESULTS / "dq_cora_gcn.json")], "--dump-state"),
-    (train_ddp, ["--root", "no/such/folder"], "--root"),
 ]
 
 
@@ -146,7 +144,6 @@ def test_bad_flags_exit_2_naming_the_flag(script, argv, flag, capsys):
     (per_node_bits.main, ["--budget", "0"], "--budget"),
     (cora_recipe.main, ["--epochs", "0"], "--epochs"),
     (cora_recipe.main, ["--seed", "99999999999999999999"], "--seed"),
-    (cora_recipe.main, ["--root", "no/such/folder"], "--root"),
 ])
 def test_short_examples_refuse_values_they_cannot_run(main, argv, flag, capsys):
     """A traceback (AttributeError, UnboundLocalError, ...) or a silent no-op before."""
@@ -194,9 +191,3 @@ def test_ddp_scales_can_run(argv):
     config = train_ddp.build_config(args)
     assert (config.momentum is None) == ("none" in argv)
 
-
-@pytest.mark.parametrize("script", [train_cora, dq_table, bits_pareto, train_ddp])
-def test_a_data_root_without_the_dataset_is_a_usage_error(script, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        script.parse_args(["--root", str(tmp_path)])
-    assert exit_.value.code == 2 and "--root" in capsys.readouterr().err

@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import torch
 from torch import nn
 
 import fxquant
 from fxquant.linter.sites import built_at
-from tests.support.lint_models import MLP, HelperBuilt, SwitchedInplace, TowerBuilt, UsesMLP
+from tests.support.lint_models import (
+    MLP,
+    HelperBuilt,
+    SwitchedInplace,
+    TowerBuilt,
+    UsesMLP,
+    ViaMethod,
+    ViaPartial,
+    ViaThreeCalls,
+)
 
 
 def _line(cls, text):
@@ -87,6 +97,21 @@ def test_a_container_built_by_a_helper_function_is_named_where_the_helper_builds
         assert "`nn.Hardtanh(inplace=False)`" in error.hint
     assert built_at(HelperBuilt(), "body.2").line == hardtanh
     assert built_at(HelperBuilt(), "head.1").line == _line(HelperBuilt, "nn.Hardtanh(inplace=False)")
+
+
+@pytest.mark.parametrize("how", ["method", "partial", "deep"])
+def test_helpers_through_methods_partials_and_three_calls(how):
+    """A clean ``nn.Hardtanh(inplace=False)`` elsewhere in the class was named (with the
+    hint to build it with inplace=False); the helper's line is the one."""
+    from tests.support import lint_models
+
+    model, where = {
+        "method": (ViaMethod, (ViaMethod._block, "nn.Hardtanh(inplace=True)")),
+        "partial": (ViaPartial, (lint_models.make_block, "nn.Hardtanh(inplace=inplace)")),
+        "deep": (ViaThreeCalls, (lint_models._level3, "nn.Hardtanh(inplace=True)"))}[how]
+    error = _error(fxquant.lint(model(), torch.rand(2, 4)))
+    assert error.line == _line(*where), (error.line, error.message)
+    assert "inplace=False)`" in error.hint and "`body.2`" in error.message
 
 
 def test_helpers_are_followed_two_calls_deep():

@@ -687,3 +687,27 @@ def test_captured_rewrites_list_the_users_writes_not_pygs():
     (rewrite,) = gm.meta[REWRITES_KEY]
     assert rewrite.before == "`mul_` (in place)"
     assert rewrite.location.code == "edge_attr.mul_(2)"
+
+
+class _InplaceModules(nn.Module):
+    """In-place writes asked of torch (``inplace=True``), in a forward that branches on a
+    size: captured. torch makes those writes, on the user's request."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.act = nn.Hardtanh(inplace=True)
+
+    def forward(self, x):
+        y = self.lin(x).sigmoid()
+        if x.shape[0] > 5:
+            y = y * 3
+        return F.relu(self.act(y), inplace=True)
+
+
+def test_captured_rewrites_keep_the_in_place_writes_the_user_asked_for():
+    gm = fxquant.functionalize_inplace(_InplaceModules(), torch.randn(4, 3))
+    assert gm.meta[HOW_KEY] == "captured"
+    written = [r.location.code for r in gm.meta[REWRITES_KEY]]
+    assert "return F.relu(self.act(y), inplace=True)" in written
+    assert all("inplace=True" in code for code in written), written

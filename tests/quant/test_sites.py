@@ -584,3 +584,48 @@ def test_weight_site_runs_the_layers_hooks_once():
     assert not torch.equal(rounded(x, edge_index), expected)
     weight = dict(model.conv.named_parameters())["att_src"]
     assert torch.equal(weight, dict(rounded.get_submodule("conv").named_parameters())["att_src"])
+
+
+def test_weight_site_calls_from_two_threads_leave_the_parameters_in_place():
+    """Two threads in one layer: each swaps the rounded weights in for its call; the last
+    to leave must not restore the other's rounded tensor (the parameter would stop
+    training without a word). Calls take turns; both outputs are right."""
+    import threading
+    import time
+
+    torch.manual_seed(0)
+
+    class One(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GATConv(8, 4, heads=2)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    x, edge_index = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
+    mapping = QuantMapping().set_global(QuantConfig("int4", scale="tensor"), site="weight")
+    gm = fxquant.transform(One(), mapping, lint="off").eval()
+    conv = gm.get_submodule("conv")
+    expected = gm(x, edge_index)
+    delay = {"A": 0.1, "B": 0.2}  # (inside the layer's forward, while the weights are in)
+    conv.lin.register_forward_hook(
+        lambda m, a, o: time.sleep(delay.get(threading.current_thread().name, 0)))
+    out = {}
+
+    def run():
+        with torch.no_grad():
+            out[threading.current_thread().name] = gm(x, edge_index)
+
+    threads = [threading.Thread(target=run, name=n) for n in "AB"]
+    threads[0].start()
+    time.sleep(0.02)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(out[n], expected) for n in "AB")
+    assert isinstance(conv._parameters["att_src"], nn.Parameter)
+    gm.train()
+    gm(x, edge_index).sum().backward()
+    assert conv.att_src.grad is not None
+    assert copy.deepcopy(gm)(x, edge_index).shape == expected.shape  # (the lock is not copied)

@@ -5,6 +5,8 @@ The tests find lines by their text, so keep each statement on one line.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -287,3 +289,50 @@ class TowerBuilt(nn.Module):
 
     def forward(self, x):
         return self.tower(x)
+
+
+make_partial_block = functools.partial(make_block, inplace=True)
+
+
+def _level3(width):
+    return nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Hardtanh(inplace=True))
+
+
+def _level2(width):
+    return _level3(width)
+
+
+def _level1(width):
+    return _level2(width)
+
+
+class _CleanHead(nn.Module):
+    """A clean Hardtanh(inplace=False) in the class: not the culprit."""
+
+    def __init__(self, width=4):
+        super().__init__()
+        self.head = nn.Sequential(nn.Linear(width, width), nn.Hardtanh(inplace=False))
+
+    def forward(self, x):
+        return self.body(self.head(x))
+
+
+class ViaMethod(_CleanHead):
+    def __init__(self, width=4):
+        super().__init__(width)
+        self.body = self._block(width)
+
+    def _block(self, width):
+        return nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Hardtanh(inplace=True))
+
+
+class ViaPartial(_CleanHead):
+    def __init__(self, width=4):
+        super().__init__(width)
+        self.body = make_partial_block(width)
+
+
+class ViaThreeCalls(_CleanHead):
+    def __init__(self, width=4):
+        super().__init__(width)
+        self.body = _level1(width)
