@@ -117,13 +117,6 @@ def main(argv: list[str] | None = None) -> str:
         refuse_overridden(p, args, "--no-write", ("json",), "nothing is written")
     else:
         refuse_unwritable(p, args.json, "--json")
-    import fxquant
-
-    anneal = fxquant.recipes.RECOMMENDED[1]
-    reached = anneal["anneal_every"] * anneal["anneal_bits"]
-    if not args.quick and args.epochs <= reached:
-        p.error(f"--epochs {args.epochs}: the recommended recipe's widths reach the budget at "
-                f"epoch {reached}; please give more epochs")
     graphs, nodes, edges, seeds, epochs = GRAPHS, NODES, EDGES, args.seeds, args.epochs
     if args.quick:
         graphs, nodes, edges, seeds, epochs = [(0.7, 0.5)], 200, 800, 1, 4

@@ -83,9 +83,6 @@ DEGREE_RULES = ("hubs-more", "hub-messages")
 SHARED_BITS = ("none", "layer", "all")
 #: fixed per-node bit-widths start this many bits above their final widths (``--anneal``)
 ANNEAL_BITS = 2
-#: the annealing period of ``--method recommended`` (the recipe's ``anneal_every``)
-RECOMMENDED_ANNEAL = int(fxquant.recipes.RECOMMENDED[1]["anneal_every"])
-RECOMMENDED_ANNEAL_BITS = int(fxquant.recipes.RECOMMENDED[1]["anneal_bits"])
 #: the flags ``--method recommended`` takes (it runs its recipe's chosen settings)
 RECOMMENDED_FLAGS = ("method", "target_bits", "seeds", "first_seed", "dataset", "epochs",
                      "root", "json", "from_json", "plot")
@@ -279,15 +276,6 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.anneal_refit and not args.anneal:
         p.error("--anneal-refit refits the steps after each annealing drop; without --anneal "
                 "there are none, so it would be ignored: please give --anneal E too")
-    recommended = args.method == "recommended"
-    anneal, above = (RECOMMENDED_ANNEAL if recommended else args.anneal,
-                     RECOMMENDED_ANNEAL_BITS if recommended else ANNEAL_BITS)
-    if anneal and above * anneal >= args.epochs:
-        flag = "--epochs" if recommended else "--anneal"
-        p.error(f"{flag}: the widths start {above} bits above the budget and drop one "
-                f"every {anneal} epochs, so they reach it at epoch {above * anneal}; "
-                f"with --epochs {args.epochs} no epoch would train within the budget. Please "
-                f"give more epochs{'' if recommended else ' or a shorter --anneal'}")
     if args.method == "format" and min(args.target_bits) < 5:
         p.error(f"--target-bits {min(args.target_bits):g} with --method format: a budget B "
                 "leaves B - 2 value bits to the format, and the narrowest here (e1m1) has 3, "

@@ -178,8 +178,8 @@ def _construction(name: str, module: nn.Module, modules: Mapping[str, nn.Module]
         assigned, others = _helper_sources(tuple(classes), attribute) if own else ((), ())
         # nearest first: a call assigned to the attribute (``self.body = nn.Sequential(...)``
         # or ``self.body = make_block(...)``), then any call in the class, then any helper;
-        # not another call in the class where the attribute is assigned something else
-        named = any(attribute in s.attributes for s in own)
+        # not another call in the class when a helper of the user's built the attribute
+        named = bool(assigned)
         for source, within in [*((s, attribute) for s in own), *((s, None) for s in assigned),
                                *((s, None) for s in own if not named),
                                *((s, None) for s in others)]:

@@ -26,7 +26,7 @@ from fxquant.fx.tracer import LeafSpec
 from fxquant.quant.api import TRACE_KEY, transform
 from fxquant.quant.config import QuantConfig, QuantMapping
 from fxquant.quant.describe import quantization_points
-from fxquant.quant.points import share_bits, share_step
+from fxquant.quant.points import QuantPoint, share_bits, share_step
 
 __all__ = ["FORMAT", "load", "save"]
 
@@ -60,11 +60,13 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
     if not isinstance(gm, GraphModule):
         raise FxquantTypeError(f"fxquant.save expects the GraphModule fxquant.transform returns, got "
                         f"{type(gm).__name__}")
+    calls = _layer_calls(gm)
     points = [{"name": name, "layer": p.layer, "site": p.site.value,
                "config": p.config.to_dict(),
                "override": None if p.override_number is None else p.override_number.spec(),
                "step_source": p.__dict__.get("step_source"),
-               "bits_source": p.__dict__.get("bits_source")}
+               "bits_source": p.__dict__.get("bits_source"),
+               "node": calls.get(name)}
               for name, p in quantization_points(gm)]
     if not points:
         raise FxquantValueError("fxquant.save: this model has no quantization points; save its "
@@ -83,6 +85,47 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
     shared = any(p["step_source"] is not None or p["bits_source"] is not None for p in points)
     torch.save({"format": FORMAT_SHARED if shared else FORMAT, "points": json.dumps(points),
                 "trace": trace_json, "state_dict": gm.state_dict()}, path)
+
+
+def _layer_calls(gm: GraphModule) -> dict[str, str]:
+    """For the points of a layer called more than once (a GCN layer applied twice): the
+    name of the call node each belongs to (``conv``, ``conv_1``), which a fresh trace of
+    the same model names alike. Output points follow their call; input points lead to it."""
+    graph_points: dict[torch.fx.Node, QuantPoint] = {}
+    for n in gm.graph.nodes:
+        module = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        if isinstance(module, QuantPoint):
+            graph_points[n] = module
+    called: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_module" and n not in graph_points:
+            called[str(n.target)] = called.get(str(n.target), 0) + 1
+    found: dict[str, str] = {}
+    for n, point in graph_points.items():
+        if called.get(point.layer, 0) < 2:
+            continue
+        layer = n.args[0] if point.site.value == "output" else None
+        frontier = [] if layer is not None else list(n.users)
+        for _ in range(4):  # (an input point may feed a dropout that feeds the layer)
+            layer = layer or next((u for u in frontier if u.op == "call_module"
+                                   and str(u.target) == point.layer), None)
+            frontier = [v for u in frontier for v in u.users]
+        if isinstance(layer, torch.fx.Node):
+            found[str(n.target)] = layer.name
+    return found
+
+
+class _NodeNamed:
+    """A layer selector for one call node, by its name (``fxquant.load``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, node: torch.fx.Node) -> bool:
+        return node.name == self.name
+
+    def __repr__(self) -> str:
+        return f"the call {self.name!r}"
 
 
 def load(path: str | os.PathLike[str], model: nn.Module,
@@ -126,15 +169,20 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         for key in ("layer", "site"):
             file.entry(p, key, str, where)
         file.entry(p, "config", dict, where)
-        for key in ("override", "step_source", "bits_source"):  # optional (older files)
+        for key in ("override", "step_source", "bits_source", "node"):  # (older files: none)
             if p.get(key) is not None:
                 file.entry(p, key, str, where)
         names.append(p["name"])
     mapping = QuantMapping()
     for p in points:
+        # one call of a layer called several times: its node, as the saved model named it
+        layer: Any = _NodeNamed(p["node"]) if p.get("node") is not None else p["layer"]
         try:
             config = QuantConfig.from_dict(p["config"])
-            mapping.set_name(p["layer"], config, site=p["site"])
+            if isinstance(layer, _NodeNamed):
+                mapping.set_pattern(layer, config, site=p["site"])
+            else:
+                mapping.set_name(layer, config, site=p["site"])
         except (KeyError, TypeError, ValueError) as e:
             raise FxquantValueError(f"fxquant.load: {path}: the config of point {p['name']!r} "
                                     f"cannot be read ({type(e).__name__}: {e}); {_EDITED}") from e
@@ -142,7 +190,7 @@ def load(path: str | os.PathLike[str], model: nn.Module,
             nodes = file.entry(state, f"{p['name']}.override_nodes", torch.Tensor,
                                "its 'state_dict' entry")
             try:
-                mapping.set_nodes(p["layer"], nodes, p["override"], site=p["site"])
+                mapping.set_nodes(layer, nodes, p["override"], site=p["site"])
             except (TypeError, ValueError) as e:
                 raise FxquantValueError(f"fxquant.load: {path}: the node override of point "
                                         f"{p['name']!r} cannot be read ({e}); {_EDITED}") from e

@@ -29,7 +29,7 @@ COMMANDS = [
      "--last-aggregate-bits", "4", "--select", "budget"],
     ["bits_pareto.py", "--method", "learned", "--target-bits", "2", "--signed-grid", "midrise",
      "--shared-step", "--select", "budget", "--penalty", "10", "--shared-bits", "layer"],
-    ["bits_pareto.py", "--method", "degree", "--target-bits", "2.5", "--anneal", "2"],
+    ["bits_pareto.py", "--method", "degree", "--target-bits", "2.5", "--anneal", "3"],
     ["bits_pareto.py", "--method", "int", "--target-bits", "3", "--lsq-refit", "2",
      "--last-aggregate-bits", "4"],
     ["dq_table.py", "--only", "int4-lsq-p,mxfp4", "--model", "gcn"],

@@ -97,3 +97,33 @@ def test_torch_export_round_trip(tmp_path, graph):
     torch.export.save(exported, tmp_path / "gm.pt2")
     loaded = torch.export.load(tmp_path / "gm.pt2")
     assert torch.equal(loaded.module()(*args), gm(*args))
+
+
+class _TwoHops(torch.nn.Module):
+    """One GCN layer applied twice: two calls, ``conv`` and ``conv_1``."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import GCNConv
+
+        self.conv = GCNConv(8, 8)
+
+    def forward(self, x, edge_index):
+        return self.conv(self.conv(x, edge_index).relu(), edge_index)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"bits": {"conv": 16, "conv_1": 4}},
+    {"bits": 6, "layers": "conv_1"},
+    {"bits": {"conv": 16, "conv_1": 4}, "node_formats": {"conv_1": ([1, 2], 12)}},
+])
+def test_a_layer_called_twice_keeps_each_calls_points(tmp_path, kwargs):
+    """Each call's config was saved under the module's name: load gave both calls the last
+    one's (silently), or found other points than the saved ones."""
+    torch.manual_seed(0)
+    x, edge_index = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
+    gm = fxquant.transform(_TwoHops(), lint="off", **kwargs)
+    fxquant.save(gm, tmp_path / "gm.pt")
+    again = fxquant.load(tmp_path / "gm.pt", _TwoHops())
+    assert fxquant.summary(again) == fxquant.summary(gm)
+    assert torch.equal(again(x, edge_index), gm(x, edge_index))
