@@ -546,6 +546,17 @@ def test_observers_learned_steps_and_protection_compile_without_breaks():
         assert torch.allclose(compiled(x, ei), gm(x, ei), atol=1e-5)
 
 
+class _OneGat(nn.Module):
+    """A GATConv, whose own attention vectors the weight site rounds."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = GATConv(8, 4, heads=2)
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index)
+
+
 def test_weight_site_runs_the_layers_hooks_once():
     """Rounding a layer's own weights (GATConv's att_src/att_dst) called the layer a second
     time inside its forward, so its hooks ran twice: a pre-hook that scales the input scaled
@@ -553,15 +564,7 @@ def test_weight_site_runs_the_layers_hooks_once():
     torch.manual_seed(0)
     x, edge_index = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
 
-    class One(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = GATConv(8, 4, heads=2)
-
-        def forward(self, x, edge_index):
-            return self.conv(x, edge_index)
-
-    model = One().eval()
+    model = _OneGat().eval()
     calls = {"pre": 0, "post": 0}
 
     def pre(module, args):
@@ -595,17 +598,9 @@ def test_weight_site_calls_from_two_threads_leave_the_parameters_in_place():
 
     torch.manual_seed(0)
 
-    class One(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = GATConv(8, 4, heads=2)
-
-        def forward(self, x, edge_index):
-            return self.conv(x, edge_index)
-
     x, edge_index = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
     mapping = QuantMapping().set_global(QuantConfig("int4", scale="tensor"), site="weight")
-    gm = fxquant.transform(One(), mapping, lint="off").eval()
+    gm = fxquant.transform(_OneGat(), mapping, lint="off").eval()
     conv = gm.get_submodule("conv")
     expected = gm(x, edge_index)
     delay = {"A": 0.1, "B": 0.2}  # (inside the layer's forward, while the weights are in)
