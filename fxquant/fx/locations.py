@@ -89,13 +89,12 @@ def _from_template(filename: str) -> bool:
     """Whether ``filename`` is a module PyG generated from a template into a temporary file
     (``torch_geometric.nn.Sequential``'s forward, a layer's ``propagate``): written as
     ``<module name>_<8 random characters>.py`` and imported under that module name."""
-    if not filename.startswith(_TEMP) or not filename.endswith(".py"):
+    if not filename.endswith(".py") or \
+            not filename.startswith(os.path.join(tempfile.gettempdir(), "")):
         return False
     module = sys.modules.get(os.path.basename(filename)[:-len("_12345678.py")])
     return module is not None and getattr(module, "__file__", None) == filename
 
-
-_TEMP = os.path.join(tempfile.gettempdir(), "")
 
 
 def innermost_user(frames: Iterable[tuple[str, int | None]]) -> Location | None:

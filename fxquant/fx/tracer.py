@@ -165,14 +165,14 @@ def refuse_compiled(model: nn.Module, api: str) -> None:
 
 
 def refuse_lazy(model: nn.Module, api: str) -> None:
-    """A clear error for parameters still uninitialized (``GCNConv(-1, 16)``,
-    ``nn.LazyLinear``): they take their shape from the first forward, and a copy or
+    """A clear error for parameters or buffers still uninitialized (``GCNConv(-1, 16)``,
+    ``nn.LazyLinear``, ``nn.LazyBatchNorm1d``): they take their shape from the first forward, and a copy or
     rewrite before it fails inside torch."""
-    lazy = next((name for name, p in model.named_parameters()
+    lazy = next((name for name, p in (*model.named_parameters(), *model.named_buffers())
                  if nn.parameter.is_lazy(p)), None)
     if lazy is not None:
         raise FxquantValueError(
-            f"fxquant.{api}: the parameter {lazy!r} is not initialized yet (a lazy layer, "
+            f"fxquant.{api}: the tensor {lazy!r} is not initialized yet (a lazy layer, "
             "e.g. GCNConv(-1, 16) or nn.LazyLinear, takes its shape from the first forward); "
             f"please run the model once on example inputs, then call fxquant.{api}")
 
