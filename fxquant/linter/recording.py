@@ -700,22 +700,18 @@ def _storage_ptr(t: Tensor) -> int:
         return 0
 
 
-def _called_by_library() -> bool:
-    """Whether the torch call being handled was made by torch's own Python code."""
+def _library_call() -> tuple[bool, bool]:
+    """Whether the torch call being handled was made by torch's own Python code, and
+    whether that code was asked to write in place (an ``inplace=True`` argument:
+    ``F.relu``, ``F.dropout``, ...); one walk of the stack for both."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
         frame = frame.f_back  # type: ignore[assignment]
-    return frame is not None and is_internal(frame.f_code.co_filename) \
+    if frame is None:
+        return False, False
+    by_library = is_internal(frame.f_code.co_filename) \
         and not frame.f_code.co_filename.startswith("<")
-
-
-def _requested_in_place() -> bool:
-    """Whether the library function that made the torch call being handled was asked to
-    write in place (an ``inplace=True`` argument: ``F.relu``, ``F.dropout``, ...)."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
-        frame = frame.f_back  # type: ignore[assignment]
-    return frame is not None and frame.f_locals.get("inplace") is True
+    return by_library, by_library and frame.f_locals.get("inplace") is True
 
 
 def _is_data_setter(func: Any) -> bool:
@@ -768,7 +764,7 @@ class _FunctionMode(TorchFunctionMode):
             return out
         if _is_data_setter(func):  # w.data = value: w changes, autograd does not see it
             t, new = args[0], args[1] if len(args) > 1 else None
-            if isinstance(t, Tensor) and t.requires_grad and not _called_by_library():
+            if isinstance(t, Tensor) and t.requires_grad and not _library_call()[0]:
                 where = rec.where()
                 code = strip_comment(where.code) if where else ".data = ..."
                 changed = None
@@ -800,9 +796,8 @@ class _FunctionMode(TorchFunctionMode):
         # writes into the call's own temporaries (inside gru_cell, say) are not the user's
         rec.writes = [w for w in rec.writes if _storage_ptr(w[1]) in reachable]
         if rec.writes:
-            by_library = _called_by_library()
-            rec.after_call(_call_name(func), rec.where(), grad_enabled, by_library,
-                           by_library and _requested_in_place())
+            by_library, requested = _library_call()
+            rec.after_call(_call_name(func), rec.where(), grad_enabled, by_library, requested)
         if grad_enabled:
             outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
             if outputs:
