@@ -17,16 +17,17 @@ How bits are counted (so a budget cannot be met by accounting):
   reported on their own (``input_bits``), and ``avg_bits_with_input`` counts them too;
 - unquantized float32 values are not counted (a model is as cheap as its quantized sites).
 
-The counts are of the last forward (rows differ per batch): :func:`bit_report` runs one in
-eval on the inputs given. A point that runs several times in one forward (a layer called
-twice, or one that propagates several steps, as ``APPNP`` does) is counted for its last
-call; :func:`bit_report` warns, naming it.
+The counts are of one forward (rows differ per batch): :func:`bit_report` runs one in
+eval on the inputs given, and counts every call of a point that runs several times in it
+(a layer called twice, or one that propagates several steps, as ``APPNP`` does; each call
+with its own scale storage; a weight is one tensor, counted once). Without inputs it, and
+:func:`bit_penalty` always, count the last forward's **last call** of each point: give
+:func:`bit_report` the inputs for a model that calls a point more than once.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,12 +149,15 @@ def _table_nodes(points: list[tuple[str, QuantPoint]]) -> dict[str, int]:
     return dict(owners.values())
 
 
-def _count(name: str, point: QuantPoint, table_nodes: int = 0, differentiable: bool = False
-           ) -> tuple[SiteBits, Tensor | None]:
-    """The point's bits in its last forward, with the storage of a per-node bit-width
-    table for ``table_nodes`` nodes; with ``differentiable``, also the sum of the learned
-    rows' bits as a tensor (for the penalty)."""
-    last = point.__dict__.get("last_rows")
+def _count(name: str, point: QuantPoint, table_nodes: int = 0, differentiable: bool = False,
+           call: tuple[Any, Any] | None = None) -> tuple[SiteBits, Tensor | None]:
+    """The point's bits in its last forward (or in ``call``, one of the calls
+    :func:`bit_report` logged: what ``last_rows`` and ``last_row_bits`` held then), with the
+    storage of a per-node bit-width table for ``table_nodes`` nodes; with
+    ``differentiable``, also the sum of the learned rows' bits as a tensor (for the
+    penalty)."""
+    last, row_bits = call if call is not None else (point.__dict__.get("last_rows"),
+                                                    point.__dict__["last_row_bits"])
     assert isinstance(last, tuple)
     rows, width, _, override_rows = last
     config = point.config
@@ -161,7 +165,7 @@ def _count(name: str, point: QuantPoint, table_nodes: int = 0, differentiable: b
     histogram: dict[int, int] = {}
     learned_sum = None
     if config.node_bits is not None:
-        bits, _ = point.__dict__["last_row_bits"]
+        bits, _ = row_bits
         value_bits = float(bits.detach().sum()) * width
         if differentiable and point.row_bits is not None:
             learned_sum = bits.sum() * width
@@ -223,31 +227,47 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
     """
     if not any(isinstance(m, QuantPoint) for m in gm.modules()):
         raise FxquantValueError("fxquant.bit_report: this model has no quantization points")
+    calls: dict[str, list[tuple[Any, Any]]] = {}
     if example_inputs or kwargs:
         modes = [(m, m.training) for m in gm.modules()]
         all_points = [(n, m) for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
         try:
             gm.eval()
             for _, point in all_points:
-                point.__dict__["calls"] = 0
+                point.__dict__["calls"] = []
             with torch.no_grad():
                 gm(*example_inputs, **kwargs)
-            again = [(n, p.__dict__["calls"]) for n, p in all_points
-                     if p.__dict__["calls"] > 1 and p.site.value != "weight"]  # (one tensor)
+            calls = {n: p.__dict__["calls"] for n, p in all_points}
         finally:
             for module, mode in modes:
                 module.training = mode
             for _, point in all_points:
                 point.__dict__.pop("calls", None)
-        if again:
-            ran = ", ".join(f"{n} ({k} times)" for n, k in again)
-            warnings.warn(f"fxquant.bit_report: {ran} ran more than once in this forward (a "
-                          "layer called again, or one that propagates several steps, as APPNP "
-                          "does); only each point's last call is counted, so the report "
-                          "covers fewer values than were rounded", UserWarning, stacklevel=2)
     points = _points(gm)
     tables = _table_nodes(points)
-    return BitReport([_count(name, p, tables.get(name, 0))[0] for name, p in points])
+    sites = []
+    for name, point in points:
+        logged = calls.get(name) or [None]
+        if point.site.value == "weight":  # one stored tensor, however often it is used
+            logged = logged[-1:]
+        counted = [_count(name, point, tables.get(name, 0) if i == 0 else 0, call=call)[0]
+                   for i, call in enumerate(logged)]
+        sites.append(_merge(counted))
+    return BitReport(sites)
+
+
+def _merge(calls: list[SiteBits]) -> SiteBits:
+    """One point's count over the calls of one forward (a layer called twice, or one that
+    propagates several steps, as ``APPNP`` does): every call's values and storage."""
+    first = calls[0]
+    if len(calls) == 1:
+        return first
+    histogram: Counter[int] = Counter()
+    for c in calls:
+        histogram.update(c.histogram)
+    return SiteBits(first.name, first.layer, first.site, sum(c.values for c in calls),
+                    sum(c.value_bits for c in calls), sum(c.storage_bits for c in calls),
+                    first.raw_input, dict(sorted(histogram.items())))
 
 
 def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:

@@ -344,8 +344,6 @@ class QuantPoint(nn.Module):
                 f"fxquant: node_ids has {ids.shape[0]} entries, but the {self.name} has "
                 f"{num_nodes} nodes; pass one global id per node of the batch (batch.n_id)")
         rows = None if self.override_table is None else self._rows(x, num_nodes, row_nodes, ids)
-        if self.__dict__.get("calls") is not None:  # (counted during fxquant.bit_report)
-            self.__dict__["calls"] += 1
         # what the last forward rounded, for fxquant.bit_report / bit_penalty (not state)
         self.__dict__["last_rows"] = (x.shape[0] if x.dim() else 1,
                                       math.prod(x.shape[1:]) if x.dim() else 1, num_nodes, rows)
@@ -370,6 +368,9 @@ class QuantPoint(nn.Module):
         else:
             unprotected = protect is not None and protect.ranges == "unprotected"
             y = self._round(x, rows, keep if unprotected else None)
+        calls = self.__dict__.get("calls")
+        if calls is not None:  # every call of fxquant.bit_report's forward is counted
+            calls.append((self.__dict__["last_rows"], self.__dict__["last_row_bits"]))
         if keep is not None:
             if torch.compiler.is_compiling() or x.dim() == 0:  # fused by inductor
                 y = torch.where(keep.view((-1,) + (1,) * (x.dim() - 1)), x, y)

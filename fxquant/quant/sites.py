@@ -201,18 +201,19 @@ class QuantizedPropagate:
                     UserWarning, stacklevel=2)
             degree = None
             if self.edge.needs_nodes:  # per-node settings: each edge follows its target
-                targets = self._target_nodes(size, kwargs, i, j)
-                if targets is not None:
-                    degree = in_degree(edge_index[[i, i]], targets, edge_index)
+                targets = self._target_nodes(edge_index, size, kwargs, i, j)
+                degree = in_degree(edge_index[[i, i]], targets, edge_index)
             for name in found:
                 kwargs[name] = self.edge(kwargs[name], node_degree=degree,
                                          row_nodes=edge_index[i], row_sources=edge_index[j])
         return type(self.owner).propagate(self.owner, edge_index, size=size, **kwargs)
 
-    def _target_nodes(self, size: Any, kwargs: dict[str, Any], i: int, j: int) -> int | None:
+    def _target_nodes(self, edge_index: Tensor, size: Any, kwargs: dict[str, Any], i: int,
+                      j: int) -> int:
         """How many target nodes this call has, as ``propagate`` finds it: ``size``, else
         the node tensors ``message()`` reads as ``x_i`` / ``x_j`` (a pair: both sides);
-        None where neither says."""
+        where neither says, the batch's ``node_ids``, else one more than the largest target
+        (the aggregation's own default)."""
         sizes: list[int | None] = list(size) if size is not None else [None, None]
         for name in self.owner.inspector.get_param_names("message"):
             if name[-2:] not in ("_i", "_j") or sizes[i] is not None:
@@ -226,7 +227,13 @@ class QuantizedPropagate:
             if isinstance(data, Tensor) and sizes[dim] is None:
                 sizes[dim] = data.size(self.owner.node_dim)
         found = sizes[i] if sizes[i] is not None else sizes[j]
-        return int(found) if found is not None else None
+        if found is not None:
+            return int(found)
+        assert self.edge is not None
+        context = self.edge.__dict__.get("_node_ids")
+        if context is not None and context.ids is not None:
+            return int(context.ids.shape[0])
+        return int(edge_index[i].max()) + 1 if edge_index.numel() else 0
 
 
 class QuantizedAggregate:

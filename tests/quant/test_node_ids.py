@@ -131,6 +131,46 @@ def test_per_edge_arguments_follow_their_global_target(how):
             assert seen["y"][~hub_rows].unique().numel() <= 2
 
 
+def test_per_edge_arguments_follow_their_target_when_message_reads_no_nodes():
+    """A layer whose message() reads only a per-edge argument (no x_i / x_j, no size=):
+    the number of targets comes from node_ids, else from the largest target, as the
+    aggregation finds it; the edge rows were taken for nodes (a full batch silently gave
+    the override to the wrong edges, a batch with node_ids raised)."""
+    from torch_geometric.nn import MessagePassing
+
+    class EdgeOnly(MessagePassing):
+        def forward(self, x, edge_index, w):
+            return self.propagate(edge_index, w=w) + x
+
+        def message(self, w):
+            return w.view(-1, 1).expand(-1, 4)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = EdgeOnly()
+
+        def forward(self, x, edge_index, w):
+            return self.conv(x, edge_index, w)
+
+    mapping = fxquant.QuantMapping().set_name("conv", fxquant.QuantConfig(3, "nearest"),
+                                              site="edge")
+    mapping.set_nodes("conv", torch.tensor([5]), 20, site="edge")
+    gm = fxquant.transform(Model(), mapping)
+    seen = {}
+    gm.get_submodule("conv_edge_quant").register_forward_hook(
+        lambda m, args, out: seen.update(x=args[0], y=out))
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 1, 2], [1, 2, 3, 4, 5, 5, 0]])
+    w = torch.rand(7) + 0.1
+    for ids in (None, torch.tensor([5, 11, 12, 13, 14, 15])):
+        gm(torch.randn(6, 4), edge_index, w, node_ids=ids)
+        hub = torch.tensor([False] * 4 + [True] * 2 + [False]) if ids is None \
+            else edge_index[1] == 0
+        assert torch.equal(seen["y"][hub], fxquant.truncate(seen["x"], 20, "nearest")[hub])
+        assert torch.equal(seen["y"][~hub], fxquant.truncate(seen["x"], 3, "nearest")[~hub])
+        assert not torch.equal(seen["y"][hub], fxquant.truncate(seen["x"], 3, "nearest")[hub])
+
+
 def test_node_ids_are_checked_where_they_enter():
     gm = row_wise_model()
     x = torch.randn(4, 4)

@@ -377,30 +377,44 @@ def test_learned_bits_outside_their_range_only_get_gradient_back_in(start, targe
         assert (start - grad - 5.0) ** 2 < (start - 5.0) ** 2
 
 
-def test_bit_report_says_when_a_point_ran_more_than_once():
-    """APPNP rounds its messages on each of its K propagation steps; the report counts each
-    point's last call, and says so instead of passing a partial count for the whole."""
-    import warnings
-
-    from torch_geometric.nn import APPNP
+def test_bit_report_counts_every_call_of_a_point():
+    """APPNP rounds its messages on each of its K propagation steps, and a layer called twice
+    rounds its weight once but its output twice: the report counts every value rounded
+    (each call's scale too), a weight once, and leaves nothing behind."""
+    from torch_geometric.nn import APPNP, GCNConv
 
     class Propagate(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, k):
             super().__init__()
-            self.prop = APPNP(K=3, alpha=0.1)
+            self.prop = APPNP(K=k, alpha=0.1)
 
         def forward(self, x, edge_index):
             return self.prop(x, edge_index)
 
     x, edge_index = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
-    mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig(4), site="message")
-    gm = fxquant.transform(Propagate(), mapping, lint="off")
-    with pytest.warns(UserWarning, match=r"prop_message_quant \(3 times\) ran more than once"):
-        fxquant.bit_report(gm, x, edge_index)
-    point = gm.get_submodule("prop_message_quant")
-    assert "calls" not in point.__dict__  # (the count is not left behind)
-    once = fxquant.transform(Propagate(), fxquant.QuantMapping().set_global(
-        fxquant.QuantConfig(4), site="output"), lint="off")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fxquant.bit_report(once, x, edge_index)
+    int4 = fxquant.QuantConfig("int4", scale="tensor")
+    mapping = fxquant.QuantMapping().set_global(int4, site="message")
+    reports = [fxquant.bit_report(fxquant.transform(Propagate(k), mapping, lint="off"),
+                                  x, edge_index) for k in (1, 3)]
+    one, three = (r.sites[0] for r in reports)
+    assert three.values == 3 * one.values > 0
+    assert three.value_bits == 3 * one.value_bits and three.storage_bits == 3 * 32
+    point = fxquant.transform(Propagate(3), mapping, lint="off")
+    fxquant.bit_report(point, x, edge_index)
+    assert "calls" not in point.get_submodule("prop_message_quant").__dict__
+    assert fxquant.bit_report(point).sites[0].values == one.values  # no inputs: the last call
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GCNConv(8, 8)
+
+        def forward(self, x, edge_index, y, other_edges):
+            return self.conv(x, edge_index).sum() + self.conv(y, other_edges).sum()
+
+    y, other_edges = torch.randn(7, 8), torch.randint(0, 7, (2, 10))
+    gm = fxquant.transform(Twice(), fxquant.QuantMapping().set_global(int4, site="output")
+                           .set_global(int4, site="weight"), lint="off")
+    sites = fxquant.bit_report(gm, x, edge_index, y, other_edges).sites
+    assert sorted(s.values for s in sites if s.site == "output") == [7 * 8, 20 * 8]  # a point a call
+    assert [s.values for s in sites if s.site == "weight"] == [8 * 8]  # one tensor, used twice
