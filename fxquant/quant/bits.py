@@ -247,7 +247,7 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
     tables = _table_nodes(points)
     sites = []
     for name, point in points:
-        logged: list[tuple[Any, Any] | None] = list(calls.get(name) or [None])
+        logged: list[tuple[Any, Any] | None] = [*calls.get(name, [])] or [None]
         if point.site.value == "weight":  # one stored tensor, however often it is used
             logged = logged[-1:]
         counted = [_count(name, point, tables.get(name, 0) if i == 0 else 0, call=call)[0]
