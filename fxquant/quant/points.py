@@ -578,11 +578,15 @@ class QuantPoint(nn.Module):
                                             gain, number.offset)
             return self._lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
                                    number.offset).to(x.dtype)
-        if self.config.scale.per_row:
-            bounds = x.detach().abs().flatten(1).amax(1).view(shape)
+        # the finite values' magnitudes: an infinity or a NaN must not make the step
+        # infinite or NaN, which would turn every finite value of its row (or tensor) NaN
+        if not x.numel():
+            bounds = x.new_zeros(())
+        elif self.config.scale.per_row:
+            bounds = _row_magnitudes(x.detach(), finite_only=True).clamp(min=0).view(shape)
         else:
             bounds = self.observer(x) if self.observer is not None else \
-                x.detach().abs().amax() if x.numel() else x.new_zeros(())
+                _row_magnitudes(x.detach().reshape(1, -1), finite_only=True).clamp(min=0)[0]
             if bounds.dim() and bounds.numel() == 2:
                 bounds = bounds.abs().amax()
         step = (bounds.to(x.dtype) / (qmax + number.offset)).clamp(min=torch.finfo(x.dtype).tiny)

@@ -251,3 +251,18 @@ def test_the_fit_flag_is_not_saved_and_older_pickles_get_it():
     assert again.step_ready and again.step_fitted
     plain = QuantPoint(QuantConfig("int4", scale="tensor"), "lin")
     assert pickle.loads(pickle.dumps(plain)).step_found is None
+
+
+@settings(max_examples=40)
+@given(scale=st.sampled_from(["tensor", "row"]), bits=st.sampled_from([2.0, 4.0, 7.0]),
+       batch=batches(rows=6, cols=5))
+def test_per_node_bits_with_a_min_max_scale_keep_finite_values_finite(scale, bits, batch):
+    """Per-node bit-widths with a min/max scale take the scale from finite values: an
+    infinity or a NaN among the values turns no finite value NaN, and the finite values
+    round as they would with the non-finite ones left out (made 0)."""
+    x, bad = batch
+    config = QuantConfig("int8", scale=scale, node_bits=NodeBits(torch.full((6,), bits)))
+    point, reference = QuantPoint(config, "lin").eval(), QuantPoint(config, "lin").eval()
+    y = point(x)
+    assert not bool((torch.isnan(y) & ~bad).any())
+    assert torch.equal(y[~bad], reference(torch.where(bad, 0.0, x))[~bad])
