@@ -557,6 +557,29 @@ def test_budget_projection_counts_as_the_bit_report():
     assert run._budget.count() == pytest.approx(fxquant.bit_report(run.model).avg_bits, abs=1e-5)
 
 
+def test_an_empty_batch_leaves_the_penalty_and_the_budgeted_widths_alone():
+    """A batch without nodes counts no value: its penalty is 0 (not storage over one
+    value), and the projection keeps the last batch's costs instead of taking the
+    widths to their floor as if the budget could not be met."""
+    run, data = _budget_run(2.0, bits_lr=0.05)
+    _train_epochs(run, data, 2)
+    before = [m.row_bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
+              if m.row_bits is not None]
+    optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
+    run.model.train()
+    out = run.model(data.x[:0], torch.empty(2, 0, dtype=torch.long))
+    assert float(fxquant.bit_penalty(run.model, 2.0)) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "below what the narrowest widths cost"
+        run.loss(out.sum()).backward()
+        optimizer.step()
+        run.after_step()
+    after = [m.row_bits.detach() for _, m in fxquant.quantization_points(run.model)
+             if m.row_bits is not None]
+    assert all(float((a - b).abs().max()) < 0.2 for a, b in zip(after, before, strict=True))
+    assert not run._budget.infeasible
+
+
 def test_budget_annealing_and_infeasible_budgets():
     """The budget starts anneal_bits above and drops one bit every anneal_every epochs; a
     budget below the narrowest widths warns and leaves them at their floor."""

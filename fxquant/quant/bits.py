@@ -274,7 +274,8 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
     """``(avg_bits - target_bits) ** 2`` of the last forward, differentiable in the learned
     per-node bit-widths (:class:`~fxquant.quant.config.NodeBits`): add it, weighted, to the
     loss to pull the average toward a budget. ``avg_bits`` is counted as
-    :func:`bit_report` counts it (raw input excluded, storage included).
+    :func:`bit_report` counts it (raw input excluded, storage included). After an empty
+    batch (no value counted) the penalty is 0.
 
     Example:
         >>> import fxquant
@@ -293,6 +294,15 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
             or not math.isfinite(target_bits) or target_bits <= 0:
         raise FxquantValueError(f"fxquant.bit_penalty: target_bits must be a finite positive "
                                 f"number of bits (e.g. 2.0), got {target_bits!r}")
+    avg, total_values = _average_bits(gm)
+    if not total_values:  # an empty batch: no value to count, nothing to pull
+        return avg * 0.0
+    return (avg - target_bits) ** 2
+
+
+def _average_bits(gm: nn.Module) -> tuple[Tensor, int]:
+    """The last forward's average bits per value as :func:`bit_penalty` counts it
+    (differentiable in the learned widths), and how many values it counted."""
     total_values = 0
     fixed_bits = 0.0
     learned: list[Tensor] = []
@@ -312,4 +322,4 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
         raise FxquantValueError("fxquant.bit_penalty: no point has learned per-node bit-widths "
                          "(NodeBits.learned_init); nothing to pull toward the budget")
     avg = (torch.stack(learned).sum() + fixed_bits) / max(total_values, 1)
-    return (avg - target_bits) ** 2
+    return avg, total_values

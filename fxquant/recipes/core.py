@@ -18,6 +18,7 @@ from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.tracer import trace
 from fxquant.pipeline import transform
 from fxquant.quant import BitReport, QuantMapping, QuantPoint, bit_penalty, bit_report, refit_steps
+from fxquant.quant.bits import _average_bits
 
 __all__ = ["SELECTIONS", "Choice", "QuantTraining", "Recipe", "check_count", "check_flag",
            "check_positive", "check_rounding", "unique"]
@@ -368,15 +369,15 @@ class _BudgetProjection:
 
     def measure(self, model: nn.Module) -> None:
         """Each node's cost per bit and the fixed part of the last forward's count."""
-        reference = 1e-6  # any target below the count: the penalty's root is avg - reference
-        penalty = bit_penalty(model, reference)
-        distance = penalty.detach().sqrt().clamp(min=1e-12)
-        grads = torch.autograd.grad(penalty, self.widths, retain_graph=True, allow_unused=True)
-        self.costs = [(g / (2 * distance)).detach() if g is not None else torch.zeros_like(w)
+        avg, values = _average_bits(model)
+        if not values:  # an empty batch costs nothing: the last batch's costs stay
+            return
+        grads = torch.autograd.grad(avg, self.widths, retain_graph=True, allow_unused=True)
+        self.costs = [g.detach() if g is not None else torch.zeros_like(w)
                       for g, w in zip(grads, self.widths, strict=True)]
         learned = sum(float((c * self._rounded(w.detach(), r)).sum())
                       for c, w, r in zip(self.costs, self.widths, self.ranges, strict=True))
-        self.fixed = float(distance) + reference - learned
+        self.fixed = float(avg) - learned
 
     @staticmethod
     def _rounded(width: Tensor, allowed: tuple[int, int]) -> Tensor:
