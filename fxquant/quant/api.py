@@ -439,7 +439,8 @@ def _own_layers(gm: GraphModule, targets: Iterable[str]) -> None:
     sharing its tensors and hooks: what rounds inside a layer is set on the layer itself,
     and with ``inplace=True`` the layer is also the user's model's. Shared, not copied:
     every tensor the layer's modules hold (parameters, buffers, and computed ones such as a
-    pruned ``weight``), their hook tables (a hook added or removed later acts on both), and
+    pruned ``weight``), their buffer tables (a buffer converted by ``.to()`` or replaced is
+    replaced in both), their hook tables (a hook added or removed later acts on both), and
     every module of ``gm`` outside the layer (the points an earlier transform set inside it
     stay the GraphModule's)."""
     for target in targets:
@@ -452,6 +453,9 @@ def _own_layers(gm: GraphModule, targets: Iterable[str]) -> None:
                     memo[id(value)] = value
             for table in ("_parameters", "_buffers"):
                 memo.update((id(t), t) for t in vars(m)[table].values() if t is not None)
+            # the buffer table itself: .to(), .double() and load_state_dict(assign=True)
+            # replace buffers in it (parameters they convert in place)
+            memo[id(vars(m)["_buffers"])] = vars(m)["_buffers"]
         twin = copy.deepcopy(module, memo)
         for name, found in list(gm.named_modules(remove_duplicate=False)):
             if found is module and name:

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from fxquant.errors import FxquantRuntimeError, FxquantValueError
 from fxquant.modes import Scale
+from fxquant.quant._probe import probe
 from fxquant.quant.config import NodeBits
 from fxquant.quant.points import QuantPoint
 
@@ -202,8 +203,10 @@ def _points(gm: nn.Module) -> list[tuple[str, QuantPoint]]:
 
 
 def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
-    """Run one forward of ``gm`` in eval on ``example_inputs`` (no gradient, state restored)
-    and count the bits of every quantized value (see the module docstring).
+    """Run one forward of ``gm`` in eval on ``example_inputs`` and count the bits of every
+    quantized value (see the module docstring). The forward leaves no trace: no gradient,
+    and the modes, what the last forward recorded (which :func:`bit_penalty` reads), layer
+    caches (``GCNConv(cached=True)``) and the random generators are put back.
 
     Args:
         gm (torch.nn.Module): a model :func:`fxquant.transform` returned.
@@ -227,22 +230,18 @@ def bit_report(gm: nn.Module, *example_inputs: Any, **kwargs: Any) -> BitReport:
     """
     if not any(isinstance(m, QuantPoint) for m in gm.modules()):
         raise FxquantValueError("fxquant.bit_report: this model has no quantization points")
-    calls: dict[str, list[tuple[Any, Any]]] = {}
-    if example_inputs or kwargs:
-        modes = [(m, m.training) for m in gm.modules()]
-        all_points = [(n, m) for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
-        try:
-            gm.eval()
-            for _, point in all_points:
-                point.__dict__["calls"] = []
-            with torch.no_grad():
-                gm(*example_inputs, **kwargs)
-            calls = {n: p.__dict__["calls"] for n, p in all_points}
-        finally:
-            for module, mode in modes:
-                module.training = mode
-            for _, point in all_points:
-                point.__dict__.pop("calls", None)
+    if not (example_inputs or kwargs):
+        return _report(gm, {})
+    all_points = [(n, m) for n, m in gm.named_modules() if isinstance(m, QuantPoint)]
+    with probe(gm):  # (the record of the last training forward is put back after)
+        for _, point in all_points:
+            point.__dict__["calls"] = []
+        gm(*example_inputs, **kwargs)
+        return _report(gm, {n: p.__dict__["calls"] for n, p in all_points})
+
+
+def _report(gm: nn.Module, calls: dict[str, list[tuple[Any, Any]]]) -> BitReport:
+    """The count of what the last forward recorded (``calls``: every call of a point)."""
     points = _points(gm)
     tables = _table_nodes(points)
     sites = []

@@ -11,6 +11,7 @@ from torch.fx import GraphModule
 
 from fxquant.errors import FxquantTypeError
 from fxquant.fx.selectors import layer_name
+from fxquant.quant._probe import probe
 from fxquant.quant.config import Site, describe
 from fxquant.quant.points import QuantPoint
 
@@ -40,8 +41,9 @@ def summary(gm: nn.Module, *example_inputs: Any, tablefmt: str = "simple") -> st
     """A table of the quantization points fxquant inserted into ``gm``.
 
     Works on a GraphModule reloaded with ``torch.load`` too. With example inputs, one
-    forward runs (in eval mode, without gradients; the model's state is put back) and the
-    table shows the shape of what each point rounds.
+    forward runs (in eval mode, without gradients; the modes, layer caches, what the last
+    forward recorded and the random generators are put back) and the table shows the
+    shape of what each point rounds.
 
     Args:
         gm (torch.nn.Module): a model returned by :func:`fxquant.transform`.
@@ -95,17 +97,11 @@ def _shapes(gm: nn.Module, points: list[tuple[str, QuantPoint]],
             if args and isinstance(args[0], torch.Tensor):
                 seen.setdefault(name, []).append("x".join(map(str, args[0].shape)) or "scalar")
         handles.append(point.register_forward_pre_hook(hook))
-    modes = {m: m.training for m in gm.modules()}
-    rng = torch.get_rng_state()
     try:
-        gm.eval()
-        with torch.no_grad():
+        with probe(gm):
             gm(*inputs)
     finally:
         for handle in handles:
             handle.remove()
-        for m, mode in modes.items():
-            m.training = mode
-        torch.set_rng_state(rng)
     return {name: ", ".join(dict.fromkeys(shapes)) for name, shapes in seen.items()}
 

@@ -206,7 +206,11 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         if p.get("bits_source") is not None:
             share_bits(gm, p["name"], p["bits_source"])
     expected = gm.state_dict()
-    missing = [k for k in expected if k not in state]
+    # older files do not say whether a learned step is fitted (it was); a file that says
+    # it for some points but not others was edited
+    legacy = not any(k.endswith(".step_is_fitted") for k in state)
+    missing = [k for k in expected if k not in state
+               and not (legacy and k.endswith(".step_is_fitted"))]
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
         raise FxquantValueError(

@@ -26,6 +26,7 @@ from fxquant.errors import FxquantIndexError, FxquantTypeError, FxquantValueErro
 from fxquant.formats import IntFormat, TopN
 from fxquant.modes import Grad, Rounding
 from fxquant.quant._last import LastInput
+from fxquant.quant._probe import PROBING
 from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
 from fxquant.quant.lsq import lsq_round, lsq_round_features, lsq_round_stochastic
 from fxquant.quant.nodes import LayerMasks, NodeIds, lookup
@@ -82,14 +83,14 @@ class _FiniteGrad(torch.autograd.Function):
         return torch.where(torch.isfinite(grad), grad, torch.zeros_like(grad))
 
 
-def _table(override: NodeOverride | None) -> Tensor | None:
-    """A bool table over global node ids: True where the override applies."""
-    if override is None:
+def _table(nodes: Tensor | None, max_index: int | None) -> Tensor | None:
+    """A bool table over global node ids: True where the override (of ``nodes``: a mask,
+    or ids up to ``max_index``) applies."""
+    if nodes is None:
         return None
-    nodes = override.nodes
     if nodes.dtype == torch.bool:
         return nodes.clone()
-    size = (override.max_index + 1) if override.max_index is not None else 0
+    size = (max_index + 1) if max_index is not None else 0
     return torch.zeros(size, dtype=torch.bool, device=nodes.device).index_fill(0, nodes, True)
 
 
@@ -185,6 +186,7 @@ class QuantPoint(nn.Module):
     row_bits_table: Tensor | None
     seen_range: Tensor | None
     step_found: Tensor | None
+    step_is_fitted: Tensor | None
     #: a point unpickled from before this flag existed is taken as fitted, as it was then
     step_fitted: bool = True
 
@@ -219,12 +221,19 @@ class QuantPoint(nn.Module):
         #: cannot branch on it; :meth:`_settle_fit` reads it in eager code)
         self.register_buffer("step_found", torch.ones(()) if config.range == "lsq" else None,
                              persistent=False)
+        #: whether the learned step is fitted, as saved in the state dict (written when it
+        #: is saved; ``step_fitted`` is the flag): a step saved before its first training
+        #: batch is a placeholder, which the first training batch after loading fits
+        self.register_buffer("step_is_fitted",
+                             torch.zeros(()) if config.range == "lsq" else None)
         self.override_number: Number | None = override.format if override is not None else None
         self.override_max_index = override.max_index if override is not None else None
         self.register_buffer("override_nodes",
                              override.nodes.clone() if override is not None else None)
         # The override as a bool table over global node ids (derived: not saved).
-        self.register_buffer("override_table", _table(override), persistent=False)
+        self.register_buffer("override_table", _table(
+            override.nodes if override is not None else None, self.override_max_index),
+            persistent=False)
         self.__dict__["_node_ids"] = None  # the GraphModule's NodeIds, shared by all points
         self.__dict__["_masks"] = None  # the GraphModule's LayerMasks (share="layer")
         rb = config.node_bits
@@ -329,6 +338,9 @@ class QuantPoint(nn.Module):
                 "or layers= without it) and round another site of the layer")
         if self.float_training and self.training:
             return x
+        if self.log_step is not None and not self.training and not self.float_training \
+                and not torch.compiler.is_compiling():
+            self._warn_unfitted()
         if self.site is Site.INPUT and not x.is_floating_point():
             self.__dict__["last_rows"] = "passthrough"  # nothing rounded, nothing counted
             return x  # an input site passes integer inputs (indices, masks) through
@@ -645,7 +657,8 @@ class QuantPoint(nn.Module):
             finite = torch.isfinite(v)  # fitted from the finite values only
             v = torch.where(finite, v, 0.0)
             amax = torch.cat([v.new_zeros(1), v.abs()]).amax()  # 0 for an empty batch
-            found = finite.any().to(torch.float32)
+            # (an all-zero batch says nothing of the scale either: the next batch fits it)
+            found = (finite & (v != 0)).any().to(torch.float32)
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 both = torch.stack([amax, found])
                 dist.all_reduce(both, op=dist.ReduceOp.MAX)
@@ -668,8 +681,14 @@ class QuantPoint(nn.Module):
             fitted = best.clamp(min=1e-8).log().clamp(lo, hi).to(self.log_step.dtype)
             if self.refit_widens and self.step_fitted:  # never a narrower grid than the
                 fitted = torch.maximum(fitted, self.log_step)  # last fitted or learned one
-            # a batch without finite values leaves the step as it was
-            self.log_step.copy_(torch.where(found > 0, fitted, self.log_step))
+            # a batch without a finite nonzero value leaves the step as it was
+            fitted = torch.where(found > 0, fitted, self.log_step)
+            if torch.compiler.is_compiling():
+                self.log_step.copy_(fitted)
+            else:  # an earlier call of this forward rounded values the step does not
+                # change (an empty or all-zero part of a bipartite input, through one
+                # point): written without a version bump, its backward stays valid
+                self.log_step.data.copy_(fitted)
         # ... and is fitted on the next batch. Compiled code cannot branch on that: it
         # records what it found, and eager code settles the flags (:meth:`_settle_fit`;
         # they are neither read nor set here, which would add guards and recompiles)
@@ -690,8 +709,8 @@ class QuantPoint(nn.Module):
 
     def _settle_fit(self, evaluating: bool = False) -> None:
         """After a compiled fit, in eager code: a fit that found values is done; one whose
-        batch held no finite value left the step as it was, which the next training batch
-        fits (as in eager code). Runs when the mode is set (``model.train()``,
+        batch held no finite nonzero value left the step as it was, which the next training
+        batch fits (as in eager code). Runs when the mode is set (``model.train()``,
         ``model.eval()``: with a warning, as evaluation would use the unfitted step), at
         :func:`refit_steps` and at :meth:`~fxquant.recipes.QuantTraining.start_epoch`."""
         if torch.compiler.is_compiling() or not self.__dict__.pop("_unsettled", False):
@@ -701,11 +720,27 @@ class QuantPoint(nn.Module):
             self._fitted()
             return
         self.step_ready = False
-        if evaluating:
+        if evaluating and not self.__dict__.get("_warned_unfitted"):
+            self.__dict__["_warned_unfitted"] = True
             warnings.warn(f"{self!r}: the training batch that fitted its learned step held no "
-                          "finite value, so the step is still its placeholder (1); evaluation "
-                          "rounds with it. Please run a training batch with finite values "
-                          "first (it fits the step).", stacklevel=3)
+                          "finite nonzero value, so the step is still its placeholder (1); "
+                          "evaluation rounds with it. Please run a training batch with finite, "
+                          "nonzero values first (it fits the step).", stacklevel=3)
+
+    def _warn_unfitted(self) -> None:
+        """Evaluation with a learned step that no training batch has fitted rounds with its
+        placeholder (1): say so, once per point (a point sharing another's step leaves it
+        to that one; :func:`fxquant.bit_report` and :func:`fxquant.summary` count what it
+        rounds, and do not)."""
+        self._settle_fit()
+        if self.step_fitted or self.__dict__.get("step_source") is not None \
+                or self.__dict__.get("_warned_unfitted") or PROBING.get():
+            return
+        self.__dict__["_warned_unfitted"] = True
+        warnings.warn(f"{self!r}: evaluating with a learned step (range='lsq') that no training "
+                      "batch has fitted: it rounds with the placeholder step 1. Please run a "
+                      "training forward (model.train(), a batch with finite, nonzero values) "
+                      "first; it fits the step.", stacklevel=4)
 
     def train(self, mode: bool = True) -> QuantPoint:
         self._settle_fit(evaluating=not mode)
@@ -717,12 +752,38 @@ class QuantPoint(nn.Module):
             found = torch.ones((), device=self.log_step.device) \
                 if self.log_step is not None else None
             self.register_buffer("step_found", found, persistent=False)
+        if "step_is_fitted" not in self._buffers:  # (likewise)
+            flag = torch.ones((), device=self.log_step.device) \
+                if self.log_step is not None else None
+            self.register_buffer("step_is_fitted", flag)
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        super()._load_from_state_dict(state_dict, prefix, *args)
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str,
+                            keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.log_step is not None and self.step_is_fitted is not None:
+            self._settle_fit()  # (the flag says it; the buffer only carries it)
+            destination[prefix + "step_is_fitted"] = torch.full(
+                (), float(self.step_fitted), device=self.step_is_fitted.device)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
+                              local_metadata: dict[str, Any], strict: bool,
+                              missing_keys: list[str], *args: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                      missing_keys, *args)
+        if self.override_nodes is not None and prefix + "override_nodes" in state_dict:
+            # derived, not saved: built again from what was loaded (a model made on the
+            # meta device and loaded, or one whose memory to_empty() left unset)
+            self.override_table = _table(self.override_nodes, self.override_max_index)
+        key = prefix + "step_is_fitted"
+        if key not in state_dict and key in missing_keys:
+            missing_keys.remove(key)  # saved by an older version, whose steps were fitted
         if self.log_step is not None and prefix + "log_step" in state_dict:
             self.__dict__.pop("_unsettled", None)
-            self._fitted()  # a loaded step is not initialized again
+            flag = state_dict.get(key)
+            if not isinstance(flag, Tensor) or flag.is_meta or bool(flag > 0):
+                self._fitted()  # a loaded step is not initialized again
+            else:  # saved before its first training batch: the next one fits it
+                self.step_ready = self.step_fitted = self.refit_widens = False
 
     def _rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
               ids: Tensor | None) -> Tensor:
@@ -849,9 +910,28 @@ def share_step(model: nn.Module, point: str, source: str) -> None:
     """
     points = _two_points(model, point, source, "share_step", "step_source",
                          lambda m: m.log_step is not None, "a learned step; both need range='lsq'")
+    order = _first_calls(model)
+    if point in order and source in order and order[point] < order[source]:
+        raise FxquantValueError(
+            f"fxquant.share_step: point={point!r} runs before source={source!r} in the forward, "
+            "but the shared step is fitted on the source's first training batch: the point "
+            "would round that batch with the unfitted step. Please pass them the other way "
+            f"around, fxquant.share_step(model, {source!r}, {point!r}) (one step either way)")
     target = points["point"]
     target.log_step = points["source"].log_step
     target.__dict__["step_source"] = source
+
+
+def _first_calls(model: nn.Module) -> dict[str, int]:
+    """Where the graph of a GraphModule first calls each of its submodules (the order a
+    forward runs them in); empty for other models. Points inside a layer are not in it."""
+    graph = getattr(model, "graph", None)
+    order: dict[str, int] = {}
+    if isinstance(graph, torch.fx.Graph):
+        for i, node in enumerate(graph.nodes):
+            if node.op == "call_module":
+                order.setdefault(str(node.target), i)
+    return order
 
 
 def _two_points(model: nn.Module, point: str, source: str, api: str, link: str,

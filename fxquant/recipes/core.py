@@ -377,7 +377,7 @@ class _BudgetProjection:
                       for g, w in zip(grads, self.widths, strict=True)]
         learned = sum(float((c * self._rounded(w.detach(), r)).sum())
                       for c, w, r in zip(self.costs, self.widths, self.ranges, strict=True))
-        self.fixed = float(avg) - learned
+        self.fixed = float(avg.detach()) - learned
 
     @staticmethod
     def _rounded(width: Tensor, allowed: tuple[int, int]) -> Tensor:

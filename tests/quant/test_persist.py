@@ -127,3 +127,32 @@ def test_a_layer_called_twice_keeps_each_calls_points(tmp_path, kwargs):
     again = fxquant.load(tmp_path / "gm.pt", _TwoHops())
     assert fxquant.summary(again) == fxquant.summary(gm)
     assert torch.equal(again(x, edge_index), gm(x, edge_index))
+
+
+@pytest.mark.parametrize("route", ["to_empty", "assign"])
+def test_a_model_made_on_the_meta_device_loads_its_node_overrides(route):
+    """A model built on the meta device, then materialised by to_empty() and loaded, or
+    loaded with assign=True: the table a node override is looked up in is derived from
+    the loaded node ids (it held uninitialised memory, or stayed on meta)."""
+    from torch_geometric.nn.models import GIN
+
+    torch.manual_seed(0)
+    x, ei = torch.randn(20, 8), torch.randint(0, 20, (2, 60))
+
+    def transformed(model):
+        mapping = (fxquant.QuantMapping()
+                   .set_name("convs.0", fxquant.QuantConfig("int2", scale="tensor"))
+                   .set_nodes("convs.0", torch.tensor([0, 3, 5]), 16))
+        return fxquant.transform(model, mapping, lint="off")
+
+    reference = transformed(GIN(8, 8, num_layers=2, out_channels=3)).eval()
+    with torch.device("meta"):
+        skeleton = GIN(8, 8, num_layers=2, out_channels=3)
+    gm = transformed(skeleton)
+    if route == "to_empty":
+        gm = gm.to_empty(device="cpu")
+        gm.get_submodule("convs_0_quant").override_table.fill_(True)  # (memory left as it was)
+        gm.load_state_dict(reference.state_dict())
+    else:
+        gm.load_state_dict(reference.state_dict(), assign=True)
+    assert torch.equal(gm.eval()(x, ei), reference(x, ei))

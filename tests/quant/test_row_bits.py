@@ -402,6 +402,7 @@ def test_bit_report_counts_every_call_of_a_point():
     point = fxquant.transform(Propagate(3), mapping, lint="off")
     fxquant.bit_report(point, x, edge_index)
     assert "calls" not in point.get_submodule("prop_message_quant").__dict__
+    point(x, edge_index)
     assert fxquant.bit_report(point).sites[0].values == one.values  # no inputs: the last call
 
     class Twice(torch.nn.Module):

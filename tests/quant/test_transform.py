@@ -143,6 +143,26 @@ def test_inplace_shares_hooks_and_computed_weights(graph):
     assert not torch.equal(gm(graph.x, graph.edge_index), before)
 
 
+def test_inplace_converts_the_models_buffers_with_the_result(graph):
+    """.double() (or .to(), .half()) of an in-place result converts the buffers of the
+    layers rounded inside in the user's model too (BatchNorm statistics inside GINConv):
+    they were left behind, the model half-converted and failing, its statistics no longer
+    following training."""
+    from torch_geometric.nn.models import GIN
+
+    torch.manual_seed(0)
+    model = GIN(graph.x.shape[1], 8, num_layers=2, out_channels=3, norm="batch_norm")
+    mapping = fxquant.QuantMapping().set_global(fxquant.QuantConfig("int8", scale="tensor"),
+                                                site="message")
+    gm = fxquant.transform(model, mapping, inplace=True, lint="off").double()
+    ours = model.convs[0].nn.norms[0].module
+    theirs = gm.get_submodule("convs.0").nn.norms[0].module
+    assert ours.running_mean is theirs.running_mean
+    assert ours.running_mean.dtype == torch.float64
+    gm.train()(graph.x.double(), graph.edge_index)
+    assert model.eval()(graph.x.double(), graph.edge_index).dtype == torch.float64
+
+
 @pytest.mark.parametrize("inplace", [False, True])
 def test_a_linear_shared_by_two_layers_is_refused_for_both(inplace, graph):
     """One Linear child in two layers can round its weight for one of them only: refused in
