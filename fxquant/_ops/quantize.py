@@ -351,7 +351,10 @@ def int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tens
     scale = torch.where(usable, scale, 1.0)
     if mode.pow2:  # ceil to a power of two, so the largest value stays on the grid
         floor = _floor_pow2(scale)
-        scale = torch.where(floor < scale, floor * 2, floor)
+        # (but not past the dtype's largest power of two: 2x that is inf, and inf * 0 NaN;
+        # the few values above it are clipped)
+        top = _floor_pow2(torch.full_like(scale, torch.finfo(scale.dtype).max))
+        scale = torch.where((floor < scale) & (floor < top), floor * 2, floor)
     if fmt.asymmetric:
         zero_point = torch.clamp(fmt.qmin - torch.round(lo / scale), fmt.qmin, fmt.qmax)
     return scale, zero_point

@@ -1091,9 +1091,41 @@ def _carry_state(original: nn.Module, gm: GraphModule) -> None:
                                   persistent=attr not in source._non_persistent_buffers_set)
 
 
+#: a module's hook tables that run when it is called
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _dropped_hooks(candidate: nn.Module, original: nn.Module) -> str | None:
+    """The first module of ``original`` with hooks (``register_forward_hook``,
+    ``register_full_backward_hook``, ...) that ``candidate`` no longer calls with them: a
+    graph that inlined it, or replaced the call, runs no hook, and no output or gradient
+    comparison sees a hook's side effects."""
+    graph = getattr(candidate, "graph", None)
+    called = {str(n.target) for n in graph.nodes if n.op == "call_module"} \
+        if isinstance(graph, torch.fx.Graph) else None
+    for name, module in original.named_modules():
+        counts = [len(getattr(module, table, {})) for table in _HOOK_TABLES]
+        if not any(counts):
+            continue
+        try:
+            twin = candidate.get_submodule(name)
+        except AttributeError:
+            twin = None
+        kept = twin is not None and (not name or called is None or name in called) and \
+            [len(getattr(twin, table, {})) for table in _HOOK_TABLES] == counts
+        if not kept:
+            where = f"module {name!r} ({type(module).__name__})" if name else "the model itself"
+            return (f"it no longer runs the hooks registered on {where} (a forward or backward "
+                    "hook), which its graph does not call as a module")
+    return None
+
+
 def _verify(candidate: nn.Module, original: nn.Module, ref: _Reference, inputs: tuple,
             rng: Tensor, rtol: float, atol: float) -> str | None:
     """None when ``candidate`` matches the reference; else what differs."""
+    dropped = _dropped_hooks(candidate, original)
+    if dropped is not None:
+        return dropped
     with restored_state(candidate):
         torch.set_rng_state(rng)
         for p in candidate.parameters():

@@ -319,8 +319,9 @@ class Recorder:
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         #: every call that wrote in place, in order
         self.inplace_calls: list[InplaceCall] = []
-        #: lines whose torch calls ran with autograd off (check: what a rewrite detaches)
-        self.no_grad_lines: set[Location] = set()
+        #: lines where torch calls ran with autograd off, and with it on
+        self.lines_without_grad: set[Location] = set()
+        self.lines_with_grad: set[Location] = set()
         self.module_names: dict[int, str] = {}  # id(module) -> its qualified name
         self.modules: dict[str, nn.Module] = {}
         #: construction lines of library modules run by containers -> what ran there
@@ -329,6 +330,14 @@ class Recorder:
         self.unlocated: dict[tuple[str, str], ModuleSite] = {}
 
     # where ------------------------------------------------------------------------------
+
+    @property
+    def no_grad_lines(self) -> set[Location]:
+        """Lines whose torch calls all ran with autograd off (``with torch.no_grad():`` in
+        the user's code; check: what a rewrite detaches). A line calling a module whose
+        library code turns autograd off for a while (a custom Function's forward, a full
+        backward hook's) also ran calls with autograd on, and is not one."""
+        return self.lines_without_grad - self.lines_with_grad
 
     def where(self) -> Location | None:
         """The user's line for what runs now: the innermost user frame, or, for a library
@@ -775,10 +784,10 @@ class _FunctionMode(TorchFunctionMode):
         rec.writes = []
         first_saved = len(rec.saved)
         grad_enabled = torch.is_grad_enabled()
-        if not grad_enabled and rec.copy_saved:
+        if rec.copy_saved:
             line = rec.where()
             if line is not None:
-                rec.no_grad_lines.add(line)
+                (rec.lines_with_grad if grad_enabled else rec.lines_without_grad).add(line)
         reachable = {_storage_ptr(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
         try:
             out = func(*args, **kwargs)
@@ -826,6 +835,10 @@ class _FunctionMode(TorchFunctionMode):
             out = out_of_place(*args, **kwargs)
             rec.writes = []
             return out
+        if view and kwargs.get("inplace") is True:  # F.relu(x, inplace=True), nn.ReLU's call
+            out = func(*args, **{**kwargs, "inplace": False})
+            rec.writes = []
+            return out
         try:
             with torch.no_grad():
                 out = func(*args, **kwargs)
@@ -844,14 +857,25 @@ class _FunctionMode(TorchFunctionMode):
         first = str(e).splitlines()[0]
         rec.inplace_calls.append(InplaceCall(where, _call_name(func), False))
         if any(m in str(e) for m in _VIEW_ERRORS):
-            what = ("passes out= with inputs that require grad" if "out=" in first else
-                    "writes in place into a view autograd does not let you modify (one of "
-                    "several views returned by split/chunk/unbind, or a view made under "
-                    "no_grad)")
+            hint = "drop out= and use the returned tensor" if "out=" in first \
+                else hint_for_inplace(code, _call_name(func))
+            if "out=" in first:
+                what = "passes out= with inputs that require grad"
+            elif "BackwardHookFunction" in first:  # what a full backward hook returns
+                what = ("writes in place into the output (or input) of a module with a full "
+                        "backward hook (register_full_backward_hook), which autograd does not "
+                        "let you modify")
+                hint += ("; or get the gradient from a forward hook that calls "
+                         "output.register_hook(...), which allows in-place ops after it")
+            elif "custom Function" in str(e):
+                what = ("writes in place into a view a custom autograd Function returned (or "
+                        "an input it returned as-is), which autograd does not let you modify")
+            else:
+                what = ("writes in place into a view autograd does not let you modify (one of "
+                        "several views returned by split/chunk/unbind, or a view made under "
+                        "no_grad)")
             rec.add("FXQ013", where, rec.node_name(_call_name(func)),
-                    f"`{code}` {what}; forward raises: {first}",
-                    "drop out= and use the returned tensor" if "out=" in first
-                    else hint_for_inplace(code, _call_name(func)))
+                    f"`{code}` {what}; forward raises: {first}", hint)
             return
         rec.add("FXQ003", where, rec.node_name(_call_name(func)),
                 f"`{code}` writes in place (or through out=) into a leaf tensor that "

@@ -400,3 +400,15 @@ def test_compiled_equals_eager(name, scale):
     x[7, 7], x[9, 9] = math.nan, math.inf
     f = torch.compile(lambda t: fxquant.quantize(t, name, scale=scale), fullgraph=True)
     assert same(f(x), fxquant.quantize(x, name, scale=scale)).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", ["tensor-pow2", "row-pow2"])
+def test_power_of_two_scale_of_the_largest_values_stays_finite(dtype, scale):
+    """A power-of-two scale is the dtype's largest at most: ceiling int2's scale of
+    float32's largest value gave 2**128 = inf, and every value NaN."""
+    big = torch.finfo(dtype).max
+    x = torch.tensor([[0.0, 1.0, big, -big]], dtype=dtype)
+    y = fxquant.quantize(x, "int2", "nearest", scale=scale)
+    assert bool(torch.isfinite(y).all()), y
+    assert torch.equal(torch.signbit(y[y != 0]), torch.signbit(x[y != 0]))

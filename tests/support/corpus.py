@@ -47,6 +47,8 @@ CATEGORIES = {
                    "what was not checked where it fell back",
     "data without effect": "`.data` writes that change no gradient: no error (check compares "
                            "the gradients)",
+    "hooks": "modules with forward or backward hooks: error at the line (lint, check); the "
+             "rewrite keeps calling the hooks",
     "buffers": "legal models updating buffers (counters, EMAs, a VQ codebook, `Variable`): "
                "rewritten equivalent, buffers after forward and state_dict included",
 }
@@ -218,6 +220,12 @@ def _fix(case: Case) -> str:
                for a, b in zip(out, expected, strict=True)):
         return "forward differs"
     done = "untouched" if untouched else "fixed"
+    fired = getattr(case.module, "FIRED", None)  # what the case's hooks record
+    if fired is not None:
+        fired.clear()
+        _outputs_and_grads(copy_model(gm), case.make()[1], weights)
+        if not fired:
+            return "its hooks no longer run"
     if case.kind == "legal":
         _, want = _outputs_and_grads(*case.make(), weights)
         for name, grad in grads.items():
@@ -366,6 +374,8 @@ def _category_ok(case: Case) -> bool:
         return r["lint errors"] + r["check errors"] == 0 and not r["fxq009"] and fix_ok
     if case.category == "data without effect":
         return r["lint errors"] + r["check errors"] == 0 and r["fix"] in ("fixed", "untouched")
+    if case.category == "hooks":
+        return bool(r["lint"] and r["check"] and r["fix"] == "fixed" and not r["fxq009"])
     if case.category == "buffers":
         return r["lint errors"] + r["check errors"] == 0 and r["fix"] in ("fixed", "untouched")
     return True
