@@ -24,7 +24,7 @@ FIRED: list[torch.Tensor] = []
 class CamNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3))  # CULPRIT
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(True), nn.Conv2d(4, 4, 3))  # CULPRIT
         self.features[0].register_full_backward_hook(lambda m, grad_in, grad_out: FIRED.append(grad_out[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
