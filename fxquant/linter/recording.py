@@ -319,6 +319,8 @@ class Recorder:
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         #: every call that wrote in place, in order
         self.inplace_calls: list[InplaceCall] = []
+        #: the tensors the ATen ops of the current call wrote, with their version before
+        self.write_versions: list[tuple[Tensor, int]] = []
         #: lines where torch calls ran with autograd off, and with it on
         self.lines_without_grad: set[Location] = set()
         self.lines_with_grad: set[Location] = set()
@@ -782,6 +784,7 @@ class _FunctionMode(TorchFunctionMode):
                 rec.hide([t], code, where, rec.node_name("data"), "through `.data =`", changed)
             return func(*args, **kwargs)
         rec.writes = []
+        rec.write_versions = []
         first_saved = len(rec.saved)
         grad_enabled = torch.is_grad_enabled()
         if rec.copy_saved:
@@ -800,6 +803,13 @@ class _FunctionMode(TorchFunctionMode):
                                   view=any(m in str(e) for m in _VIEW_ERRORS))
             else:
                 raise
+        # Under a dispatch mode torch's foreach ops (`torch._foreach_mul_`, the optimizers'
+        # multi-tensor step) write without bumping the version counters: backward would not
+        # notice a saved value changed, which it does without fxquant's tools
+        for t, version in rec.write_versions:
+            if t._version == version and not t.is_inference():
+                torch.autograd.graph.increment_version(t)
+        rec.write_versions = []
         if len(rec.saved) > first_saved:
             rec.name_victims(first_saved, out)
         # writes into the call's own temporaries (inside gru_cell, say) are not the user's
@@ -918,7 +928,9 @@ class _DispatchMode(TorchDispatchMode):
             if rec.copy_saved and not (torch.is_grad_enabled() and t.requires_grad) \
                     and rec.grad_owners(t):
                 before[id(t)] = (t, t.detach().clone())  # check: which values it changes
+        versions = [(t, t._version) for t, _ in written if not t.is_inference()]
         out = func(*args, **kwargs)
+        rec.write_versions.extend(versions)
         for key, (t, old) in before.items():
             changed = ~((old == t) | (old.isnan() & t.isnan())) if old.is_floating_point() \
                 else old != t
