@@ -155,6 +155,8 @@ class SavedTensor:
     #: ``"ctx.x"``: a custom Function keeps it as an attribute of its context instead of
     #: through save_for_backward (autograd checks no write into it)
     kept_as: str = ""
+    #: the tensor autograd was handed (``tensor`` is a detached alias of it)
+    origin: Callable[[], Tensor | None] | None = field(default=None, repr=False)
 
     @property
     def in_graph(self) -> bool:
@@ -557,7 +559,8 @@ class Recorder:
         # a detached alias (the same memory and version counter) holds no autograd node: a
         # saved output would otherwise keep its own node alive through what pack returns
         alias = t.detach()
-        entry = SavedTensor(alias, t._version, t._version, self.last_op, self.where())
+        entry = SavedTensor(alias, t._version, t._version, self.last_op, self.where(),
+                            origin=weakref.ref(t))
         self.saved.append(entry)
         if self.copy_saved:
             entry.copy = t.detach().clone()
@@ -684,6 +687,24 @@ class Recorder:
                      "those elements pass no gradient to what computed them.",
                      "if they should train, build the result with torch.where(mask, value, x)")
 
+    def on_detach_(self, t: Tensor) -> None:
+        """``t.detach_()``: it bumps no version, but backward refuses a saved tensor that
+        was detached in place ("Trying to use a saved tensor that has been detached
+        in-place"); named at its line when an autograd node still holds ``t``."""
+        if t.grad_fn is None:
+            return
+        for entry in self.saved:
+            if entry.origin is not None and entry.origin() is t and entry.in_graph:
+                where = self.where()
+                code = strip_comment(where.code) if where else "detach_()"
+                self.add("FXQ001", where, self.node_name("detach_"),
+                         f"`{code}` detaches in place a tensor that `{entry.op}` saved for "
+                         "backward: backward fails with 'Trying to use a saved tensor that has "
+                         "been detached in-place'.",
+                         "detach out of place, `x = x.detach()`: the saved tensor keeps its "
+                         "history", related=entry.op, related_location=entry.where)
+                return
+
     def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
                       op: str = "") -> None:
         site = self.sites.get(where) if where is not None else self.unlocated.get((code, node))
@@ -783,6 +804,8 @@ class _FunctionMode(TorchFunctionMode):
                     changed = new.detach() != t.detach()
                 rec.hide([t], code, where, rec.node_name("data"), "through `.data =`", changed)
             return func(*args, **kwargs)
+        if _call_name(func) == "detach_" and args and isinstance(args[0], Tensor):
+            rec.on_detach_(args[0])
         rec.writes = []
         rec.write_versions = []
         first_saved = len(rec.saved)
