@@ -1019,7 +1019,8 @@ def _refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
             "value out of place (`y = f(y)`) to differentiate through it, or write a "
             "straight-through estimator explicitly, `y = y + (f(y) - y).detach()`")
     for f in report.errors:
-        if f.rule == "FXQ003":
+        if f.rule == "FXQ003" and f.related != "checkpoint":  # (a segment's input: its
+            # write is only refused when backward re-runs it; out of place, it is not)
             reasons.append(f"{f.where}: `{f.location.code if f.location else f.node}` writes in "
                            "place into a leaf tensor that requires grad (a parameter or an input): "
                            "no out-of-place rewrite computes the same thing, because the leaf "

@@ -178,6 +178,8 @@ class Checkpoint:
     where: Location | None
     preserve_rng_state: bool
     input_requires_grad: bool
+    #: its tensor inputs that require grad (backward re-runs it on leaf copies of them)
+    inputs: list[Tensor] = field(default_factory=list, repr=False)
 
 
 class _Packed:
@@ -305,6 +307,8 @@ class Recorder:
         self.saved: list[SavedTensor] = []
         #: the reentrant checkpoint segments the forward ran (directly, while recording)
         self.checkpoints: list[Checkpoint] = []
+        #: those running now (nested ones last)
+        self.segments: list[Checkpoint] = []
         self.origins: dict[int, _Origin] = {}
         self.reported_factories: set[int] = set()
         self.writes: list[tuple[str, Tensor, bool]] = []  # (aten op, tensor, was requires_grad)
@@ -651,6 +655,8 @@ class Recorder:
                 self.unlocated[(code, node)] = site
         written = [t for _, t, _ in writes]
         self.inplace_calls.append(InplaceCall(where, func_name, by_library, requested))
+        if self.segments:
+            self._report_segment_input_writes(written, code, where, node, op)
         for _, t, grad_before in writes:
             if (grad_enabled and grad_before) or by_library:
                 continue  # autograd records it (or it is torch's documented behaviour)
@@ -705,8 +711,9 @@ class Recorder:
                          "history", related=entry.op, related_location=entry.where)
                 return
 
-    def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
-                      op: str = "") -> None:
+    def _write_site(self, code: str, where: Location | None, node: str,
+                    op: str) -> tuple[str, str]:
+        """What wrote (the module a container ran, or the code) and how to fix it."""
         site = self.sites.get(where) if where is not None else self.unlocated.get((code, node))
         what = site.describe() if site is not None else f"`{code}`"
         hint = hint_for_inplace(code, op)
@@ -717,8 +724,32 @@ class Recorder:
         elif site is not None and site.fixed:
             hint = (f"build it with inplace=False: `{site.fixed}` (the container then passes "
                     "a new tensor on)")
+        return what[:1].upper() + what[1:], hint
+
+    def _report_segment_input_writes(self, written: list[Tensor], code: str,
+                                     where: Location | None, node: str, op: str) -> None:
+        """A write into an input of a reentrant checkpoint segment that requires grad:
+        backward re-runs the segment on detached copies of its inputs, leaves that require
+        grad, and refuses the write (the forward, run as a plain call here, does not)."""
+        for segment in self.segments:
+            if any(_same_storage(t, i) for t in written for i in segment.inputs):
+                what, hint = self._write_site(code, where, node, op)
+                called = f" called at {segment.where}" if segment.where is not None else ""
+                self.add("FXQ003", where, node,
+                         f"{what} writes in place into an input of the reentrant "
+                         f"torch.utils.checkpoint segment{called}: backward re-runs the segment "
+                         "on detached copies of its inputs, leaves that require grad, and "
+                         "fails with 'a leaf Variable that requires grad is being used in an "
+                         "in-place operation'.",
+                         f"{hint}; or pass use_reentrant=False to checkpoint",
+                         related="checkpoint", related_location=segment.where)
+                return
+
+    def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
+                      op: str = "") -> None:
+        what, hint = self._write_site(code, where, node, op)
         self.add("FXQ001", where, node,
-                 f"{what[:1].upper()}{what[1:]} writes in place into a tensor that `{entry.op}` "
+                 f"{what} writes in place into a tensor that `{entry.op}` "
                  "saved for backward: backward fails with 'modified by an inplace operation' "
                  "(anomaly mode names the saving line instead of this one).",
                  hint, related=entry.op, related_location=entry.where)
@@ -1066,9 +1097,14 @@ def _checkpoints_run_directly(rec: Recorder) -> Iterator[None]:
 
     def run_segment(function: Any, preserve_rng_state: bool, *args: Any) -> Any:
         if threading.get_ident() == thread:
-            rec.checkpoints.append(Checkpoint(rec.where(), preserve_rng_state, any(
-                isinstance(a, Tensor) and a.requires_grad for a in args)))
-            return function(*args)
+            inputs = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+            segment = Checkpoint(rec.where(), preserve_rng_state, bool(inputs), inputs)
+            rec.checkpoints.append(segment)
+            rec.segments.append(segment)
+            try:
+                return function(*args)
+            finally:
+                rec.segments.pop()
         if before is not None:  # (a torch whose CheckpointFunction defines its own apply)
             return before.__get__(None, owner)(function, preserve_rng_state, *args)
         apply: Any = torch.autograd.Function.apply  # (bound to Function: its function)

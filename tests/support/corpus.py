@@ -7,6 +7,8 @@ Each case in ``tests/linter/corpus/`` reproduces a public thread (its ``SOURCE``
 is ``"crash"`` (backward raises), ``"silent"`` (backward runs, wrong gradients) or
 ``"legal"`` (correct code with in-place ops); the culprit line ends in ``# CULPRIT``;
 ``FIXABLE`` is False where no out-of-place rewrite can be equivalent (writes into leaves).
+A fixed model's gradients are checked against forward-mode derivatives of the original, or
+against the case's ``fixed_by_hand()`` where forward mode cannot run through it.
 A case may name a ``CATEGORY`` (a kind of model the linter once failed on; each has a row
 of the table) and the packages it ``REQUIRES`` (the case is left out when one is missing).
 """
@@ -234,6 +236,13 @@ def _fix(case: Case) -> str:
             if grad is not None and want.get(name) is not None and not torch.allclose(
                     grad, want[name], atol=1e-6):
                 return f"gradient of {name} differs"
+        return done
+    by_hand = getattr(case.module, "fixed_by_hand", None)
+    if by_hand is not None:  # (forward-mode AD cannot run through the original)
+        _, want = _outputs_and_grads(by_hand(), case.make()[1], weights)
+        if any((grads.get(n) is None) != (w is None) or (w is not None and not torch.allclose(
+                grads[n], w, atol=1e-6)) for n, w in want.items()):
+            return "gradients differ from the fix by hand"
         return done
     original = case.make()[0]
     tangents = {n: torch.randn(p.shape, generator=g) for n, p in original.named_parameters()}
