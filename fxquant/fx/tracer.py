@@ -26,6 +26,9 @@ from torch import nn
 from torch.fx import Graph, GraphModule, Tracer
 from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.aggr import Aggregation
+from torch_geometric.nn.pool import glob as _glob
+from torch_geometric.utils import scatter as _scatter
 
 from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.graph_utils import attr_of, free_name
@@ -71,9 +74,17 @@ class _Proxy(torch.fx.Proxy):
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
 
 
+#: PyG functions recorded as one call each (their node count comes from the data, e.g.
+#: ``int(batch.max()) + 1``, which a symbolic trace cannot read), when the traced code calls
+#: them by a global name (``from torch_geometric.nn import global_mean_pool``)
+PYG_CALLS = (_glob.global_add_pool, _glob.global_mean_pool, _glob.global_max_pool, _scatter)
+
+
 class GNNTracer(Tracer):
-    """:class:`torch.fx.Tracer` that keeps PyG ``MessagePassing`` modules (and PyG's
-    ``Linear``, a layer like ``torch.nn.Linear``) as leaves, records ``x[idx] = v`` as an
+    """:class:`torch.fx.Tracer` that keeps PyG ``MessagePassing`` modules, its
+    ``Aggregation`` modules (``aggr.MeanAggregation()``) and its ``Linear`` (a layer like
+    ``torch.nn.Linear``) as leaves, records PyG's global pooling functions and ``scatter``
+    as one call each (:data:`PYG_CALLS`), records ``x[idx] = v`` as an
     ``operator.setitem`` node, reads buffers as graph values (``get_attr`` nodes, so that
     ``self.ema.mul_(m)`` is recorded rather than run on the real buffer while tracing),
     and stores NumPy scalars as Python numbers (so the generated code runs).
@@ -103,7 +114,7 @@ class GNNTracer(Tracer):
     proxy_buffer_attributes = True
 
     def __init__(self, leaf_modules: Iterable[LeafSpec] = (), proxy_buffers: bool = True) -> None:
-        super().__init__()
+        super().__init__(autowrap_functions=PYG_CALLS)
         self.proxy_buffer_attributes = proxy_buffers
         self.record_stack_traces = True
         specs = check_leaf_modules(leaf_modules)
@@ -114,13 +125,29 @@ class GNNTracer(Tracer):
     def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
         return _Proxy(node, self)
 
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> Graph:
+        """:meth:`torch.fx.Tracer.trace`, with PyG's ``Aggregation.__call__`` (which reads
+        ``int(index.max())`` before calling the module) out of the way while tracing: an
+        aggregation is recorded as one module call, and runs its own ``__call__`` in the
+        traced model. Restored by identity."""
+        owners = [c for c in (Aggregation, *_subclasses(Aggregation)) if "__call__" in vars(c)]
+        saved = [(c, vars(c)["__call__"]) for c in owners]
+        for c, _ in saved:
+            delattr(c, "__call__")
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            for c, call in saved:
+                if "__call__" not in vars(c):
+                    c.__call__ = call  # type: ignore[method-assign]
+
     def create_arg(self, a: Any) -> Any:
         if isinstance(a, np.generic):  # np.float64(2.0) in generated code: NameError np
             return a.item()
         return super().create_arg(a)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, (MessagePassing, PygLinear, *self._leaf_types)):
+        if isinstance(m, (MessagePassing, Aggregation, PygLinear, *self._leaf_types)):
             return True
         if module_qualified_name in self._leaf_names:
             return True
@@ -139,6 +166,14 @@ class GNNTracer(Tracer):
             raise
         finally:
             self._stack.pop()
+
+
+def _subclasses(cls: type) -> list[type]:
+    """Every subclass of ``cls``, however deep."""
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
 
 
 def _default_args(model: nn.Module) -> dict[str, Any]:
@@ -491,6 +526,21 @@ def _guard_fixed_arguments(gm: GraphModule, fixed: dict[str, Any], unused: froze
     gm.recompile()
 
 
+def _library_function(exc: BaseException) -> str | None:
+    """``torch_geometric.nn.pool.glob.global_mean_pool``: the first function of PyG that
+    the traceback of ``exc`` runs after leaving the user's code, if it does."""
+    tb = exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in frames:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("torch_geometric.") and frame.f_code.co_name != "wrapper":
+            return f"{module}.{frame.f_code.co_name}"
+    return None
+
+
 def _trace_error(model: nn.Module, exc: BaseException) -> TraceError:
     where = traceback_location(exc)
     at = ""
@@ -501,7 +551,16 @@ def _trace_error(model: nn.Module, exc: BaseException) -> TraceError:
     failed_in = getattr(exc, "fxquant_failed_in", None)
     if isinstance(exc, _StateAssigned):
         return TraceError(f"could not trace {type(model).__name__}.forward: {exc}")
-    if failed_in:
+    library = _library_function(exc)
+    if library is not None and not failed_in:
+        hint = (
+            f"The line calls {library}, which reads a tensor's value (the number of graphs "
+            "or nodes, say), and symbolic tracing cannot. Call it by a global name, as in "
+            "`from torch_geometric.nn import global_mean_pool`: the trace then records PyG's "
+            "global pooling and scatter functions as one call each; for another function, "
+            "declare it with torch.fx.wrap('its_name') at the top of the module that calls it."
+        )
+    elif failed_in:
         hint = (
             f"The line is inside submodule {failed_in!r}: keep it opaque with "
             f"leaf_modules=[{failed_in!r}] (it then runs as written, as one node of the graph)."

@@ -195,6 +195,9 @@ or write into `x.clone()`
         'call the out-of-place version: `y.clamp(...)` instead of `y.clamp_(...)`, and use its result'
     """
     text = strip_comment(code)
+    if re.search(r"\.step\(", text) and (op.startswith("_foreach") or op.endswith("_")):
+        return ("step the optimizer after backward, outside the forward: the step writes "
+                "parameters that the graph saved for backward")
     if ".data" in text:
         return ("use `.detach()` (autograd then checks the write) and compute a new tensor out of "
                 "place, or make the change under `with torch.no_grad():` where nothing saved it")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -130,16 +131,24 @@ def random_like(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
 def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
     """A copy of ``model`` whose parameters and buffers are fake (same names, flags)."""
     fake = copy_model(model)
+    swapped: dict[int, nn.Parameter] = {}
     for module in fake.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:
-                module._parameters[name] = nn.Parameter(mode.from_tensor(p.detach(), static_shapes=True),
-                                                        requires_grad=p.requires_grad)
+                module._parameters[name] = swapped[id(p)] = nn.Parameter(
+                    mode.from_tensor(p.detach(), static_shapes=True), requires_grad=p.requires_grad)
         for name, b in list(module._buffers.items()):
             if isinstance(b, Tensor):
                 module._buffers[name] = mode.from_tensor(b, static_shapes=True)
             elif b is not None:  # an object holding tensors (a SparseTensor): its copy's
                 _fake_attributes(b, mode, depth=3)
+    for module in fake.modules():  # an optimizer the model holds (stepped in its forward)
+        for value in vars(module).values():
+            if isinstance(value, torch.optim.Optimizer):
+                for group in value.param_groups:
+                    group["params"] = [swapped.get(id(p), p) for p in group["params"]]
+                value.state = defaultdict(dict, {swapped.get(id(p), p): v
+                                                 for p, v in value.state.items()})
     return fake
 
 
