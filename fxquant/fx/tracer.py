@@ -139,7 +139,7 @@ class GNNTracer(Tracer):
         finally:
             for c, call in saved:
                 if "__call__" not in vars(c):
-                    c.__call__ = call  # type: ignore[method-assign]
+                    c.__call__ = call
 
     def create_arg(self, a: Any) -> Any:
         if isinstance(a, np.generic):  # np.float64(2.0) in generated code: NameError np
@@ -170,7 +170,8 @@ class GNNTracer(Tracer):
 
 def _subclasses(cls: type) -> list[type]:
     """Every subclass of ``cls``, however deep."""
-    found = []
+    found: list[type] = []
+    sub: type
     for sub in cls.__subclasses__():
         found += [sub, *_subclasses(sub)]
     return found
