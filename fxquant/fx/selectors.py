@@ -7,6 +7,7 @@ by its FX node name (``"sigmoid"``, ``"relu_1"``).
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections.abc import Callable, Iterable
 
@@ -69,11 +70,7 @@ def _match_one(gm: GraphModule, nodes: list[Node], spec: LayerSpec, arg: str) ->
     if found or not isinstance(spec, (str, type)):
         return found
     if isinstance(spec, str):
-        known = sorted(dict.fromkeys(layer_name(n) for n in nodes))
-        raise FxquantValueError(
-            f"unknown layer {spec!r} in {arg}; layers in this model: {known}. Please use a "
-            "submodule name ('conv1'), a node name ('relu'), or a pattern ('conv*')."
-        )
+        raise unknown_layer(spec, arg, [layer_name(n) for n in nodes])
     classes = sorted(
         {type(gm.get_submodule(str(n.target))).__name__ for n in nodes if n.op == "call_module"}
     )
@@ -113,3 +110,17 @@ def select_layers(
     for s in specs:
         chosen.update(_match_one(gm, nodes, s, arg))
     return [n for n in nodes if n in chosen]
+
+
+def unknown_layer(selector: str, arg: str, layers: list[str]) -> FxquantValueError:
+    """The error for a layer name that names nothing: the closest names of the model's own
+    layers first, then all of them."""
+    known = sorted(dict.fromkeys(layers))
+    close = difflib.get_close_matches(selector, known, n=3)
+    guess = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    example = close[0] if close else known[0] if known else "conv1"
+    prefix = example.split(".")[0].rstrip("0123456789_") or example
+    return FxquantValueError(
+        f"unknown layer {selector!r} in {arg}.{guess} Layers in this model: {known}. Please "
+        f"use a submodule name ({example!r}), a node name, or a pattern ('{prefix}*')."
+    )

@@ -43,7 +43,7 @@ from torch_geometric.nn import MessagePassing
 
 from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind, warn_renamed
 from fxquant.formats import Format, IntFormat, Number, TopN, parse
-from fxquant.fx.selectors import layer_name, layer_names, matches
+from fxquant.fx.selectors import layer_name, layer_names, matches, unknown_layer
 from fxquant.modes import Grad, Rounding, Scale
 from fxquant.quant.nodes import as_index
 
@@ -1054,11 +1054,7 @@ def _no_match(gm: GraphModule, entry: _Entry, nodes: list[Node], arg: str) -> Ex
     if entry.level == _PATTERN and not isinstance(entry.selector, str):
         return FxquantValueError(f"the predicate {getattr(entry.selector, '__name__', entry.selector)} "
                           f"in {arg} selects no layer")
-    known = sorted(dict.fromkeys(layer_name(n) for n in nodes))
-    return FxquantValueError(
-        f"unknown layer {entry.selector!r} in {arg}; layers in this model: {known}. Please use a "
-        "submodule name ('conv1'), a node name ('relu'), or a pattern ('conv*')."
-    )
+    return unknown_layer(str(entry.selector), arg, [layer_name(n) for n in nodes])
 
 
 def __getattr__(name: str) -> Any:

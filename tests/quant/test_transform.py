@@ -640,3 +640,14 @@ def test_node_settings_at_a_site_the_layer_does_not_round_name_the_site():
     with pytest.raises(ValueError, match=r"output site of 'conv1', which rounds only its "
                                          r"message site\(s\); please pass site='message'"):
         fxquant.transform(GCN(), mapping)
+
+
+def test_an_unknown_layer_suggests_the_closest_of_the_models_own():
+    """The error names the model's own layers closest to the name given (GCN's are
+    'convs.0', 'convs.1'), not a fixed example."""
+    model = PygGCN(4, 8, num_layers=2, out_channels=2)
+    for call in (lambda: fxquant.transform(model, bits=8, layers="conv1", lint="off"),
+                 lambda: fxquant.transform(model, fxquant.QuantMapping().set_name(
+                     "conv1", fxquant.QuantConfig("int8", scale="tensor")), lint="off")):
+        with pytest.raises(fxquant.FxquantError, match=r"Did you mean 'convs\.1' or 'convs\.0'\?"):
+            call()
