@@ -80,8 +80,9 @@ class Scale(_Vocabulary):
 
     ``NONE`` casts without scaling; ``TENSOR`` uses one scale for the whole tensor, ``ROW``
     one per row (dim 0: one per node of a GNN activation, one per edge of a message
-    tensor). The ``-pow2`` variants round each scale down to a power of two, so that
-    scaling itself is exact. ``BLOCK32`` is the OCP Microscaling (MX) scheme: one shared
+    tensor). The ``-pow2`` variants make each scale a power of two (the step between
+    levels rounded up, so that the largest value still fits), so that scaling itself is
+    exact. ``BLOCK32`` is the OCP Microscaling (MX) scheme: one shared
     power-of-two (E8M0) scale per block of 32 consecutive values along the last dim.
     """
 

@@ -114,8 +114,8 @@ def as_number(value: object, arg: str = "number", max_bits: int = 64) -> Number:
 
 
 def describe(number: Number) -> str:
-    """``"top-16"`` for kept bits, the number's spec otherwise."""
-    return f"top-{number.bits}" if isinstance(number, TopN) else number.spec()
+    """The number as it is written (``"top16"``, ``"e4m3"``, ``"int8"``)."""
+    return number.spec()
 
 
 class Site(str, Enum):
@@ -531,7 +531,7 @@ grad_format=None, protect=None, node_bits=None, observe='batch')
         Traceback (most recent call last):
         ...
         fxquant.errors.FxquantValueError: momentum=0.9 keeps a running range for a scaled format, so it \
-needs a format with scale='tensor' (or 'tensor-pow2'); got top-16 with scale='none'.
+needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='none'.
     """
 
     format: Number

@@ -56,8 +56,8 @@ def summary(gm: nn.Module, *example_inputs: Any, tablefmt: str = "simple") -> st
         >>> print(summary(transform(GCN(4, 8, num_layers=2, out_channels=2), bits=12)))
         point          layer    site    format      bits  rounding     scale    grad    node override
         -------------  -------  ------  --------  ------  -----------  -------  ------  ---------------
-        convs_0_quant  convs.0  output  top-12        12  toward_zero  -        ste     -
-        convs_1_quant  convs.1  output  top-12        12  toward_zero  -        ste     -
+        convs_0_quant  convs.0  output  top12         12  toward_zero  -        ste     -
+        convs_1_quant  convs.1  output  top12         12  toward_zero  -        ste     -
     """
     if not isinstance(gm, GraphModule):
         raise FxquantTypeError(
@@ -71,7 +71,16 @@ def summary(gm: nn.Module, *example_inputs: Any, tablefmt: str = "simple") -> st
         c = point.config
         scale = c.scale_description()
         grad = c.grad.value + (f", grad {describe(c.grad_format)}" if c.grad_format else "")
-        bits = c.format.bits
+        bits: int | str = c.format.bits
+        rb = c.node_bits  # per-node widths: their range, not the format's width
+        if rb is not None:
+            table = point.row_bits if point.row_bits is not None else point.row_bits_table
+            if rb.learned or table is None or not table.numel() or table.is_meta:
+                bits = f"{rb.min_bits}..{rb.max_bits}/node"
+            else:  # the fixed widths the table holds, within the allowed range
+                lo, hi = (int(v) for v in table.detach().clamp(rb.min_bits, rb.max_bits)
+                          .round().aminmax())
+                bits = f"{lo}/node" if lo == hi else f"{lo}..{hi}/node"
         site = point.site.value + (f" {point.tensor}" if point.tensor else "")
         row = [name, point.layer, site, describe(c.format), bits, c.rounding.value, scale, grad,
                point.override_description()]

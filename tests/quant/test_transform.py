@@ -651,3 +651,16 @@ def test_an_unknown_layer_suggests_the_closest_of_the_models_own():
                      "conv1", fxquant.QuantConfig("int8", scale="tensor")), lint="off")):
         with pytest.raises(fxquant.FxquantError, match=r"Did you mean 'convs\.1' or 'convs\.0'\?"):
             call()
+
+
+def test_summary_shows_per_node_widths_and_formats_as_written():
+    """A point with per-node widths shows their range (the fixed table's, or the learned
+    ones' allowed range), not its format's 8 bits; formats read as they are written."""
+    model = PygGCN(4, 8, num_layers=2, out_channels=2)
+    fixed = fxquant.QuantConfig("int8", scale="tensor",
+                                node_bits=fxquant.NodeBits(torch.tensor([3.0, 3, 4, 5, 3])))
+    assert "3..5/node" in fxquant.summary(fxquant.transform(model, fixed, lint="off"))
+    learned = fxquant.QuantConfig("int8", scale="tensor", range="lsq",
+                                  node_bits=fxquant.NodeBits.learned_init(5, 4.0))
+    assert "2..8/node" in fxquant.summary(fxquant.transform(model, learned, lint="off"))
+    assert "top12 " in fxquant.summary(fxquant.transform(model, bits=12, lint="off"))
