@@ -40,6 +40,8 @@ import functools
 import inspect
 import math
 import operator
+import os
+import re
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
@@ -53,7 +55,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 
 from fxquant.errors import FxquantError, FxquantRuntimeError, FxquantTypeError, FxquantValueError
-from fxquant.fx.locations import Location, stack_trace_location, traceback_location
+from fxquant.fx.locations import Location, is_internal, stack_trace_location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.fx.tracer import LeafSpec, refuse_compiled, trace
 from fxquant.linter.checking import both_runs
@@ -499,7 +501,9 @@ class _Rewriter:
             after += f"; written back into `{root.name}` at the positions the view covers"
         if root.op == "placeholder":
             after += f" (the caller's `{root.target}` is no longer modified)"
-        self.rewrites.append(Rewrite(_where(node), before, after))
+        if root.op == "placeholder" or not _by_library(node):  # (a library's write into a
+            # tensor it made, as PyG's degree() fills its count: rewritten, nothing to say)
+            self.rewrites.append(Rewrite(_where(node), before, after))
         if root not in self.root:  # written, but never tracked (a placeholder: track now)
             self.root[root], self.index[root], self.members[root] = root, None, [root]
         anchor = new
@@ -583,6 +587,18 @@ def _read_after(node: Node, position: int, order: dict[Node, int]) -> bool:
 
 def _where(node: Node) -> Location | None:
     return stack_trace_location(node.meta.get("stack_trace"))
+
+
+#: the tracing machinery's own frames, at the end of every recorded stack
+_TRACING_FILES = (os.path.dirname(torch.fx.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+
+def _by_library(node: Node) -> bool:
+    """Whether the innermost frame that made ``node`` is library code (torch's, PyG's),
+    below the tracing machinery's frames."""
+    files = [f for f in re.findall(r'File "([^"]+)"', node.meta.get("stack_trace") or "")
+             if not f.startswith(_TRACING_FILES)]
+    return bool(files) and is_internal(files[-1])
 
 
 def _describe(gm: GraphModule, w: _Write) -> tuple[str, str]:

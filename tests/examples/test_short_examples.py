@@ -35,6 +35,9 @@ def test_fix_inplace_names_the_line_and_fixes_it(capsys):
     out = capsys.readouterr().out
     assert "culprit: examples/fix_inplace.py:" in out and "saved by sigmoid" in out
     assert "trained 2 steps on the fixed model" in out
+    # the one rewrite the user's code needs; PyG's degree() filling its count is not listed
+    assert [line for line in out.splitlines() if line.startswith("rewrote")] == [
+        "rewrote `x[index] = v` (in place) -> `x[index] = v` on a copy of x"]
 
 
 def test_per_node_bits_counts_and_learns(capsys):
