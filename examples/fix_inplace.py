@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     except RuntimeError as e:
         print("plain backward:", str(e).splitlines()[0][:100], "...")
 
-    report = fxquant.lint(model, x, edge_index)  # runs one forward and backward, recorded
+    report = fxquant.lint(model, x, edge_index)  # runs one forward, recorded
     print(report)
     error = report.errors[0]
     print(f"\nculprit: {error.where} (the write), saved by {error.related}\n")

@@ -1,5 +1,5 @@
-# ruff: noqa: RUF005  (written the way the seed report writes it)
-"""The seed report's model: float -> bit-planes -> float code, as users write it (do not copy).
+# ruff: noqa: RUF005  (written the way the user's code writes it)
+"""A user's model: float -> bit-planes -> float code, as users write it (do not copy).
 
 Lint it from the shell: ``python -m fxquant lint examples/seed_model.py:seed``.
 
@@ -38,7 +38,7 @@ def remainder2bit(remainder, num_bits=127):
 
 
 def float2bit(f, num_e_bits=8, num_m_bits=23, bias=127.0, dtype=torch.float32):
-    """float -> [..., 1 + num_e_bits + num_m_bits] bit-planes (the seed's code)."""
+    """float -> [..., 1 + num_e_bits + num_m_bits] bit-planes (the user's code)."""
     s = torch.sign(f)
     f = f * s
     s = (s * (-1) + 1.0) * 0.5
@@ -57,7 +57,7 @@ def float2bit(f, num_e_bits=8, num_m_bits=23, bias=127.0, dtype=torch.float32):
 
 
 def bit2float(b, num_e_bits=8, num_m_bits=23, bias=127.0):
-    """bit-planes -> float (the seed's code: `out *=` twice into a view of pow's output)."""
+    """bit-planes -> float (the user's code: `out *=` twice into a view of pow's output)."""
     dtype = torch.float32
     s = torch.index_select(b, -1, torch.arange(0, 1))
     e = torch.index_select(b, -1, torch.arange(1, 1 + num_e_bits))
@@ -73,14 +73,14 @@ def bit2float(b, num_e_bits=8, num_m_bits=23, bias=127.0):
 
 
 def bitplane_roundtrip(x):
-    """What the seed does between layers: float -> bit-planes -> float."""
+    """What the model does between layers: float -> bit-planes -> float."""
     return bit2float(float2bit(x))
 
 
 class SeedGCN(torch.nn.Module):
-    """The seed's 2-layer GCN: bit-plane round trips after each layer, super-node masking.
+    """The user's 2-layer GCN: bit-plane round trips after each layer, super-node masking.
 
-    Super nodes keep 12 bits (the seed keeps 2, which collapses values to ~2**-127 and makes
+    Super nodes keep 12 bits (the user's code keeps 2, which collapses values to ~2**-127 and makes
     the next ``float2bit`` index out of range).
     """
 

@@ -119,7 +119,8 @@ def describe(number: Number) -> str:
 
 
 class Site(str, Enum):
-    """Where on a layer values are rounded. Adding a site adds a value here, nothing else.
+    """Where on a layer values are rounded (adding a site adds a value here and its
+    insertion: the documentation's "Extending fxquant" page says where).
 
     ``OUTPUT``: what the layer returns; ``INPUT``: its first argument (node features; both
     parts of a ``(source, target)`` pair; non-float arguments pass through; where a dropout
@@ -364,7 +365,7 @@ class NodeBits:
       ``scale="row"``) the step of row ``r`` is ``range / qmax_r``: bits set each row's
       resolution over the same range.
     - With ``range="lsq"`` one learned step ``s`` is shared and row ``r`` covers
-      ``s * qmax_r``: bits set each row's range. Learned bit-widths (:meth:`learned`) need
+      ``s * qmax_r``: bits set each row's range. Learned bit-widths (:meth:`learned_init`) need
       this form: the gradient reaches a row's bits where its values are clipped (A2Q, Zhu et
       al., ICLR 2023, "Aggregation-Aware Quantization for Graph Neural Networks", learns a
       bit-width and a step per node the same way; here the step is shared, so the storage
