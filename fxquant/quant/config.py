@@ -410,6 +410,9 @@ class NodeBits:
                 and 1 <= self.min_bits <= self.max_bits <= 16):
             raise FxquantValueError(f"NodeBits: need 1 <= min_bits <= max_bits <= 16, got "
                              f"{self.min_bits}..{self.max_bits}")
+        if not bits.numel():
+            raise FxquantValueError("NodeBits: the table holds no node; please give one "
+                                    "bit-width per node of the graph (num_nodes >= 1)")
         bits = bits.detach().to(torch.float32).cpu().clone()
         if bits.numel() and not bool(torch.isfinite(bits).all()):
             node = int((~torch.isfinite(bits)).nonzero()[0, 0])
@@ -441,6 +444,9 @@ class NodeBits:
         ``bits[0]``; e.g. ``quantiles=[0.9], bits=[2, 4]``: the top 10% by in-degree get 4
         bits. No table needs storing: the bits follow from the graph."""
         _check_count(num_nodes, "NodeBits.by_degree: num_nodes")
+        if not num_nodes:
+            raise FxquantValueError("NodeBits.by_degree: num_nodes must be >= 1 (the graph's "
+                                    "nodes, each of which gets a bit-width), got 0")
         if not (isinstance(edge_index, Tensor) and edge_index.dim() == 2
                 and edge_index.shape[0] == 2):
             raise FxquantValueError("NodeBits.by_degree: edge_index must be a [2, num_edges] "

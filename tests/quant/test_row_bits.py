@@ -311,6 +311,10 @@ def test_configuration_errors_name_the_fix():
         NodeBits(torch.tensor([2, 9]))
     with pytest.raises(ValueError, match="whole numbers"):
         NodeBits(torch.tensor([2.5, 3.0]))
+    with pytest.raises(ValueError, match="holds no node"):  # (a raw IndexError at forward)
+        NodeBits.learned_init(0)
+    with pytest.raises(ValueError, match="num_nodes must be >= 1"):  # (quantile() of nothing)
+        NodeBits.by_degree(torch.empty(2, 0, dtype=torch.long), 0, quantiles=[0.9], bits=[2, 4])
     config = QuantConfig("int8", scale="tensor", node_bits=NodeBits(torch.tensor([2, 4])))
     with pytest.raises(ValueError, match="weights belong to no node"):
         fxquant.transform(TwoLayers(), QuantMapping().set_name("conv1", config, site="weight"))
