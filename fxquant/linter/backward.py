@@ -35,11 +35,14 @@ __all__ = ["GradientGuard", "GradientWrite", "custom_functions", "gradient_hint"
 
 @dataclass(frozen=True)
 class GradientWrite:
-    """A line of a custom backward that writes in place into an incoming gradient."""
+    """A line of a custom backward (or a tensor hook) that writes in place into an incoming
+    gradient."""
 
     function: str  # the Function's class name
     where: Location
     code: str
+    #: a tensor hook (``Tensor.register_hook`` at ``where``), not a custom backward
+    hook: bool = False
 
 
 @functools.lru_cache(maxsize=128)

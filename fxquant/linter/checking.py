@@ -259,8 +259,8 @@ def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any
             return ProtectedRun(None, rec, outputs=out, error=e,
                                 gradient_writes=guard.written, unseen=unseen)
         return ProtectedRun(_grads(model), rec, outputs=out, input_grads=[t.grad for t in leaves],
-                            confirmed=rec.confirm_hidden(), gradient_writes=guard.written,
-                            unseen=unseen)
+                            confirmed=rec.confirm_hidden(),
+                            gradient_writes=[*guard.written, *rec.hook_writes], unseen=unseen)
 
 
 def _input_grads_of(run: ProtectedRun) -> Grads:
@@ -295,7 +295,9 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
     if silent:
         for entry, (code, where, node, _) in silent:
             saver = f"`{entry.op}`" + (f" at {entry.where}" if entry.where else "")
-            how = (f"which `{entry.op}` keeps as `{entry.kept_as}` instead of through "
+            how = ("which went through your saved-tensor hooks as it was, so autograd "
+                   "does not check it" if entry.kept_as == "saved_tensors_hooks" else
+                   f"which `{entry.op}` keeps as `{entry.kept_as}` instead of through "
                    "save_for_backward, so autograd does not check it" if entry.kept_as else
                    "through `.data`" if ".data" in code else
                    "through an alias autograd does not track")
@@ -303,6 +305,8 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
                 "FXQ012", node, where,
                 f"backward runs but gives wrong gradients for {names}: the value saved by "
                 f"{saver} was changed at this line by `{code}`, {how}.",
+                "write out of place (`y = y + 1`), or have the pack hook keep a copy"
+                if entry.kept_as == "saved_tensors_hooks" else
                 "save it with ctx.save_for_backward (autograd then refuses the write), or "
                 "write into a copy (`y = y * 3`)" if entry.kept_as else
                 "compute a new tensor instead of writing into the saved one (`w = f(w)`), "
@@ -368,20 +372,24 @@ def _report_gradient_writes(run: ProtectedRun, report: LintReport, harmful: bool
     """A custom backward changed its incoming gradient: FXQ012 when the real gradients
     are wrong (or the real backward failed), else FXQ015 (harmless here, a hazard)."""
     for write in run.gradient_writes:
+        what = (f"the tensor hook registered by `{write.code}`" if write.hook else
+                f"`{write.code}` in the backward of `{write.function}`")
+        hint = gradient_hint(write.code) if not write.hook else (
+            "return a new tensor from the hook instead of changing its argument (`lambda g: "
+            "g * 0.1` for `lambda g: g.mul_(0.1)`): the hook's result replaces the gradient "
+            "on its branch only")
         if harmful:
             report.add(Finding(
                 "FXQ012", write.function, write.where,
-                f"`{write.code}` in the backward of `{write.function}` writes in place into "
-                "the gradient it receives; autograd handed that tensor to other branches too, "
-                "so their gradients change: backward runs but the gradients are wrong.",
-                gradient_hint(write.code)))
+                f"{what[:1].upper()}{what[1:]} writes in place into the gradient it receives; "
+                "autograd handed that tensor to other branches too, so their gradients "
+                "change: backward runs but the gradients are wrong.", hint))
         else:
             report.add(Finding(
                 "FXQ015", write.function, write.where,
-                f"`{write.code}` in the backward of `{write.function}` writes in place into "
-                "the gradient it receives; here no other branch shares that tensor, so the "
-                "gradients are right, but a model that reuses the output would get wrong ones.",
-                gradient_hint(write.code)))
+                f"{what[:1].upper()}{what[1:]} writes in place into the gradient it receives; "
+                "here no other branch shares that tensor, so the gradients are right, but a "
+                "model that reuses the output would get wrong ones.", hint))
 
 
 def _locate_unseen(model: nn.Module, inputs: tuple[Any, ...], rng: Tensor,

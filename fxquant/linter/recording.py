@@ -61,7 +61,12 @@ from fxquant.fx.locations import (
     stack_trace_location,
     traceback_location,
 )
-from fxquant.linter.backward import custom_functions, gradient_hint, gradient_writes
+from fxquant.linter.backward import (
+    GradientWrite,
+    custom_functions,
+    gradient_hint,
+    gradient_writes,
+)
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace, strip_comment
 from fxquant.linter.sites import ModuleSite, container_site
@@ -180,6 +185,15 @@ class Checkpoint:
     input_requires_grad: bool
     #: its tensor inputs that require grad (backward re-runs it on leaf copies of them)
     inputs: list[Tensor] = field(default_factory=list, repr=False)
+
+
+class _UserPacked:
+    """What the user's pack hook returned for a tensor it passes through, with its entry."""
+
+    __slots__ = ("__weakref__", "entry", "value")
+
+    def __init__(self, entry: SavedTensor, value: Any) -> None:
+        self.entry, self.value = entry, value
 
 
 class _Packed:
@@ -325,6 +339,8 @@ class Recorder:
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         #: every call that wrote in place, in order
         self.inplace_calls: list[InplaceCall] = []
+        #: tensor hooks that wrote into the gradient they were handed (check)
+        self.hook_writes: list[GradientWrite] = []
         #: the tensors the ATen ops of the current call wrote, with their version before
         self.write_versions: list[tuple[Tensor, int]] = []
         #: lines where torch calls ran with autograd off, and with it on
@@ -613,8 +629,50 @@ class Recorder:
                 with torch.enable_grad():
                     setattr(node, key, value.clone() if value.requires_grad else entry.copy)
 
+    def user_hooks(self, pack: Callable[[Tensor], Any],
+                   unpack: Callable[[Any], Tensor]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The user's saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``,
+        pushed above fxquant's in forward), watched: autograd checks no version of what
+        goes through them, so a value the pack hook passes through as it is (the same
+        memory) and a later in-place write changes what backward computes with, silently.
+        Such a value gets an entry like a custom Function's ``ctx`` attribute; check's
+        protected run hands backward its value when saved."""
+
+        def packed(t: Tensor) -> Any:
+            value = pack(t)
+            if not any(isinstance(v, Tensor) and _same_storage(v, t) for v in tree_leaves(value)):
+                return value  # a copy (offloaded, compressed): later writes do not reach it
+            entry = SavedTensor(t.detach(), t._version, t._version, self.last_op, self.where(),
+                                kept_as="saved_tensors_hooks", origin=weakref.ref(t))
+            if self.copy_saved:
+                entry.copy = t.detach().clone()
+            self.saved.append(entry)
+            holder = _UserPacked(entry, value)
+            entry.held = weakref.ref(holder)
+            return holder
+
+        def unpacked(holder: Any) -> Tensor:
+            if not isinstance(holder, _UserPacked):
+                return unpack(holder)
+            entry, value = holder.entry, unpack(holder.value)
+            if entry.copy is not None and entry.tensor._version != entry.pack_version:
+                return entry.copy  # (check: the value the forward's ops computed with)
+            return value
+
+        return packed, unpacked
+
     def _report_kept(self, entry: SavedTensor, code: str, where: Location | None,
                      node: str) -> None:
+        if entry.kept_as == "saved_tensors_hooks":
+            self.add("FXQ014", where, node,
+                     f"`{code}` writes in place into a tensor that `{entry.op}` saved through "
+                     "your saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks), whose "
+                     "pack hook keeps it as it is: autograd checks no version through hooks, so "
+                     "backward computes with the changed value (fxquant.check runs backward and "
+                     "tells whether the gradients change).",
+                     "write out of place (`y = y + 1`), or have the pack hook keep a copy "
+                     "(`x.clone()`)", related=entry.op, related_location=entry.where)
+            return
         self.add("FXQ014", where, node,
                  f"`{code}` writes in place into a tensor that the custom Function "
                  f"`{entry.op}` keeps as `{entry.kept_as}` (not through save_for_backward, so "
@@ -692,6 +750,30 @@ class Recorder:
                      f"`{code}` overwrites elements of a tensor that requires grad; legal, but "
                      "those elements pass no gradient to what computed them.",
                      "if they should train, build the result with torch.where(mask, value, x)")
+
+    def guarded_hook(self, hook: Callable[[Tensor], Any]) -> Callable[[Tensor], Any]:
+        """``hook`` (registered with ``Tensor.register_hook`` at the current line) handed a
+        copy of its gradient: autograd may hand one gradient tensor to several branches
+        (both operands of ``a + b``), and a hook that changes it in place changes theirs
+        too. The copy gives the gradients the hook means (its change on its own branch);
+        a write is listed in :attr:`hook_writes`, which check reports."""
+        where = self.where()
+
+        def guarded(grad: Tensor) -> Any:
+            if not isinstance(grad, Tensor):
+                return hook(grad)
+            fresh = grad.clone()
+            version = fresh._version
+            out = hook(fresh)
+            if fresh._version == version:
+                return out
+            if where is not None:
+                write = GradientWrite("tensor hook", where, strip_comment(where.code), hook=True)
+                if write not in self.hook_writes:
+                    self.hook_writes.append(write)
+            return out if out is not None else fresh
+
+        return guarded
 
     def on_detach_(self, t: Tensor) -> None:
         """``t.detach_()``: it bumps no version, but backward refuses a saved tensor that
@@ -837,6 +919,9 @@ class _FunctionMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if _call_name(func) == "detach_" and args and isinstance(args[0], Tensor):
             rec.on_detach_(args[0])
+        if rec.copy_saved and _call_name(func) == "register_hook" and len(args) == 2 \
+                and callable(args[1]):  # check: a tensor hook gets a gradient of its own
+            args = (args[0], rec.guarded_hook(args[1]))
         rec.writes = []
         rec.write_versions = []
         first_saved = len(rec.saved)
@@ -1064,9 +1149,10 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
             torch._C._autograd._push_saved_tensors_default_hooks(rec.pack, rec.unpack)
         try:
             with contextlib.ExitStack() as stack:
-                if tools.hooks:  # (both record saved values: part of the hooks' work)
+                if tools.hooks:  # (these record saved values: part of the hooks' work)
                     stack.enter_context(_checkpoints_run_directly(rec))
                     stack.enter_context(_custom_functions_watched(rec))
+                    stack.enter_context(_user_saved_tensor_hooks_watched(rec))
                 if tools.functions:
                     function_mode.__enter__()
                     stack.callback(_pop_function_mode, function_mode)
@@ -1120,6 +1206,27 @@ def _checkpoints_run_directly(rec: Recorder) -> Iterator[None]:
                 delattr(owner, "apply")
             else:
                 owner.apply = before  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _user_saved_tensor_hooks_watched(rec: Recorder) -> Iterator[None]:
+    """Saved-tensor hooks the forward pushes (``saved_tensors_hooks``) are pushed watched
+    (:meth:`Recorder.user_hooks`) while recording; restored by identity."""
+    owner = torch._C._autograd
+    before = owner._push_saved_tensors_default_hooks
+    thread = threading.get_ident()  # (another thread's hooks are not the forward's)
+
+    def push(pack: Callable[[Tensor], Any], unpack: Callable[[Any], Tensor]) -> None:
+        if threading.get_ident() == thread:
+            pack, unpack = rec.user_hooks(pack, unpack)
+        before(pack, unpack)
+
+    owner._push_saved_tensors_default_hooks = push  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if owner._push_saved_tensors_default_hooks is push:
+            owner._push_saved_tensors_default_hooks = before
 
 
 @contextlib.contextmanager
