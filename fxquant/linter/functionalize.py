@@ -501,7 +501,7 @@ class _Rewriter:
             after += f"; written back into `{root.name}` at the positions the view covers"
         if root.op == "placeholder":
             after += f" (the caller's `{root.target}` is no longer modified)"
-        if root.op == "placeholder" or not _by_library(node):  # (a library's write into a
+        if not (_by_library(node) and _by_library(root)):  # (a library's write into a
             # tensor it made, as PyG's degree() fills its count: rewritten, nothing to say)
             self.rewrites.append(Rewrite(_where(node), before, after))
         if root not in self.root:  # written, but never tracked (a placeholder: track now)
@@ -595,7 +595,9 @@ _TRACING_FILES = (os.path.dirname(torch.fx.__file__), os.path.dirname(os.path.di
 
 def _by_library(node: Node) -> bool:
     """Whether the innermost frame that made ``node`` is library code (torch's, PyG's),
-    below the tracing machinery's frames."""
+    below the tracing machinery's frames (never for inputs and module state)."""
+    if node.op in ("placeholder", "get_attr"):
+        return False
     files = [f for f in re.findall(r'File "([^"]+)"', node.meta.get("stack_trace") or "")
              if not f.startswith(_TRACING_FILES)]
     return bool(files) and is_internal(files[-1])

@@ -339,6 +339,9 @@ class Recorder:
         self.names: dict[int, str] = {}  # id(parameter) -> its name
         #: every call that wrote in place, in order
         self.inplace_calls: list[InplaceCall] = []
+        #: how many calls the function mode is running (0: an ATen op without one is
+        #: TorchScript's, whose writes are attributed right away)
+        self.calls_open = 0
         #: tensor hooks that wrote into the gradient they were handed (check)
         self.hook_writes: list[GradientWrite] = []
         #: the tensors the ATen ops of the current call wrote, with their version before
@@ -699,10 +702,12 @@ class Recorder:
                 self._report_saved(entry, code, where, node, op)
 
     def after_call(self, func_name: str, where: Location | None, grad_enabled: bool = True,
-                   by_library: bool = False, requested: bool = False) -> None:
+                   by_library: bool = False, requested: bool = False,
+                   bump_pending: bool = False) -> None:
         """Attribute the writes of one Python-level call: saved tensors, overwrites, and
         writes autograd does not see (``grad_enabled``: the grad mode of the call;
-        ``by_library``: torch itself made the call)."""
+        ``by_library``: torch itself made the call; ``bump_pending``: called from within
+        the ATen op, before autograd bumps the written tensors' versions)."""
         writes, self.writes = self.writes, []
         code = strip_comment(where.code) if where else func_name
         node = self.node_name(func_name)
@@ -730,6 +735,8 @@ class Recorder:
                 self.hide(owners, code, where, node, how, changed, alias=t)
         for entry in self.saved:
             version = entry.tensor._version
+            if bump_pending and any(_same_storage(t, entry.tensor) for t in written):
+                version += 1  # (what it will be once the op returns)
             if version != entry.seen_version:
                 entry.seen_version = version
                 if not entry.in_graph:
@@ -931,6 +938,7 @@ class _FunctionMode(TorchFunctionMode):
             if line is not None:
                 (rec.lines_with_grad if grad_enabled else rec.lines_without_grad).add(line)
         reachable = {_storage_ptr(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        rec.calls_open += 1
         try:
             out = func(*args, **kwargs)
         except RuntimeError as e:
@@ -942,6 +950,8 @@ class _FunctionMode(TorchFunctionMode):
                                   view=any(m in str(e) for m in _VIEW_ERRORS))
             else:
                 raise
+        finally:
+            rec.calls_open -= 1
         # Under a dispatch mode torch's foreach ops (`torch._foreach_mul_`, the optimizers'
         # multi-tensor step) write without bumping the version counters: backward would not
         # notice a saved value changed, which it does without fxquant's tools
@@ -1075,7 +1085,18 @@ class _DispatchMode(TorchDispatchMode):
                 else old != t
             prior = rec.changes.get(key)
             rec.changes[key] = changed if prior is None else prior | changed
-        rec.on_aten(func, args, kwargs, out, written)
+        if rec.calls_open or torch._C._current_autograd_node() is not None:
+            rec.on_aten(func, args, kwargs, out, written)  # (or autograd's backward ops)
+            return out
+        # No Python call is open: TorchScript code (a scripted function or module) runs.
+        # The function mode is not paused as within its own calls: fxquant's bookkeeping
+        # runs without it, and a write is attributed right away to the line that called
+        # the scripted code.
+        with torch._C.DisableTorchFunction():
+            rec.on_aten(func, args, kwargs, out, written)
+            if rec.writes:
+                rec.after_call(func.overloadpacket.__name__, rec.where(),
+                               torch.is_grad_enabled(), bump_pending=True)
         return out
 
 
