@@ -175,7 +175,15 @@ class Format:
 
 @dataclass(frozen=True)
 class TopN:
-    """Top-N truncation of the input's own bit pattern (what :func:`fxquant.truncate` does)."""
+    """Top-N truncation of the input's own bit pattern (what :func:`fxquant.truncate` does).
+
+    Example:
+        >>> import torch, fxquant
+        >>> fxquant.TopN(12).spec(), fxquant.QuantConfig(12).format == fxquant.TopN(12)
+        ('top12', True)
+        >>> fxquant.truncate(torch.tensor([3.14159]), fxquant.TopN(12).bits).tolist()
+        [3.0]
+    """
 
     bits: int
 

@@ -552,8 +552,13 @@ def _trace_error(model: nn.Module, exc: BaseException) -> TraceError:
     failed_in = getattr(exc, "fxquant_failed_in", None)
     if isinstance(exc, _StateAssigned):
         return TraceError(f"could not trace {type(model).__name__}.forward: {exc}")
-    library = _library_function(exc)
-    if library is not None and not failed_in:
+    library = _library_function(exc) if isinstance(exc, torch.fx.proxy.TraceError) else None
+    if isinstance(model, MessagePassing):
+        hint = (
+            f"fxquant traces a model that calls its layers, and keeps each PyG layer whole: "
+            f"please pass a module whose forward calls this {type(model).__name__}."
+        )
+    elif library is not None and not failed_in:
         hint = (
             f"The line calls {library}, which reads a tensor's value (the number of graphs "
             "or nodes, say), and symbolic tracing cannot. Call it by a global name, as in "

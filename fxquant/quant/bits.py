@@ -71,7 +71,19 @@ class SiteBits:
 
 @dataclass
 class BitReport:
-    """Bits per site and overall; ``str()`` is a table."""
+    """Bits per site and overall; ``str()`` is a table.
+
+    Example:
+        >>> import torch, fxquant
+        >>> from torch_geometric.nn.models import GCN
+        >>> gm = fxquant.transform(GCN(4, 8, num_layers=2, out_channels=2), format="int4",
+        ...                        scale="tensor")
+        >>> report = fxquant.bit_report(gm, torch.randn(10, 4), torch.tensor([[0, 1], [1, 2]]))
+        >>> [(s.name, s.values) for s in report.sites]      # 4 bits a value, a 32-bit scale
+        [('convs_0_quant', 80), ('convs_1_quant', 20)]
+        >>> round(report.avg_bits, 2)
+        4.64
+    """
 
     sites: list[SiteBits]
 

@@ -134,6 +134,17 @@ class Site(str, Enum):
     ``EDGE``: the floating per-edge arguments the layer hands ``message()`` (those
     without an ``_i``/``_j`` suffix, one row per edge: GCN's normalisation coefficients
     ``edge_weight``, GAT's attention coefficients ``alpha``, an ``edge_attr``).
+
+    Example:
+        >>> import fxquant
+        >>> fxquant.Site.parse("message"), fxquant.Site("aggregate").value
+        (<Site.MESSAGE: 'message'>, 'aggregate')
+        >>> from torch_geometric.nn.models import GCN
+        >>> mapping = fxquant.QuantMapping().set_global(
+        ...     fxquant.QuantConfig("int8", scale="tensor"), site=fxquant.Site.MESSAGE)
+        >>> gm = fxquant.transform(GCN(4, 8, num_layers=1, out_channels=2), mapping)
+        >>> [p.site.value for _, p in fxquant.quantization_points(gm)]
+        ['message']
     """
 
     OUTPUT = "output"
@@ -768,6 +779,17 @@ class NodeOverride:
             dtype) or a bool mask over the nodes. Rows of a node-level tensor are nodes, so
             at the ``output`` site row ``i`` is node ``i``.
         format (int, str, Format, TopN): what those rows are rounded to instead.
+
+    Example:
+        >>> import fxquant
+        >>> hubs = fxquant.NodeOverride(torch.tensor([0, 3]), "int8")  # (set_nodes makes one)
+        >>> hubs.format, hubs.nodes.tolist()
+        (IntFormat(bits=8, signed=True, asymmetric=False, midrise=False), [0, 3])
+        >>> mapping = fxquant.QuantMapping().set_name(
+        ...     "0", fxquant.QuantConfig("int4", scale="tensor")).set_nodes("0", [0, 3], "int8")
+        >>> gm = fxquant.transform(torch.nn.Sequential(torch.nn.Linear(4, 4)), mapping)
+        >>> gm.get_submodule("_0_quant").override_description()
+        '2 nodes -> int8'
     """
 
     nodes: Tensor
@@ -875,6 +897,18 @@ class QuantMapping:
     covers every PyG ``MessagePassing`` layer (the layers fxquant quantizes when nothing
     else is named); other layers are picked by type, pattern or name. Each ``set_*`` takes
     a ``site`` (default ``"output"``) and returns the mapping, so calls chain.
+
+    Example:
+        >>> import fxquant
+        >>> from torch_geometric.nn.models import GCN
+        >>> int8 = fxquant.QuantConfig("int8", scale="tensor")
+        >>> mapping = (fxquant.QuantMapping()
+        ...            .set_global(int8)                                    # every conv's output
+        ...            .set_global(fxquant.QuantConfig("e4m3", scale="tensor"), site="message")
+        ...            .set_name("convs.1", None))                          # but not the last conv
+        >>> gm = fxquant.transform(GCN(4, 8, num_layers=2, out_channels=2), mapping)
+        >>> [name for name, _ in fxquant.quantization_points(gm)]
+        ['convs_0_message_quant', 'convs_0_quant', 'convs_1_message_quant']
     """
 
     def __init__(self) -> None:

@@ -24,7 +24,15 @@ _SITE_ORDER = [Site.INPUT, Site.WEIGHT, Site.LINEAR, Site.EDGE, Site.MESSAGE,
 
 def quantization_points(model: nn.Module) -> list[tuple[str, QuantPoint]]:
     """``(module name, point)`` for every point in ``model``, in the order the graph calls
-    them (also on a model reloaded with ``torch.load``, which keeps the modules)."""
+    them (also on a model reloaded with ``torch.load``, which keeps the modules).
+
+    Example:
+        >>> import fxquant
+        >>> from torch_geometric.nn.models import GCN
+        >>> gm = fxquant.transform(GCN(4, 8, num_layers=2, out_channels=2), bits=8)
+        >>> [(name, point.layer, point.site.value) for name, point in quantization_points(gm)]
+        [('convs_0_quant', 'convs.0', 'output'), ('convs_1_quant', 'convs.1', 'output')]
+    """
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"expected a model returned by fxquant.transform, got {type(model).__name__}")
     points = {name: m for name, m in model.named_modules() if isinstance(m, QuantPoint)}

@@ -140,6 +140,19 @@ def load(path: str | os.PathLike[str], model: nn.Module,
             weights are replaced by the saved ones).
         leaf_modules (iterable, optional): the ``leaf_modules`` classes of the original
             transform, when the saved names cannot be found among ``model``'s submodules.
+
+    Example:
+        >>> import os, tempfile, torch, fxquant
+        >>> from torch_geometric.nn.models import GCN
+        >>> gm = fxquant.transform(GCN(4, 8, num_layers=2, out_channels=2), format="int8",
+        ...                        scale="tensor", momentum=0.9)
+        >>> path = os.path.join(tempfile.mkdtemp(), "gm.pt")
+        >>> fxquant.save(gm, path)
+        >>> again = fxquant.load(path, GCN(4, 8, num_layers=2, out_channels=2))  # any weights
+        >>> [name for name, _ in fxquant.quantization_points(again)]
+        ['convs_0_quant', 'convs_1_quant']
+        >>> torch.equal(again.get_parameter("convs.0.lin.weight"), gm.get_parameter("convs.0.lin.weight"))
+        True
     """
     if isinstance(path, (str, os.PathLike)) and not os.path.isfile(path):
         raise FxquantFileNotFoundError(f"fxquant.load: no file {os.fspath(path)!r}"

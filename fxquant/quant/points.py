@@ -858,16 +858,16 @@ def refit_steps(model: nn.Module, *, widen: bool = False) -> int:
         ...                        fxquant.QuantMapping().set_name("0", config))
         >>> _ = gm(torch.randn(8, 4))               # the first training batch fits the step
         >>> point = gm.get_submodule("_0_quant")
-        >>> before = float(point.step)
+        >>> before = float(point.step.detach())
         >>> fxquant.refit_steps(gm)
         1
         >>> _ = gm(100 * torch.randn(8, 4))         # fitted again: 100x larger values
-        >>> float(point.step) > 10 * before
+        >>> float(point.step.detach()) > 10 * before
         True
         >>> fxquant.refit_steps(gm, widen=True)
         1
         >>> _ = gm(torch.randn(8, 4))               # smaller values: the step stays
-        >>> float(point.step) > 10 * before
+        >>> float(point.step.detach()) > 10 * before
         True
     """
     if not isinstance(widen, bool):

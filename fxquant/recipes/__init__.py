@@ -76,7 +76,14 @@ RECOMMENDED: tuple[str, dict[str, Any]] = (
 
 def available() -> list[str]:
     """The names :func:`get` knows (``"recommended"`` is the chosen per-node bit-width
-    recipe, :data:`RECOMMENDED`)."""
+    recipe, :data:`RECOMMENDED`).
+
+    Example:
+        >>> "recommended" in available() and "degree-quant" in available()
+        True
+        >>> get("recommended").float_epochs == RECOMMENDED[1]["float_epochs"]
+        True
+    """
     return sorted([*_RECIPES, "recommended"])
 
 

@@ -217,6 +217,19 @@ class HubMessages(_BitsRecipe):
             at a time until they fit, with a warning naming the quantile used; a warning
             also says when even every node a hub does not fit. Counting runs one forward
             of a copy on ``data.x, data.edge_index``. (default: True)
+
+    Example:
+        >>> import torch, fxquant
+        >>> from torch_geometric.data import Data
+        >>> from torch_geometric.nn.models import GCN
+        >>> edge_index = torch.tensor([[1, 2, 3, 4, 5, 0], [0, 0, 0, 0, 0, 1]])  # node 0: a hub
+        >>> graph = Data(x=torch.rand(6, 4), edge_index=edge_index)
+        >>> run = fxquant.recipes.HubMessages(target_bits=3.0, anneal_every=0, fit_budget=False,
+        ...                                   input_format=None).prepare(
+        ...     GCN(4, 8, num_layers=2, out_channels=2), graph)
+        >>> widths = run.model.get_submodule("convs_0_message_quant").config.node_bits.bits
+        >>> float(widths[0]), float(widths.max())     # messages into the hub: one bit fewer
+        (2.0, 3.0)
     """
 
     name: ClassVar[str] = "hub-messages"

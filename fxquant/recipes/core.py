@@ -29,7 +29,8 @@ SELECTIONS = ("best-val", "budget")
 
 @dataclass(frozen=True)
 class Choice:
-    """The epoch a training run reports.
+    """The epoch a training run reports (:attr:`QuantTraining.best`; its example shows
+    one).
 
     Attributes:
         epoch (int): its index (counted by :meth:`QuantTraining.observe`).
@@ -102,9 +103,9 @@ class QuantTraining:
             projection instead of a penalty: the widths leave the model's optimizer and are
             moved by an Adam of their own at ``bits_lr`` bits per step (so their step size
             does not depend on the model's learning rate); after each move, every width is
-            clamped to its allowed range and, where the counted average (as
-            :func:`fxquant.bit_report` counts it) all widths are shifted by one common
-            amount, up or down, to the largest count within the budget. The
+            clamped to its allowed range and all widths are shifted by one common amount,
+            up or down, to the largest count (as :func:`fxquant.bit_report` counts it)
+            within the budget. The
             budget starts ``anneal_bits`` above ``target_bits`` and drops by one every
             ``anneal_every`` epochs (``anneal_every=0``: ``target_bits`` from the start).
             (default: ``False``)
@@ -113,6 +114,32 @@ class QuantTraining:
         recipe (Recipe | None): the recipe that prepared it, with the settings it used
             (e.g. the hub quantile :class:`~fxquant.recipes.HubMessages` chose to fit its
             budget); None for one built directly.
+
+    Example:
+        >>> import torch, fxquant
+        >>> from torch_geometric.data import Data
+        >>> from torch_geometric.nn.models import GCN
+        >>> g = torch.Generator().manual_seed(0)
+        >>> graph = Data(x=torch.rand(300, 8, generator=g), y=torch.randint(0, 3, (300,)),
+        ...              edge_index=torch.randint(0, 300, (2, 1500), generator=g))
+        >>> recipe = fxquant.recipes.HubMessages(target_bits=3.0, anneal_every=0,
+        ...                                      last_aggregate_bits=None, input_format=None,
+        ...                                      fit_budget=False)
+        >>> run = recipe.prepare(GCN(8, 16, num_layers=2, out_channels=3), graph)
+        >>> optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
+        >>> for epoch in range(3):
+        ...     _ = run.model.train()
+        ...     run.start_epoch(epoch)
+        ...     optimizer.zero_grad()
+        ...     out = run.model(graph.x, graph.edge_index)
+        ...     run.loss(torch.nn.functional.cross_entropy(out, graph.y)).backward()
+        ...     optimizer.step()
+        ...     _ = run.model.eval()
+        ...     with torch.no_grad():
+        ...         acc = (run.model(graph.x, graph.edge_index).argmax(1) == graph.y).float()
+        ...     _ = run.observe(float(acc.mean()))   # validation score (here: all nodes)
+        >>> run.best.within_budget, run.best.bits.avg_bits <= 3.0
+        (True, True)
     """
 
     def __init__(self, model: GraphModule, *, refit_epochs: int = 0, refit_widen: bool = False,
@@ -200,8 +227,8 @@ class QuantTraining:
         Example:
             >>> from torch_geometric.nn.models import GCN
             >>> from fxquant.recipes import HubMessages
-            >>> run = HubMessages(target_bits=2.0).prepare(GCN(4, 8, num_layers=2, out_channels=2),
-            ...                                             _tiny_graph())
+            >>> run = HubMessages(target_bits=2.0, fit_budget=False).prepare(
+            ...     GCN(4, 8, num_layers=2, out_channels=2), _tiny_graph())
             >>> [len(g["params"]) for g in run.param_groups()]
             [4, 5]
         """

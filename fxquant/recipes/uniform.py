@@ -158,6 +158,14 @@ class LsqProtect(_EverySite):
             attention coefficients, are often small against the tensor's step); in
             evaluation too (seed torch's generator to repeat an evaluation exactly).
             (default: ``"nearest"``)
+
+    Example:
+        >>> import fxquant
+        >>> from torch_geometric.nn.models import GCN
+        >>> run = fxquant.recipes.LsqProtect(bits=4).prepare(GCN(8, 16, num_layers=2,
+        ...                                                      out_channels=3))
+        >>> run.model.get_submodule("convs_0_message_quant")
+        QuantPoint(message of 'convs.0': int4, nearest, scale tensor (lsq), ste, protect 0..0.2)
     """
 
     name: ClassVar[str] = "lsq-protect"
@@ -196,6 +204,14 @@ class MX(_EverySite):
 
     Args:
         format (str, optional): the element format. (default: ``"e2m1"``)
+
+    Example:
+        >>> import fxquant
+        >>> from torch_geometric.nn.models import GCN
+        >>> run = fxquant.recipes.MX(format="e4m3").prepare(GCN(8, 16, num_layers=2,
+        ...                                                    out_channels=3))
+        >>> sorted({str(p.config.format) for _, p in fxquant.quantization_points(run.model)})
+        ['e4m3']
     """
 
     name: ClassVar[str] = "mx"
