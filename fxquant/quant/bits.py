@@ -305,13 +305,13 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
             or not math.isfinite(target_bits) or target_bits <= 0:
         raise FxquantValueError(f"fxquant.bit_penalty: target_bits must be a finite positive "
                                 f"number of bits (e.g. 2.0), got {target_bits!r}")
-    avg, total_values = _average_bits(gm)
+    avg, total_values = average_bits(gm)
     if not total_values:  # an empty batch: no value to count, nothing to pull
         return avg * 0.0
     return (avg - target_bits) ** 2
 
 
-def _average_bits(gm: nn.Module) -> tuple[Tensor, int]:
+def average_bits(gm: nn.Module) -> tuple[Tensor, int]:
     """The last forward's average bits per value as :func:`bit_penalty` counts it
     (differentiable in the learned widths), and how many values it counted."""
     total_values = 0

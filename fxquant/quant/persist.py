@@ -213,9 +213,7 @@ def load(path: str | os.PathLike[str], model: nn.Module,
     if traced != names:
         raise FxquantValueError(f"fxquant.load: the model given traces to other quantization points "
                          f"({traced}) than the saved one ({names}); is it the same model class?")
-    for p in points:  # steps and bit-widths shared (absent from older files)
-        if p.get("step_source") is not None:
-            share_step(gm, p["name"], p["step_source"])
+    for p in points:  # bit-widths shared (absent from older files)
         if p.get("bits_source") is not None:
             share_bits(gm, p["name"], p["bits_source"])
     expected = gm.state_dict()
@@ -235,6 +233,9 @@ def load(path: str | os.PathLike[str], model: nn.Module,
     except RuntimeError as e:
         raise FxquantValueError(f"fxquant.load: the state in {path} does not fit the model "
                                 f"({e}); {_EDITED}") from e
+    for p in points:  # steps shared (absent from older files), once they are loaded
+        if p.get("step_source") is not None:
+            share_step(gm, p["name"], p["step_source"])
     return gm
 
 

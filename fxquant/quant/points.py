@@ -911,10 +911,12 @@ def share_step(model: nn.Module, point: str, source: str) -> None:
     points = _two_points(model, point, source, "share_step", "step_source",
                          lambda m: m.log_step is not None, "a learned step; both need range='lsq'")
     order = _first_calls(model)
-    if point in order and source in order and order[point] < order[source]:
+    if point in order and source in order and order[point] < order[source] \
+            and not points["source"].step_fitted:  # (a fitted or loaded step: no fit to come)
         raise FxquantValueError(
             f"fxquant.share_step: point={point!r} runs before source={source!r} in the forward, "
-            "but the shared step is fitted on the source's first training batch: the point "
+            "but the shared step, not fitted yet, is fitted on the source's first training "
+            "batch: the point "
             "would round that batch with the unfitted step. Please pass them the other way "
             f"around, fxquant.share_step(model, {source!r}, {point!r}) (one step either way)")
     target = points["point"]

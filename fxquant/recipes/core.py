@@ -18,7 +18,7 @@ from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.tracer import trace
 from fxquant.pipeline import transform
 from fxquant.quant import BitReport, QuantMapping, QuantPoint, bit_penalty, bit_report, refit_steps
-from fxquant.quant.bits import _average_bits
+from fxquant.quant.bits import average_bits
 
 __all__ = ["SELECTIONS", "Choice", "QuantTraining", "Recipe", "check_count", "check_flag",
            "check_positive", "check_rounding", "unique"]
@@ -396,7 +396,7 @@ class _BudgetProjection:
 
     def measure(self, model: nn.Module) -> None:
         """Each node's cost per bit and the fixed part of the last forward's count."""
-        avg, values = _average_bits(model)
+        avg, values = average_bits(model)
         if not values:  # an empty batch costs nothing: the last batch's costs stay
             return
         grads = torch.autograd.grad(avg, self.widths, retain_graph=True, allow_unused=True)

@@ -169,7 +169,7 @@ def test_compiled_fit_without_finite_values_warns_at_evaluation():
     x, edge_index = next(_batches())
     with torch.no_grad():
         compiled(torch.full_like(x, float("nan")), edge_index)
-    with pytest.warns(UserWarning, match="no finite value"):
+    with pytest.warns(UserWarning, match="no finite nonzero value"):
         gm.eval()
     gm.train()
     with torch.no_grad():

@@ -32,7 +32,7 @@ def saved(tmp_path_factory):
                          site="message")
                .set_name("conv2", lsq).set_name("conv2", lsq, site="input"))
     gm = fxquant.transform(Net(), mapping, lint="off")
-    fxquant.share_step(gm, "conv2_input_quant", "conv2_quant")
+    fxquant.share_step(gm, "conv2_quant", "conv2_input_quant")
     gm(torch.randn(6, 4), torch.tensor([[0, 1, 2], [1, 2, 3]]))
     path = tmp_path_factory.mktemp("saved") / "gm.pt"
     fxquant.save(gm, path)

@@ -100,7 +100,7 @@ class Chain(torch.nn.Module):
         return self.b(self.a(x).relu())
 
 
-def test_a_shared_step_is_taken_from_the_point_that_runs_first():
+def test_a_shared_step_is_taken_from_the_point_that_runs_first(tmp_path):
     """The shared step is fitted on the source's first training batch: a source that runs
     after the point is refused, naming the order to pass (the point rounded that batch
     with the placeholder, and the fit broke its backward with autograd's in-place error)."""
@@ -113,6 +113,16 @@ def test_a_shared_step_is_taken_from_the_point_that_runs_first():
     assert gm.get_submodule("a_quant").log_step is not gm.get_submodule("b_input_quant").log_step
     fxquant.share_step(gm, "b_input_quant", "a_quant")
     gm(torch.randn(8, 4)).sum().backward()
+    # a fitted (or loaded) source has no fit to come: either order is fine, and a file
+    # that shares that way loads
+    fitted = fxquant.transform(Chain(), mapping, lint="off")
+    fitted(torch.randn(8, 4))
+    fxquant.share_step(fitted, "a_quant", "b_input_quant")
+    fitted(torch.randn(8, 4)).sum().backward()
+    path = tmp_path / "gm.pt"
+    fxquant.save(fitted, path)
+    again = fxquant.load(path, Chain())
+    assert again.get_submodule("a_quant").log_step is again.get_submodule("b_input_quant").log_step
 
 
 @pytest.mark.parametrize("source_part", ["empty", "nan", "zeros"])
