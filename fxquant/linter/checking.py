@@ -220,6 +220,8 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
     elif protected is not None:
         _starved(protected, rec, report, " (once the errors above are fixed)")
         if real_error is not None and not report.errors:
+            rec.report_checkpoint_writes(report)
+        if real_error is not None and not report.errors:
             report_exception(report, "backward", real_error)
     return run
 

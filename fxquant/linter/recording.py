@@ -162,6 +162,9 @@ class SavedTensor:
     kept_as: str = ""
     #: the tensor autograd was handed (``tensor`` is a detached alias of it)
     origin: Callable[[], Tensor | None] | None = field(default=None, repr=False)
+    #: an output of the op that saved it (autograd re-attaches a saved output to its own
+    #: node, so ``detach_()`` of it is legal)
+    output: bool = False
 
     @property
     def in_graph(self) -> bool:
@@ -607,8 +610,11 @@ class Recorder:
             return
         name = re.sub(r"Backward\d*$", "", grad_fn.name())
         name = name[:1].lower() + name[1:]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
         for entry in self.saved[first:]:
             entry.op = name
+            origin = entry.origin() if entry.origin is not None else None
+            entry.output = origin is not None and any(origin is o for o in outputs)
 
     def kept_in_context(self, function: type, out: Any) -> None:
         """After a custom Function ran: track the tensors its ``ctx`` keeps as attributes
@@ -695,6 +701,18 @@ class Recorder:
                 self._report_saved(entry, code, where, node, op)
         return copy
 
+    def report_checkpoint_writes(self, report: LintReport) -> None:
+        """FXQ001, into ``report``, for each write into an input a reentrant checkpoint
+        saved (no unpack sees those: the recording runs the segment directly)."""
+        before, self.report = self.report, report
+        try:
+            for entry in self.saved:
+                if entry.op == "checkpoint":
+                    for code, where, node, op in entry.culprits:
+                        self._report_saved(entry, code, where, node, op)
+        finally:
+            self.report = before
+
     def report_modified(self) -> None:
         """FXQ001 for every saved tensor modified so far (when backward will not run)."""
         for entry in self.saved:
@@ -741,6 +759,9 @@ class Recorder:
                 entry.seen_version = version
                 if not entry.in_graph:
                     continue  # its autograd node is gone: backward will not read it
+                if entry.op == "checkpoint" and any(
+                        _same_storage(entry.tensor, i) for s in self.segments for i in s.inputs):
+                    continue  # the segment writing its own input: FXQ003 above says it
                 if entry.kept_as:  # autograd will not notice: backward computes with it
                     entry.silent.append((code, where, node, op))
                     if self.scan_saved:
@@ -788,8 +809,10 @@ class Recorder:
         in-place"); named at its line when an autograd node still holds ``t``."""
         if t.grad_fn is None:
             return
-        for entry in self.saved:
-            if entry.origin is not None and entry.origin() is t and entry.in_graph:
+        for entry in self.saved:  # (a saved output, or a value saved through hooks, is
+            # re-attached or handed back by them: autograd raises for neither)
+            if entry.origin is not None and entry.origin() is t and entry.in_graph \
+                    and not entry.output and not entry.kept_as:
                 where = self.where()
                 code = strip_comment(where.code) if where else "detach_()"
                 self.add("FXQ001", where, self.node_name("detach_"),
@@ -1077,7 +1100,9 @@ class _DispatchMode(TorchDispatchMode):
             if rec.copy_saved and not (torch.is_grad_enabled() and t.requires_grad) \
                     and rec.grad_owners(t):
                 before[id(t)] = (t, t.detach().clone())  # check: which values it changes
-        versions = [(t, t._version) for t, _ in written if not t.is_inference()]
+        # (only foreach ops: RReLU's noise, say, is written without a bump on purpose)
+        versions = [(t, t._version) for t, _ in written if not t.is_inference()] \
+            if func.overloadpacket.__name__.startswith("_foreach_") else []
         out = func(*args, **kwargs)
         rec.write_versions.extend(versions)
         for key, (t, old) in before.items():
@@ -1207,6 +1232,11 @@ def _checkpoints_run_directly(rec: Recorder) -> Iterator[None]:
             inputs = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
             segment = Checkpoint(rec.where(), preserve_rng_state, bool(inputs), inputs)
             rec.checkpoints.append(segment)
+            for a in args:  # (it saves its tensor inputs for the re-run in backward)
+                if isinstance(a, Tensor) and not a.is_inference():
+                    rec.saved.append(SavedTensor(a.detach(), a._version, a._version,
+                                                 "checkpoint", segment.where,
+                                                 origin=weakref.ref(a)))
             rec.segments.append(segment)
             try:
                 return function(*args)
