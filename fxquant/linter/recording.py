@@ -736,7 +736,8 @@ class Recorder:
                 self.unlocated[(code, node)] = site
         written = [t for _, t, _ in writes]
         self.inplace_calls.append(InplaceCall(where, func_name, by_library, requested))
-        if self.segments:
+        if self.segments and grad_enabled:  # (under no_grad the re-run writes a leaf too,
+            # but also without autograd: no error)
             self._report_segment_input_writes(written, code, where, node, op)
         for _, t, grad_before in writes:
             if (grad_enabled and grad_before) or by_library:
@@ -786,9 +787,11 @@ class Recorder:
         too. The copy gives the gradients the hook means (its change on its own branch);
         a write is listed in :attr:`hook_writes`, which check reports."""
         where = self.where()
+        recorder = weakref.ref(self)  # (the check's report is done with it after its backward)
 
         def guarded(grad: Tensor) -> Any:
-            if not isinstance(grad, Tensor):
+            rec = recorder()
+            if not isinstance(grad, Tensor) or rec is None:
                 return hook(grad)
             fresh = grad.clone()
             version = fresh._version
@@ -797,8 +800,8 @@ class Recorder:
                 return out
             if where is not None:
                 write = GradientWrite("tensor hook", where, strip_comment(where.code), hook=True)
-                if write not in self.hook_writes:
-                    self.hook_writes.append(write)
+                if write not in rec.hook_writes:
+                    rec.hook_writes.append(write)
             return out if out is not None else fresh
 
         return guarded
@@ -950,8 +953,9 @@ class _FunctionMode(TorchFunctionMode):
         if _call_name(func) == "detach_" and args and isinstance(args[0], Tensor):
             rec.on_detach_(args[0])
         if rec.copy_saved and _call_name(func) == "register_hook" and len(args) == 2 \
+                and isinstance(args[0], Tensor) and not args[0].is_leaf \
                 and callable(args[1]):  # check: a tensor hook gets a gradient of its own
-            args = (args[0], rec.guarded_hook(args[1]))
+            args = (args[0], rec.guarded_hook(args[1]))  # (dies with the forward's graph)
         rec.writes = []
         rec.write_versions = []
         first_saved = len(rec.saved)

@@ -338,12 +338,12 @@ class QuantPoint(nn.Module):
                 "or layers= without it) and round another site of the layer")
         if self.float_training and self.training:
             return x
-        if self.log_step is not None and not self.training and not self.float_training \
-                and not torch.compiler.is_compiling():
-            self._warn_unfitted()
         if self.site is Site.INPUT and not x.is_floating_point():
             self.__dict__["last_rows"] = "passthrough"  # nothing rounded, nothing counted
             return x  # an input site passes integer inputs (indices, masks) through
+        if self.log_step is not None and not self.training and not self.float_training \
+                and not torch.compiler.is_compiling():
+            self._warn_unfitted()
         num_nodes = x.shape[0] if x.dim() else 1
         if node_degree is None and edge_index is not None and self.config.protect is not None:
             node_degree = in_degree(edge_index, num_nodes, x)
@@ -733,7 +733,7 @@ class QuantPoint(nn.Module):
         to that one; :func:`fxquant.bit_report` and :func:`fxquant.summary` count what it
         rounds, and do not)."""
         self._settle_fit()
-        if self.step_fitted or self.__dict__.get("step_source") is not None \
+        if self._has_step() or self.__dict__.get("step_source") is not None \
                 or self.__dict__.get("_warned_unfitted") or PROBING.get():
             return
         self.__dict__["_warned_unfitted"] = True
@@ -757,13 +757,24 @@ class QuantPoint(nn.Module):
                 if self.log_step is not None else None
             self.register_buffer("step_is_fitted", flag)
 
+    def _has_step(self) -> bool:
+        """Whether ``log_step`` holds a step rather than its placeholder: fitted here, or
+        given otherwise (a shared step trained by its source, an averaged copy's
+        ``AveragedModel.update_parameters``, a value set by hand: anything but the
+        placeholder 0)."""
+        if self.step_fitted:
+            return True
+        assert self.log_step is not None
+        step = self.log_step.detach()
+        return not step.is_meta and bool(step != 0)
+
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str,
                             keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.log_step is not None and self.step_is_fitted is not None:
             self._settle_fit()  # (the flag says it; the buffer only carries it)
             destination[prefix + "step_is_fitted"] = torch.full(
-                (), float(self.step_fitted), device=self.step_is_fitted.device)
+                (), float(self._has_step()), device=self.step_is_fitted.device)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
                               local_metadata: dict[str, Any], strict: bool,

@@ -70,3 +70,43 @@ def test_rrelu_in_place_in_training_is_legal():
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.RReLU(inplace=True),
                           nn.Linear(4, 2)).train()
     assert not [f for f in fxquant.lint(model, torch.randn(8, 4)).errors if f.rule == "FXQ001"]
+
+
+def test_check_leaves_no_wrapper_on_a_parameters_hook():
+    """A hook registered in forward on a parameter outlives the check: it is the user's own
+    (fxquant gives a copy of the gradient only to hooks of the forward's own tensors), and
+    no recorder stays alive through it."""
+    import gc
+    import weakref
+
+    from fxquant.linter import recording
+
+    class Hooked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.hooked = False
+
+        def forward(self, x):
+            if not self.hooked:  # (the tools put this flag back after each of their runs)
+                self.lin.weight.register_hook(lambda g: g * 0.5)
+                self.hooked = True
+            return self.lin(x)
+
+    alive = []
+    init = recording.Recorder.__init__
+
+    def tracked(self, *args, **kwargs):
+        alive.append(weakref.ref(self))
+        init(self, *args, **kwargs)
+
+    model = Hooked()
+    recording.Recorder.__init__ = tracked
+    try:
+        fxquant.check(model, torch.randn(3, 4))
+    finally:
+        recording.Recorder.__init__ = init
+    gc.collect()
+    assert alive and not [r for r in alive if r() is not None]
+    assert all("guarded" not in getattr(h, "__qualname__", "")
+               for h in model.lin.weight._backward_hooks.values())

@@ -149,3 +149,41 @@ def test_a_bipartite_input_whose_source_part_holds_nothing_to_fit_trains(source_
     out.nan_to_num().sum().backward()
     point = gm.get_submodule("conv_input_quant")
     assert point.step_fitted and float(point.step) != 1.0
+
+
+def test_a_step_given_otherwise_counts_as_fitted():
+    """A copy whose steps come from elsewhere (an AveragedModel made before training,
+    a tied step trained by its source) holds steps, not placeholders: its evaluation does
+    not warn, and its state says fitted (loading it does not refit the averaged step)."""
+    from torch.optim.swa_utils import AveragedModel
+
+    gm = _transform()
+    ema = AveragedModel(gm)
+    gm.train()(X)
+    ema.update_parameters(gm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ema.module.eval()(X)
+    state = ema.module.state_dict()
+    assert float(state["_0_quant.step_is_fitted"]) == 1.0
+    again = _transform()
+    again.load_state_dict(state)
+    again.train()(X * 100)
+    assert _step(again) == pytest.approx(float(ema.module.get_submodule("_0_quant").step.detach()))
+
+
+def test_an_input_point_passing_integers_through_does_not_warn():
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(5, 4)
+
+        def forward(self, kinds):
+            return self.emb(kinds)
+
+    config = QuantConfig("int4", scale="tensor", range="lsq")
+    gm = fxquant.transform(Embed(), fxquant.QuantMapping().set_name("emb", config, site="input"),
+                           lint="off")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gm.eval()(torch.tensor([0, 3, 1]))
