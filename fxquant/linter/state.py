@@ -16,7 +16,8 @@ Restored by :func:`restored_state`:
   ``.grad`` (the same tensor object, with its values). Sparse tensors (COO, CSR, CSC, BSR,
   BSC) are compared and restored through their index and value tensors; objects kept in
   ``_buffers`` or as attributes that hold tensors (PyG's ``torch_sparse.SparseTensor``
-  ``adj_t``) get their attributes and those tensors restored the same way.
+  ``adj_t``) get their attributes and those tensors restored the same way; an optimizer
+  kept as an attribute (stepped in forward) gets its per-parameter state back.
 
 Not restored (documented in the README): state outside the model and torch (globals of
 the user's modules, files, other processes), inference mode entered and never left, and
@@ -143,10 +144,19 @@ def restored_state(model: nn.Module) -> Iterator[None]:
                 grad = p.grad
                 grads[id(p)] = (p, grad, grad.detach().clone() if grad is not None else None)
     attributes += [(obj, _snapshot_attributes(obj)) for obj in held]
+    # an optimizer the model holds (stepped in its forward): its per-parameter state
+    optimizers = list({id(o): o for m in modules for o in vars(m).values()
+                       if isinstance(o, torch.optim.Optimizer)}.values())
+    optimizer_states = [(o, {p: {k: v.clone() if isinstance(v, Tensor) else copy.copy(v)
+                                 for k, v in s.items()} for p, s in o.state.items()})
+                        for o in optimizers]
     try:
         with mode_stacks_restored():
             yield
     finally:
+        for optimizer, state in optimizer_states:
+            optimizer.state.clear()
+            optimizer.state.update(state)
         torch.set_grad_enabled(grad_mode)
         torch.set_anomaly_enabled(*anomaly)
         torch.set_default_dtype(default_dtype)

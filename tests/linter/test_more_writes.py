@@ -110,3 +110,28 @@ def test_check_leaves_no_wrapper_on_a_parameters_hook():
     assert alive and not [r for r in alive if r() is not None]
     assert all("guarded" not in getattr(h, "__qualname__", "")
                for h in model.lin.weight._backward_hooks.values())
+
+
+def test_an_optimizer_stepped_in_forward_gets_its_state_back():
+    """A forward that fits an auxiliary net (backward and a momentum step inside forward)
+    is legal: check's runs start from the same optimizer state (the first run's momentum
+    buffers made the second run step differently: a false FXQ012), and the model's
+    optimizer is left as it was."""
+
+    class Fits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 4)
+            self.aux = nn.Linear(4, 4)
+            self.opt = torch.optim.SGD(self.aux.parameters(), lr=0.1, momentum=0.9)
+
+        def forward(self, x):
+            with torch.enable_grad():
+                self.opt.zero_grad()
+                (self.aux(x.detach()) ** 2).mean().backward()
+                self.opt.step()
+            return self.net(x) + self.aux(x).detach()
+
+    model = Fits()
+    assert not fxquant.check(model, torch.randn(3, 4)).errors
+    assert len(model.opt.state) == 0
