@@ -649,7 +649,7 @@ class Recorder:
 
         def packed(t: Tensor) -> Any:
             value = pack(t)
-            if not any(isinstance(v, Tensor) and _same_storage(v, t) for v in tree_leaves(value)):
+            if not any(_same_storage(v, t) for v in _tensors_within(value)):
                 return value  # a copy (offloaded, compressed): later writes do not reach it
             entry = SavedTensor(t.detach(), t._version, t._version, self.last_op, self.where(),
                                 kept_as="saved_tensors_hooks", origin=weakref.ref(t))
@@ -868,6 +868,16 @@ class Recorder:
                  "saved for backward: backward fails with 'modified by an inplace operation' "
                  "(anomaly mode names the saving line instead of this one).",
                  hint, related=entry.op, related_location=entry.where)
+
+
+def _tensors_within(value: Any, depth: int = 2) -> Iterator[Tensor]:
+    """The tensors in ``value``: its pytree leaves, and those kept as attributes of the
+    objects among them (a holder a pack hook returns), ``depth`` levels down."""
+    for leaf in tree_leaves(value):
+        if isinstance(leaf, Tensor):
+            yield leaf
+        elif depth and hasattr(leaf, "__dict__") and not isinstance(leaf, (nn.Module, type)):
+            yield from _tensors_within(list(vars(leaf).values()), depth - 1)
 
 
 def _storage_ptr(t: Tensor) -> int:

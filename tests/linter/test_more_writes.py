@@ -135,3 +135,27 @@ def test_an_optimizer_stepped_in_forward_gets_its_state_back():
     model = Fits()
     assert not fxquant.check(model, torch.randn(3, 4)).errors
     assert len(model.opt.state) == 0
+
+
+def test_a_pack_hook_that_keeps_the_tensor_in_a_holder_passes_it_through():
+    """Saved-tensor hooks whose pack returns the same tensor inside an object of its own:
+    a write after the save changes what backward computes with (check: wrong gradients)."""
+
+    class Holder:
+        def __init__(self, t):
+            self.t = t
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            with torch.autograd.graph.saved_tensors_hooks(Holder, lambda h: h.t):
+                y = torch.exp(self.lin(x))
+            y += 1  # the write
+            return y * 2
+
+    line = Net.forward.__code__.co_firstlineno + 3
+    assert [(f.rule, f.line) for f in fxquant.check(Net(), torch.randn(3, 4)).errors] == [
+        ("FXQ012", line)]
