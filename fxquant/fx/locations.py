@@ -121,16 +121,20 @@ def traceback_location(exc: BaseException) -> Location | None:
     return innermost_user((f.filename, f.lineno) for f in traceback.extract_tb(exc.__traceback__))
 
 
-def stack_trace_location(stack_trace: str | None) -> Location | None:
-    """The innermost user frame of an FX ``node.meta["stack_trace"]``."""
-    if not stack_trace:
-        return None
+def stack_trace_frames(stack_trace: str | None) -> list[tuple[str, int | None]]:
+    """``(filename, line)`` of each frame of an FX ``node.meta["stack_trace"]``, outermost
+    first."""
     frames: list[tuple[str, int | None]] = []
-    for line in stack_trace.splitlines():
+    for line in (stack_trace or "").splitlines():
         line = line.strip()
         if line.startswith('File "'):
             path, _, rest = line[6:].partition('", line ')
             number = rest.split(",")[0]
             if number.isdigit():
                 frames.append((path, int(number)))
-    return innermost_user(frames)
+    return frames
+
+
+def stack_trace_location(stack_trace: str | None) -> Location | None:
+    """The innermost user frame of an FX ``node.meta["stack_trace"]``."""
+    return innermost_user(stack_trace_frames(stack_trace))

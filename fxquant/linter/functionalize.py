@@ -41,7 +41,6 @@ import inspect
 import math
 import operator
 import os
-import re
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
@@ -55,7 +54,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 
 from fxquant.errors import FxquantError, FxquantRuntimeError, FxquantTypeError, FxquantValueError
-from fxquant.fx.locations import Location, is_internal, stack_trace_location, traceback_location
+from fxquant.fx.locations import (
+    Location,
+    is_internal,
+    stack_trace_frames,
+    stack_trace_location,
+    traceback_location,
+)
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.fx.tracer import LeafSpec, refuse_compiled, trace
 from fxquant.linter.checking import both_runs
@@ -598,7 +603,7 @@ def _by_library(node: Node) -> bool:
     below the tracing machinery's frames (never for inputs and module state)."""
     if node.op in ("placeholder", "get_attr"):
         return False
-    files = [f for f in re.findall(r'File "([^"]+)"', node.meta.get("stack_trace") or "")
+    files = [f for f, _ in stack_trace_frames(node.meta.get("stack_trace"))
              if not f.startswith(_TRACING_FILES)]
     return bool(files) and is_internal(files[-1])
 

@@ -369,6 +369,12 @@ class Recorder:
         backward hook's) also ran calls with autograd on, and is not one."""
         return self.lines_without_grad - self.lines_with_grad
 
+    def here(self, default: str) -> tuple[Location | None, str]:
+        """The user's line running now, and its code without comment (``default`` where
+        no line of the user's is on the stack)."""
+        where = self.where()
+        return where, strip_comment(where.code) if where else default
+
     def where(self) -> Location | None:
         """The user's line for what runs now: the innermost user frame, or, for a library
         module a container runs (``nn.Sequential``), the line that built the module."""
@@ -816,8 +822,7 @@ class Recorder:
             # re-attached or handed back by them: autograd raises for neither)
             if entry.origin is not None and entry.origin() is t and entry.in_graph \
                     and not entry.output and not entry.kept_as:
-                where = self.where()
-                code = strip_comment(where.code) if where else "detach_()"
+                where, code = self.here("detach_()")
                 self.add("FXQ001", where, self.node_name("detach_"),
                          f"`{code}` detaches in place a tensor that `{entry.op}` saved for "
                          "backward: backward fails with 'Trying to use a saved tensor that has "
@@ -941,8 +946,7 @@ class _FunctionMode(TorchFunctionMode):
             t = args[0]
             out = func(*args, **kwargs)
             if isinstance(t, Tensor) and t.requires_grad:
-                where = rec.where()
-                code = strip_comment(where.code) if where else ".data"
+                where, code = rec.here(".data")
                 rec.add("FXQ004", where, rec.node_name("data"),
                         f"`{code}` uses `.data` of a tensor that requires grad: in-place writes "
                         "through it bypass autograd's version check and give silently wrong "
@@ -953,8 +957,7 @@ class _FunctionMode(TorchFunctionMode):
         if _is_data_setter(func):  # w.data = value: w changes, autograd does not see it
             t, new = args[0], args[1] if len(args) > 1 else None
             if isinstance(t, Tensor) and t.requires_grad and not _library_call()[0]:
-                where = rec.where()
-                code = strip_comment(where.code) if where else ".data = ..."
+                where, code = rec.here(".data = ...")
                 changed = None
                 if rec.copy_saved and isinstance(new, Tensor) and new.shape == t.shape:
                     changed = new.detach() != t.detach()
@@ -1048,8 +1051,7 @@ class _FunctionMode(TorchFunctionMode):
 
     def _report_refused_write(self, func: Any, e: RuntimeError) -> None:
         rec = self.rec
-        where = rec.where()
-        code = strip_comment(where.code) if where else _call_name(func)
+        where, code = rec.here(_call_name(func))
         first = str(e).splitlines()[0]
         rec.inplace_calls.append(InplaceCall(where, _call_name(func), False))
         if any(m in str(e) for m in _VIEW_ERRORS):

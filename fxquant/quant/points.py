@@ -732,9 +732,11 @@ class QuantPoint(nn.Module):
         placeholder (1): say so, once per point (a point sharing another's step leaves it
         to that one; :func:`fxquant.bit_report` and :func:`fxquant.summary` count what it
         rounds, and do not)."""
-        self._settle_fit()
-        if self._has_step() or self.__dict__.get("step_source") is not None \
+        if self.__dict__.get("step_source") is not None \
                 or self.__dict__.get("_warned_unfitted") or PROBING.get():
+            return
+        self._settle_fit()
+        if self._has_step():
             return
         self.__dict__["_warned_unfitted"] = True
         warnings.warn(f"{self!r}: evaluating with a learned step (range='lsq') that no training "
