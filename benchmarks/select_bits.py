@@ -99,6 +99,10 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     # moves a step by about 1% per epoch)
     "hub-float30-steplr0.003": _widen30(float_epochs=30, step_lr=0.003),
     "hub-float30-steplr0.005": _widen30(float_epochs=30, step_lr=0.005),
+    # ... and faster ones (the last aggregation's grid clips most of the logits' range
+    # while its step grows at about 1% per epoch; trace_training --recipe shows it)
+    "hub-float30-steplr0.02": _widen30(float_epochs=30, step_lr=0.02),
+    "hub-float30-steplr0.05": _widen30(float_epochs=30, step_lr=0.05),
     "hub-droprefit1": ("hub-messages", {"anneal_refit_epochs": 1}),
     "hub-droprefit5": ("hub-messages", {"anneal_refit_epochs": 5}),
     # learned widths held within the budget by projection
@@ -109,6 +113,9 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "budget-lr0.2": ("budget-bits", {"bits_lr": 0.2}),
     "budget-noanneal": ("budget-bits", {"anneal_every": 0}),
     "budget-max8": ("budget-bits", {"max_bits": 8}),
+    # ... trained in float32 first, as the hub-messages leader
+    "budget-degree-float30": ("budget-bits", {"init": "degree", "refit_epochs": 30,
+                                              "refit_widen": True, "float_epochs": 30}),
 }
 
 

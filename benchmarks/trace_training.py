@@ -13,6 +13,17 @@ largest logits are equal (``ties``: rounded logits on a coarse grid, which ``arg
 resolves to the first class). ``--refit-widen`` and ``--step-lr`` set the
 :class:`fxquant.recipes.QuantTraining` settings of the same names, which the table does not
 expose.
+
+    python -m benchmarks.trace_training --recipe recommended --target-bits 2 --dataset Cora \
+        --seed 3
+
+``--recipe NAME`` traces one of :func:`fxquant.recipes.get`'s recipes instead of a table
+row (its own settings; ``--target-bits`` for the per-node bit recipes), prepared and
+trained as ``examples/bits_pareto.py`` does. For every point with a learned step the run
+also records, each epoch, the step and, in the evaluation, the share of values beyond the
+grid's edge (``clipped``: rounded by more than half a step, on the grid's largest level or,
+signed grids, its lowest) with the largest value and the largest rounded one; a second
+table lists them at the first rounded epoch, the reported one and the last.
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ import argparse
 import json
 import math
 import sys
+import warnings
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -31,22 +44,35 @@ from fxquant.datasets import PLANETOID_NAMES
 from .common import ROOT
 
 
-def trace(model_kind: str, dataset: str, row: str, seed: int, *, epochs: int = 200,
+def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: int = 200,
           lsq_refit: int = 0, float_epochs: int = 0, refit_widen: bool = False,
           step_lr: float | None = None, protect: tuple[float, float] = (0.0, 0.2),
-          root: str | None = None) -> dict[str, Any]:
-    """One run of ``row``; every epoch's numbers and the reported epoch."""
+          root: str | None = None, recipe: str | None = None,
+          target_bits: float | None = None) -> dict[str, Any]:
+    """One run of ``row`` (or of ``recipe``); every epoch's numbers and the reported epoch."""
     sys.path.insert(0, str(ROOT))
     from examples import dq_table, train_cora, training
 
     data, num_classes = training.load_data(dataset, root, "trace_training")
-    cfg = dq_table.rows(protect)[row]
-    model = train_cora.build(cfg, data, num_classes, seed, model_kind)
-    settings = dict(refit_epochs=lsq_refit, float_epochs=float_epochs,
-                    refit_widen=refit_widen, step_lr=step_lr) \
-        if isinstance(model, torch.fx.GraphModule) else {}
-    run = fxquant.recipes.QuantTraining(model, **settings)  # type: ignore[arg-type]
+    if recipe is not None:  # prepared as bits_pareto.py prepares its recipes
+        torch.manual_seed(seed)
+        plain = training.make_model(model_kind, data.num_features, num_classes)
+        chosen = {} if target_bits is None else {"target_bits": target_bits}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = fxquant.recipes.get(recipe, **chosen).prepare(plain, data, lint="off")
+        model: torch.nn.Module = run.model
+        float_epochs = run.float_epochs
+    else:
+        assert row is not None
+        cfg = dq_table.rows(protect)[row]
+        model = train_cora.build(cfg, data, num_classes, seed, model_kind)
+        settings = dict(refit_epochs=lsq_refit, float_epochs=float_epochs,
+                        refit_widen=refit_widen, step_lr=step_lr) \
+            if isinstance(model, torch.fx.GraphModule) else {}
+        run = fxquant.recipes.QuantTraining(model, **settings)  # type: ignore[arg-type]
     rows: list[dict[str, Any]] = []
+    steps = StepTrace(model)
 
     def record(epoch: int, loss: float, logits: torch.Tensor) -> None:
         pred = logits.argmax(dim=-1)
@@ -58,15 +84,60 @@ def trace(model_kind: str, dataset: str, row: str, seed: int, *, epochs: int = 2
         rows.append({"epoch": epoch, "loss": loss, "val": acc(data.val_mask),
                      "test": acc(data.test_mask), "train": acc(data.train_mask),
                      "abs_logit": float(logits.abs().mean()),
-                     "ties": float((top2[:, 0] == top2[:, 1]).float().mean())})
+                     "ties": float((top2[:, 0] == top2[:, 1]).float().mean()),
+                     **({"points": steps.take()} if steps.hooks else {})})
 
-    result = training.fit(model, data, epochs, run=run, progress=False, on_epoch=record)
+    try:
+        result = training.fit(model, data, epochs, run=run, progress=False, on_epoch=record)
+    finally:
+        steps.remove()
     reported = run.best.epoch if run.best is not None else None
-    return {"model": model_kind, "dataset": dataset, "row": row, "seed": seed,
-            "epochs": epochs, "lsq_refit": lsq_refit, "float_epochs": float_epochs,
-            "refit_widen": refit_widen, "step_lr": step_lr, "reported_epoch": reported,
-            "val": result.val, "test": result.test, "trace": rows,
-            "torch": torch.__version__}
+    payload = {"model": model_kind, "dataset": dataset, "row": row, "seed": seed,
+               "epochs": epochs, "lsq_refit": lsq_refit, "float_epochs": float_epochs,
+               "refit_widen": refit_widen, "step_lr": step_lr, "reported_epoch": reported,
+               "val": result.val, "test": result.test, "trace": rows,
+               "torch": torch.__version__}
+    if recipe is not None:
+        used = run.recipe  # the settings it ran with (hub-messages may lower its quantile)
+        payload.update(recipe={"name": used.name, "settings": {
+            f.name: getattr(used, f.name) for f in fields(used)}} if used else {"name": recipe},
+            lsq_refit=None, refit_widen=None, step_lr=None)
+    return payload
+
+
+class StepTrace:
+    """Forward hooks on the model's points with a learned step: in each evaluation, the
+    step, the share of values beyond the grid's edge, the largest value and the largest
+    rounded one (:meth:`take` hands them over and starts the next epoch's)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.seen: dict[str, dict[str, float]] = {}
+        self.hooks = [point.register_forward_hook(self._hook(name))
+                      for name, point in model.named_modules()
+                      if isinstance(point, fxquant.QuantPoint) and point.log_step is not None]
+
+    def _hook(self, name: str) -> Any:
+        def hook(point: torch.nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            x = args[0] if args else None
+            if point.training or not isinstance(x, torch.Tensor) or not isinstance(
+                    out, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+                return
+            step = float(point.log_step.detach().exp())
+            with torch.no_grad():
+                x, y = x.detach().float(), out.detach().float()
+                past = ((x - y) > 0.5 * step) | (((y - x) > 0.5 * step) & (y < 0))
+                self.seen[name] = {"step": step, "clipped": float(past.float().mean()),
+                                   "max_abs": float(x.abs().max()),
+                                   "grid_max_abs": float(y.abs().max())}
+        return hook
+
+    def take(self) -> dict[str, dict[str, float]]:
+        seen, self.seen = self.seen, {}
+        return seen
+
+    def remove(self) -> None:
+        for handle in self.hooks:
+            handle.remove()
 
 
 def table(payload: dict[str, Any], every: int) -> str:
@@ -85,14 +156,39 @@ def table(payload: dict[str, Any], every: int) -> str:
     return "\n".join(lines)
 
 
+def step_table(payload: dict[str, Any]) -> str:
+    """The learned steps at the first rounded epoch, the reported one and the last."""
+    trace = payload["trace"]
+    first = min(payload["float_epochs"], len(trace) - 1)
+    when = {"first rounded": first, "reported": payload["reported_epoch"],
+            "last": len(trace) - 1}
+    names = list(trace[-1].get("points", {}))
+    epochs = {k: e for k, e in when.items() if e is not None}
+    lines = ["| point | " + " | ".join(f"step, {k} (epoch {e})" for k, e in epochs.items())
+             + " | clipped (reported) | largest value / largest rounded (reported) |",
+             "| --- " * (len(epochs) + 3) + "|"]
+    at = trace[payload["reported_epoch"] if payload["reported_epoch"] is not None else -1]
+    for name in names:
+        found = [trace[e].get("points", {}).get(name) for e in epochs.values()]
+        now = at.get("points", {}).get(name)
+        lines.append(f"| {name} | " + " | ".join(f"{p['step']:.3g}" if p else "-" for p in found)
+                     + (f" | {100 * now['clipped']:.2f}% | {now['max_abs']:.3g} / "
+                        f"{now['grid_max_abs']:.3g} |" if now else " | - | - |"))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from examples import dq_table, training
+    from examples import training
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=list(training.MODELS), default="gcn")
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
-    p.add_argument("--row", default="int4-lsq-p", help="a dq_table.py row key")
+    p.add_argument("--row", default=None, help="a dq_table.py row key (default: int4-lsq-p)")
+    p.add_argument("--recipe", default=None, choices=fxquant.recipes.available(),
+                   help="trace this fxquant.recipes recipe (its own settings) instead of a row")
+    p.add_argument("--target-bits", type=float, default=None,
+                   help="with --recipe: the budget of a per-node bit recipe")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--lsq-refit", type=training.epochs_arg, default=0)
@@ -105,6 +201,64 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--root", default=None, help="dataset folder (default: $FXQUANT_DATA)")
     p.add_argument("--json", default=None, help="write every epoch's numbers here")
     args = p.parse_args(argv)
+    if args.recipe is not None:
+        _check_recipe(p, args)
+    else:
+        if args.target_bits is not None:
+            p.error("--target-bits sets a recipe's budget; please give --recipe (the table's "
+                    "rows have fixed formats)")
+        args.row = args.row or "int4-lsq-p"
+        _check_row(p, args)
+    for flag in ("epochs", "every"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} must be at least 1")
+    training.refuse_unwritable(p, args, "--json")
+    if args.recipe is None:
+        training.refuse_float_epochs_past_training(p, args)
+    payload = trace(args.model, args.dataset, args.row, args.seed, epochs=args.epochs,
+                    lsq_refit=args.lsq_refit, float_epochs=args.float_epochs,
+                    refit_widen=args.refit_widen, step_lr=args.step_lr,
+                    protect=args.protect or (0.0, 0.2), root=args.root, recipe=args.recipe,
+                    target_bits=args.target_bits)
+    what = args.row if args.recipe is None else f"recipe {args.recipe}"
+    print(f"{args.model} on {args.dataset}, {what}, seed {args.seed}: validation "
+          f"{100 * payload['val']:.1f}, test {100 * payload['test']:.1f} at epoch "
+          f"{payload['reported_epoch']}")
+    print(table(payload, args.every))
+    if any("points" in r for r in payload["trace"]):
+        print()
+        print(step_table(payload))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1)
+    return payload
+
+
+def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--recipe``: the row's flags would be ignored; ``--target-bits`` needs a recipe
+    that has a budget."""
+    for flag, given in (("--row", args.row is not None), ("--lsq-refit", args.lsq_refit),
+                        ("--float-epochs", args.float_epochs),
+                        ("--refit-widen", args.refit_widen),
+                        ("--step-lr", args.step_lr is not None),
+                        ("--protect", args.protect is not None)):
+        if given:
+            p.error(f"{flag} with --recipe: the recipe trains with its own settings, so it "
+                    "would be ignored (leave it out, or trace a table row with --row)")
+    recipe = fxquant.recipes.get(args.recipe)
+    if args.target_bits is not None:
+        if not hasattr(recipe, "target_bits"):
+            p.error(f"--target-bits: the {args.recipe} recipe has no bit budget")
+        if not (math.isfinite(args.target_bits) and args.target_bits > 0):
+            p.error(f"--target-bits must be a finite number above 0, got {args.target_bits}")
+    if getattr(recipe, "float_epochs", 0) >= args.epochs:
+        p.error(f"--epochs {args.epochs}: the {args.recipe} recipe trains its first "
+                f"{recipe.float_epochs} epochs in float32, so nothing rounded would be traced")
+
+
+def _check_row(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from examples import dq_table
+
     known = dq_table.rows(args.protect or dq_table.DEFAULT_PROTECT)
     if args.row not in known:
         p.error(f"--row {args.row!r} is not a dq_table.py row; known: {sorted(known)}")
@@ -113,9 +267,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"--protect sets Degree-Quant's protection; the {args.row} row protects no "
                 "nodes, so it would be ignored")
     args.protect = args.protect or dq_table.DEFAULT_PROTECT
-    for flag in ("epochs", "every"):
-        if getattr(args, flag) < 1:
-            p.error(f"--{flag} must be at least 1")
     if args.step_lr is not None and not (math.isfinite(args.step_lr) and args.step_lr > 0):
         p.error(f"--step-lr must be a finite number above 0, got {args.step_lr}")
     if cfg.number is None and args.float_epochs:
@@ -134,20 +285,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "edge" in cfg.sites and cfg.recipe is None and args.model == "gin":
         p.error(f"--row {args.row} with --model gin: the row rounds the layers' per-edge "
                 "arguments, and GINConv's messages take none")
-    training.refuse_unwritable(p, args, "--json")
-    training.refuse_float_epochs_past_training(p, args)
-    payload = trace(args.model, args.dataset, args.row, args.seed, epochs=args.epochs,
-                    lsq_refit=args.lsq_refit, float_epochs=args.float_epochs,
-                    refit_widen=args.refit_widen, step_lr=args.step_lr,
-                    protect=args.protect, root=args.root)
-    print(f"{args.model} on {args.dataset}, {args.row}, seed {args.seed}: validation "
-          f"{100 * payload['val']:.1f}, test {100 * payload['test']:.1f} at epoch "
-          f"{payload['reported_epoch']}")
-    print(table(payload, args.every))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-    return payload
 
 
 if __name__ == "__main__":

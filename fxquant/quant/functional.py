@@ -57,8 +57,8 @@ def truncate(
         bits (int): how many bits to keep, counted from the top (sign first) of ``x``'s own
             pattern: ``1 <= bits <= 32`` for float32, 64 for float64, 16 for half types.
         rounding (str, optional): ``"toward_zero"`` drops the low bits (default),
-            ``"nearest"`` rounds half to even, ``"stochastic"`` rounds up with probability
-            equal to the dropped fraction (unbiased; reproducible under
+            ``"nearest"`` rounds half to even, ``"stochastic"`` rounds the magnitude up
+            with probability equal to the dropped fraction (unbiased; reproducible under
             ``torch.manual_seed`` or ``generator``).
         grad (str, optional): ``"ste"`` passes the gradient through unchanged
             (straight-through estimator, default); ``"zero"`` is the true derivative of the

@@ -197,7 +197,66 @@ def test_trace_training_logs_every_epoch_of_a_table_row(tmp_path):
     assert payload["trace"][2]["abs_logit"] > 0  # fitted steps: not every logit rounds to 0
 
 
+@needs_data
+def test_trace_training_traces_a_recipe_and_its_learned_steps(tmp_path):
+    """--recipe: the recipe's own run (its float epochs), every learned point's step and
+    clipped share in each evaluation; the two points that share a step show one value; the
+    steps are fitted at the first rounded epoch (placeholders of 1 before)."""
+    payload = trace_training.main(["--recipe", "recommended", "--target-bits", "2",
+                                   "--epochs", "32", "--every", "10"])
+    assert payload["recipe"]["name"] == "hub-messages"
+    assert payload["recipe"]["settings"]["float_epochs"] == 30 == payload["float_epochs"]
+    points = [r["points"] for r in payload["trace"]]
+    assert len(points) == 32 and all(set(p) == set(points[-1]) for p in points)
+    assert {"conv1_message_quant", "conv2_aggregate_quant", "conv2_input_quant"} <= set(points[-1])
+    assert points[0]["conv1_message_quant"]["step"] == 1.0
+    fitted = points[30]
+    assert all(0 < v["step"] < 1 and 0 <= v["clipped"] <= 1 for v in fitted.values())
+    assert fitted["conv1_quant"]["step"] == fitted["conv2_input_quant"]["step"]  # shared
+    assert "first rounded (epoch 30)" in trace_training.step_table(payload)
+
+
+def test_step_trace_counts_values_past_the_grid_and_leaves_no_hook():
+    """The clipped share counts values rounded by more than half a step (past the top
+    level, or the lowest of a signed grid), not the values a grid rounds within it; the
+    hooks go when removed."""
+    import fxquant
+
+    config = fxquant.QuantConfig("int2", scale="tensor", range="lsq")
+    gm = fxquant.transform(torch.nn.Sequential(torch.nn.Identity()),
+                           fxquant.QuantMapping().set_name("0", config))
+    point = next(m for m in gm.modules() if isinstance(m, fxquant.QuantPoint))
+    gm.train()
+    gm(torch.tensor([1.0, -1.0]))  # fits the step on the first training batch
+    with torch.no_grad():
+        point.log_step.fill_(0.0)  # step 1: levels -2, -1, 0, 1
+    steps = trace_training.StepTrace(gm)
+    assert len(point._forward_hooks) == 1
+    gm.eval()
+    gm(torch.tensor([0.2, 0.9, 1.4, 3.0, -2.0, -0.7, -2.7, 1.6]))
+    seen = steps.take()
+    name = next(iter(seen))
+    assert seen[name]["step"] == 1.0
+    assert seen[name]["clipped"] == 3 / 8  # 3.0, -2.7 and 1.6 lie past the grid
+    assert seen[name]["max_abs"] == 3.0 and seen[name]["grid_max_abs"] == 2.0  # (-2)
+    gm.train()
+    gm(torch.tensor([5.0]))
+    assert steps.take() == {}  # training forwards are not traced
+    steps.remove()
+    assert len(point._forward_hooks) == 0
+
+
 @pytest.mark.parametrize("argv, flag", [
+    (["--recipe", "recommended", "--row", "int4"], "--row"),
+    (["--recipe", "recommended", "--float-epochs", "3"], "--float-epochs"),
+    (["--recipe", "hub-messages", "--lsq-refit", "3"], "--lsq-refit"),
+    (["--recipe", "hub-messages", "--step-lr", "0.1"], "--step-lr"),
+    (["--recipe", "hub-messages", "--protect", "0:0.1"], "--protect"),
+    (["--target-bits", "2"], "--target-bits"),
+    (["--recipe", "lsq-protect", "--target-bits", "2"], "--target-bits"),
+    (["--recipe", "hub-messages", "--target-bits", "nan"], "--target-bits"),
+    (["--recipe", "recommended", "--epochs", "30"], "--epochs"),
+    (["--recipe", "recommended", "--epochs", "0"], "--epochs"),
     (["--row", "int9"], "--row"),
     (["--row", "fp32", "--lsq-refit", "3"], "--lsq-refit"),
     (["--row", "fp32", "--float-epochs", "3"], "--float-epochs"),
