@@ -21,9 +21,10 @@ expose.
 row (its own settings; ``--target-bits`` for the per-node bit recipes), prepared and
 trained as ``examples/bits_pareto.py`` does. For every point with a learned step the run
 also records, each epoch, the step and, in the evaluation, the share of values beyond the
-grid's edge (``clipped``: rounded by more than half a step, on the grid's largest level or,
-signed grids, its lowest) with the largest value and the largest rounded one; a second
-table lists them at the first rounded epoch, the reported one and the last.
+grid's edge (``clipped``: more than half a step past the grid's top level or, signed grids,
+its lowest; an unsigned grid's zeroed negatives are not counted) with the largest value and
+the largest rounded one; a second table lists them at the first rounded epoch, the
+reported one and the last.
 """
 
 from __future__ import annotations
@@ -107,8 +108,10 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
 
 class StepTrace:
     """Forward hooks on the model's points with a learned step: in each evaluation, the
-    step, the share of values beyond the grid's edge, the largest value and the largest
-    rounded one (:meth:`take` hands them over and starts the next epoch's)."""
+    step, the share of values beyond the grid's edge (more than half a step past its top
+    level or, signed grids, its lowest; each row's own grid with per-node bit-widths), the
+    largest value and the largest rounded one (:meth:`take` hands them over and starts the
+    next epoch's)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.seen: dict[str, dict[str, float]] = {}
@@ -123,9 +126,20 @@ class StepTrace:
                     out, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
                 return
             step = float(point.log_step.detach().exp())
+            number = point.config.format
             with torch.no_grad():
                 x, y = x.detach().float(), out.detach().float()
-                past = ((x - y) > 0.5 * step) | (((y - x) > 0.5 * step) & (y < 0))
+                qmin, qmax = torch.tensor(float(number.qmin)), torch.tensor(float(number.qmax))
+                row_bits = point.__dict__.get("last_row_bits")
+                if point.config.node_bits is not None and row_bits is not None:
+                    bits = row_bits[0].detach().float().view((-1,) + (1,) * (x.dim() - 1))
+                    qmax = 2 ** (bits - 1) - 1 if number.signed else 2 ** bits - 1
+                    qmin = (-qmax - 1 if number.midrise else -qmax) if number.signed \
+                        else qmax * 0
+                # in codes: more than half a step past the top level (or the lowest, signed
+                # grids), whichever way the point rounds (nearest or stochastic)
+                u = x / step - number.offset
+                past = (u > qmax + 0.5) | ((u < qmin - 0.5) if number.signed else False)
                 self.seen[name] = {"step": step, "clipped": float(past.float().mean()),
                                    "max_abs": float(x.abs().max()),
                                    "grid_max_abs": float(y.abs().max())}

@@ -246,6 +246,42 @@ def test_step_trace_counts_values_past_the_grid_and_leaves_no_hook():
     assert len(point._forward_hooks) == 0
 
 
+def _point_with_step_one(config, first_batch):
+    import fxquant
+
+    gm = fxquant.transform(torch.nn.Sequential(torch.nn.Identity()),
+                           fxquant.QuantMapping().set_name("0", config))
+    gm.train()
+    gm(first_batch)  # fits the step
+    point = next(m for m in gm.modules() if isinstance(m, fxquant.QuantPoint))
+    with torch.no_grad():
+        point.log_step.fill_(0.0)
+    return gm.eval()
+
+
+def test_step_trace_clipping_is_the_grids_not_the_rounding_error():
+    """Stochastic rounding moves values inside the grid by up to a step: none of them is
+    past the edge. Per-node widths: each row against its own grid; an unsigned grid's
+    negatives (what a ReLU would zero) are not counted."""
+    import fxquant
+
+    gm = _point_with_step_one(fxquant.QuantConfig("int2", "stochastic", scale="tensor",
+                                                  range="lsq"), torch.tensor([1.0, -1.0]))
+    steps = trace_training.StepTrace(gm)
+    torch.manual_seed(0)
+    gm(torch.linspace(-2.4, 1.4, 1000))  # levels -2..1: every value within half a step
+    assert next(iter(steps.take().values()))["clipped"] == 0.0
+    gm(torch.tensor([0.5, 1.6, -2.6, 0.0]))
+    assert next(iter(steps.take().values()))["clipped"] == 0.5
+    bits = fxquant.NodeBits(torch.tensor([1.0, 2.0]), min_bits=1, max_bits=2)
+    gm = _point_with_step_one(fxquant.QuantConfig("uint8", scale="tensor", range="lsq",
+                                                  node_bits=bits),
+                              torch.tensor([[1.0, 0.5], [2.0, 1.0]]))
+    steps = trace_training.StepTrace(gm)
+    gm(torch.tensor([[1.4, -0.7], [1.4, 3.6]]))  # row 0 tops at 1, row 1 at 3
+    assert next(iter(steps.take().values()))["clipped"] == 0.25
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--recipe", "recommended", "--row", "int4"], "--row"),
     (["--recipe", "recommended", "--float-epochs", "3"], "--float-epochs"),
