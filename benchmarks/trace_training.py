@@ -14,8 +14,8 @@ resolves to the first class). ``--refit-widen`` and ``--step-lr`` set the
 :class:`fxquant.recipes.QuantTraining` settings of the same names, which the table does not
 expose.
 
-    python -m benchmarks.trace_training --recipe recommended --target-bits 2 --dataset Cora \
-        --seed 3
+    python -m benchmarks.trace_training --recipe recommended --target-bits 2 --dataset Cora \\
+        --seed 3 --steps
 
 ``--recipe NAME`` traces one of :func:`fxquant.recipes.get`'s recipes instead of a table
 row (its own settings; ``--target-bits`` for the per-node bit recipes), prepared and
@@ -23,8 +23,8 @@ trained as ``examples/bits_pareto.py`` does. For every point with a learned step
 also records, each epoch, the step and, in the evaluation, the share of values beyond the
 grid's edge (``clipped``: more than half a step past the grid's top level or, signed grids,
 its lowest; an unsigned grid's zeroed negatives are not counted) with the largest value and
-the largest rounded one; a second table lists them at the first rounded epoch, the
-reported one and the last.
+the largest rounded one (in the JSON, ``points`` of each epoch); ``--steps`` prints them
+at the epoch the steps are fitted, the reported one and the last.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from dataclasses import fields
 from typing import Any
 
 import torch
+from torch_geometric.data import Data
 
 import fxquant
 from fxquant.datasets import PLANETOID_NAMES
@@ -59,9 +60,8 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
         torch.manual_seed(seed)
         plain = training.make_model(model_kind, data.num_features, num_classes)
         chosen = {} if target_bits is None else {"target_bits": target_bits}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run = fxquant.recipes.get(recipe, **chosen).prepare(plain, data, lint="off")
+        # (its warnings show: hub-messages saying it lowered its quantile to fit the budget)
+        run = fxquant.recipes.get(recipe, **chosen).prepare(plain, data, lint="off")
         model: torch.nn.Module = run.model
         float_epochs = run.float_epochs
     else:
@@ -171,23 +171,34 @@ def table(payload: dict[str, Any], every: int) -> str:
 
 
 def step_table(payload: dict[str, Any]) -> str:
-    """The learned steps at the first rounded epoch, the reported one and the last."""
+    """The learned steps at the epoch they are fitted (the first trained rounded), the
+    reported one and the last, in epoch order."""
     trace = payload["trace"]
-    first = min(payload["float_epochs"], len(trace) - 1)
-    when = {"first rounded": first, "reported": payload["reported_epoch"],
-            "last": len(trace) - 1}
+    last = len(trace) - 1
+    fitted = min(payload["float_epochs"], last)
+    labels: dict[int, list[str]] = {}
+    for label, epoch in (("fitted", fitted), ("reported", payload["reported_epoch"]),
+                         ("last", last)):
+        if epoch is not None:
+            labels.setdefault(epoch, []).append(label)
+    epochs = sorted(labels)
     names = list(trace[-1].get("points", {}))
-    epochs = {k: e for k, e in when.items() if e is not None}
-    lines = ["| point | " + " | ".join(f"step, {k} (epoch {e})" for k, e in epochs.items())
+    lines = ["| point | " + " | ".join(f"step, {' and '.join(labels[e])} (epoch {e})"
+                                      for e in epochs)
              + " | clipped (reported) | largest value / largest rounded (reported) |",
              "| --- " * (len(epochs) + 3) + "|"]
     at = trace[payload["reported_epoch"] if payload["reported_epoch"] is not None else -1]
     for name in names:
-        found = [trace[e].get("points", {}).get(name) for e in epochs.values()]
+        found = [trace[e].get("points", {}).get(name) for e in epochs]
         now = at.get("points", {}).get(name)
         lines.append(f"| {name} | " + " | ".join(f"{p['step']:.3g}" if p else "-" for p in found)
                      + (f" | {100 * now['clipped']:.2f}% | {now['max_abs']:.3g} / "
                         f"{now['grid_max_abs']:.3g} |" if now else " | - | - |"))
+    reported = payload["reported_epoch"]
+    if reported is not None and reported < payload["float_epochs"]:
+        lines.append(f"\nThe reported epoch {reported} trained in float32: its evaluation "
+                     "rounded with the placeholder steps (1), fitted only at epoch "
+                     f"{payload['float_epochs']}.")
     return "\n".join(lines)
 
 
@@ -212,6 +223,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--protect", type=training.protect_arg, default=None,
                    help="P_MIN:P_MAX, as dq_table.py's --protect (default 0:0.2)")
     p.add_argument("--every", type=int, default=10, help="print every N-th epoch")
+    p.add_argument("--steps", action="store_true",
+                   help="also print each learned step (fitted, reported and last epoch) with "
+                        "the share of values past its grid")
     p.add_argument("--root", default=None, help="dataset folder (default: $FXQUANT_DATA)")
     p.add_argument("--json", default=None, help="write every epoch's numbers here")
     args = p.parse_args(argv)
@@ -239,9 +253,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{100 * payload['val']:.1f}, test {100 * payload['test']:.1f} at epoch "
           f"{payload['reported_epoch']}")
     print(table(payload, args.every))
-    if any("points" in r for r in payload["trace"]):
+    if args.steps:
         print()
-        print(step_table(payload))
+        print(step_table(payload) if any("points" in r for r in payload["trace"]) else
+              "(no point with a learned step: nothing to list)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)
@@ -250,7 +265,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--recipe``: the row's flags would be ignored; ``--target-bits`` needs a recipe
-    that has a budget."""
+    that has a budget, and one it can build."""
+    from examples import training
+
     for flag, given in (("--row", args.row is not None), ("--lsq-refit", args.lsq_refit),
                         ("--float-epochs", args.float_epochs),
                         ("--refit-widen", args.refit_widen),
@@ -265,6 +282,15 @@ def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--target-bits: the {args.recipe} recipe has no bit budget")
         if not (math.isfinite(args.target_bits) and args.target_bits > 0):
             p.error(f"--target-bits must be a finite number above 0, got {args.target_bits}")
+        graph = Data(x=torch.full((4, 8), 0.125), num_nodes=4,
+                     edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]))
+        try:  # built on a stand-in graph and model, as bits_pareto.py checks its budgets
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fxquant.recipes.get(args.recipe, target_bits=args.target_bits).prepare(
+                    training.make_model(args.model, 8, 3), graph, lint="off")
+        except fxquant.FxquantError as e:
+            p.error(f"--target-bits {args.target_bits:g} with --recipe {args.recipe}: {e}")
     if getattr(recipe, "float_epochs", 0) >= args.epochs:
         p.error(f"--epochs {args.epochs}: the {args.recipe} recipe trains its first "
                 f"{recipe.float_epochs} epochs in float32, so nothing rounded would be traced")

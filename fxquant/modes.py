@@ -52,10 +52,11 @@ class Rounding(_Vocabulary):
 
     ``TOWARD_ZERO`` drops what does not fit, ``NEAREST`` rounds half to even,
     ``STOCHASTIC`` goes to one of the two neighbours at random, the farther one with
-    probability equal to the distance to the nearer (in steps): unbiased, so the mean of
-    many rounded copies is the value. On a value's magnitude (truncation) that is away from
-    zero with probability equal to the dropped fraction; on an integer grid, up with
-    probability equal to the fraction of a step above the level below.
+    probability equal to the distance to the nearer (in steps), so that between two
+    neighbours it carries no bias (a value clamped to a grid's edge, or rounded to inf,
+    still is). On a pattern's magnitude (truncation) that is away from zero with probability
+    equal to the dropped fraction; on an integer grid, up with probability equal to the
+    fraction of a step above the level below.
     """
 
     TOWARD_ZERO = "toward_zero"

@@ -10,7 +10,7 @@ Rules, in order (every dtype, bit width and rounding):
 2. The magnitude is rounded to a multiple of ``2 ** (width - bits)``:
    ``"toward_zero"`` drops the low bits, ``"nearest"`` rounds half to even,
    ``"stochastic"`` rounds the magnitude up with probability equal to the dropped
-   fraction (unbiased).
+   fraction (unbiased on the pattern; see below).
 3. A rounded magnitude past the largest finite pattern becomes inf of the same sign.
 
 ``bits`` counts from the top of the tensor's own pattern (float32: 32, float64: 64,

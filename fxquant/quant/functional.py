@@ -58,8 +58,8 @@ def truncate(
             pattern: ``1 <= bits <= 32`` for float32, 64 for float64, 16 for half types.
         rounding (str, optional): ``"toward_zero"`` drops the low bits (default),
             ``"nearest"`` rounds half to even, ``"stochastic"`` rounds the magnitude up
-            with probability equal to the dropped fraction (unbiased; reproducible under
-            ``torch.manual_seed`` or ``generator``).
+            with probability equal to the dropped fraction (unbiased on the pattern;
+            reproducible under ``torch.manual_seed`` or ``generator``).
         grad (str, optional): ``"ste"`` passes the gradient through unchanged
             (straight-through estimator, default); ``"zero"`` is the true derivative of the
             truncation, zero.

@@ -203,7 +203,7 @@ def test_trace_training_traces_a_recipe_and_its_learned_steps(tmp_path):
     clipped share in each evaluation; the two points that share a step show one value; the
     steps are fitted at the first rounded epoch (placeholders of 1 before)."""
     payload = trace_training.main(["--recipe", "recommended", "--target-bits", "2",
-                                   "--epochs", "32", "--every", "10"])
+                                   "--epochs", "32", "--every", "10", "--steps"])
     assert payload["recipe"]["name"] == "hub-messages"
     assert payload["recipe"]["settings"]["float_epochs"] == 30 == payload["float_epochs"]
     points = [r["points"] for r in payload["trace"]]
@@ -213,7 +213,24 @@ def test_trace_training_traces_a_recipe_and_its_learned_steps(tmp_path):
     fitted = points[30]
     assert all(0 < v["step"] < 1 and 0 <= v["clipped"] <= 1 for v in fitted.values())
     assert fitted["conv1_quant"]["step"] == fitted["conv2_input_quant"]["step"]  # shared
-    assert "first rounded (epoch 30)" in trace_training.step_table(payload)
+    table = trace_training.step_table(payload)
+    columns = table.splitlines()[0]
+    assert "fitted (epoch 30)" in columns and "(epoch 31)" in columns
+    assert columns.index("(epoch 30)") < columns.index("(epoch 31)")  # in epoch order
+    early = dict(payload, reported_epoch=12)
+    assert columns.count("|") == trace_training.step_table(early).splitlines()[1].count("|")
+    assert "placeholder steps" in trace_training.step_table(early)
+
+
+@needs_data
+def test_trace_training_row_prints_what_it_printed(capsys):
+    """A row's trace without --steps prints its one table, as before the learned steps
+    were traced (they are in the JSON); --steps adds theirs."""
+    trace_training.main(["--row", "int4-lsq-p", "--epochs", "2", "--every", "1"])
+    out = capsys.readouterr().out
+    assert out.count("| epoch |") == 1 and "step," not in out and len(out.splitlines()) == 5
+    trace_training.main(["--row", "int8", "--epochs", "1", "--steps"])
+    assert "nothing to list" in capsys.readouterr().out
 
 
 def test_step_trace_counts_values_past_the_grid_and_leaves_no_hook():
@@ -292,6 +309,7 @@ def test_step_trace_clipping_is_the_grids_not_the_rounding_error():
     (["--recipe", "lsq-protect", "--target-bits", "2"], "--target-bits"),
     (["--recipe", "hub-messages", "--target-bits", "nan"], "--target-bits"),
     (["--recipe", "recommended", "--epochs", "30"], "--epochs"),
+    (["--recipe", "recommended", "--target-bits", "40"], "--target-bits"),
     (["--recipe", "recommended", "--epochs", "0"], "--epochs"),
     (["--row", "int9"], "--row"),
     (["--row", "fp32", "--lsq-refit", "3"], "--lsq-refit"),
