@@ -42,7 +42,7 @@ from fxquant.linter.recording import (
     run_forward,
 )
 from fxquant.linter.report import Finding, LintReport
-from fxquant.linter.rules import strip_comment
+from fxquant.linter.rules import hint_for_inplace, strip_comment
 from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import clone_inputs, restored_state
 
@@ -295,13 +295,15 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
               if write[1] is None or write[1] not in already]
     names = ", ".join(repr(n) for n in wrong[:6]) + (" ..." if len(wrong) > 6 else "")
     if silent:
-        for entry, (code, where, node, _) in silent:
+        for entry, (code, where, node, op) in silent:
             saver = f"`{entry.op}`" + (f" at {entry.where}" if entry.where else "")
+            fused = op.startswith("_fused_") and not entry.kept_as
             how = ("which went through your saved-tensor hooks as it was, so autograd "
                    "does not check it" if entry.kept_as == "saved_tensors_hooks" else
                    f"which `{entry.op}` keeps as `{entry.kept_as}` instead of through "
                    "save_for_backward, so autograd does not check it" if entry.kept_as else
-                   "through `.data`" if ".data" in code else
+                   f"through `{op}`, a fused kernel that moves no version counter" if fused
+                   else "through `.data`" if ".data" in code else
                    "through an alias autograd does not track")
             report.add(Finding(
                 "FXQ012", node, where,
@@ -311,6 +313,7 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
                 if entry.kept_as == "saved_tensors_hooks" else
                 "save it with ctx.save_for_backward (autograd then refuses the write), or "
                 "write into a copy (`y = y * 3`)" if entry.kept_as else
+                hint_for_inplace(code, op) if fused else
                 "compute a new tensor instead of writing into the saved one (`w = f(w)`), "
                 "or make the change under torch.no_grad() before the value is used",
                 related=entry.op, related_location=entry.where))

@@ -779,6 +779,9 @@ class Recorder:
                     self._report_saved(entry, code, where, node, op)
             elif any(_same_storage(t, entry.tensor) for t in written):
                 entry.silent.append((code, where, node, op))
+                if self.scan_saved and entry.in_graph and not entry.kept_as \
+                        and op.startswith("_fused_"):
+                    self._report_unversioned(entry, code, where, node, op)
         # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there)
         if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
             self.add("FXQ002", where, node,
@@ -872,6 +875,18 @@ class Recorder:
                  f"{what} writes in place into a tensor that `{entry.op}` "
                  "saved for backward: backward fails with 'modified by an inplace operation' "
                  "(anomaly mode names the saving line instead of this one).",
+                 hint, related=entry.op, related_location=entry.where)
+
+    def _report_unversioned(self, entry: SavedTensor, code: str, where: Location | None,
+                            node: str, op: str) -> None:
+        """FXQ001 for a write through a fused kernel (``torch._fused_adam_``: the fused
+        optimizers' step), which moves no version counter, so backward does not refuse it."""
+        what, hint = self._write_site(code, where, node, op)
+        self.add("FXQ001", where, node,
+                 f"{what} writes in place into a tensor that `{entry.op}` saved for "
+                 f"backward, through `{op}`, a fused kernel that moves no version counter: "
+                 "backward does not fail but computes with the changed value, so the "
+                 "gradients are wrong, silently.",
                  hint, related=entry.op, related_location=entry.where)
 
 

@@ -159,3 +159,39 @@ def test_a_pack_hook_that_keeps_the_tensor_in_a_holder_passes_it_through():
     line = Net.forward.__code__.co_firstlineno + 3
     assert [(f.rule, f.line) for f in fxquant.check(Net(), torch.randn(3, 4)).errors] == [
         ("FXQ012", line)]
+
+
+class StepsInForward(nn.Module):
+    """Steps an optimizer over the head after the head ran: the step writes weights the
+    graph saved (``fused``: one kernel, which moves no version counter)."""
+
+    def __init__(self, fused: bool, head_saved: bool = True):
+        super().__init__()
+        self.body, self.head, self.aux = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.head_saved = head_saved
+        stepped = self.head if head_saved else self.aux
+        self.opt = torch.optim.Adam(stepped.parameters(), lr=0.1, fused=fused,
+                                    foreach=None if fused else False)
+        for p in stepped.parameters():
+            p.grad = torch.ones_like(p)
+
+    def forward(self, x):
+        y = self.head(self.body(x))
+        self.opt.step()  # the step
+        return y
+
+
+def test_a_fused_optimizer_step_into_saved_weights_is_named_as_silent():
+    """The fused step (``torch._fused_adam_``) bumps no version counter: backward runs and
+    computes with the stepped weights. lint names the step as a silent write (the
+    for-loop step's FXQ001 still says backward fails); stepping weights nothing saved is
+    no finding."""
+    line = StepsInForward.forward.__code__.co_firstlineno + 2
+    x = torch.randn(3, 4)
+    fused = fxquant.lint(StepsInForward(fused=True), x)
+    assert _errors(fused) == [("FXQ001", line)]
+    assert "moves no version counter" in fused.errors[0].message
+    assert "silently" in fused.errors[0].message
+    loop = fxquant.lint(StepsInForward(fused=False), x)
+    assert _errors(loop) == [("FXQ001", line)] and "backward fails" in loop.errors[0].message
+    assert not fxquant.lint(StepsInForward(fused=True, head_saved=False), x).errors
