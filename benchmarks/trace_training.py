@@ -38,10 +38,10 @@ from dataclasses import fields
 from typing import Any
 
 import torch
-from torch_geometric.data import Data
 
 import fxquant
 from fxquant.datasets import PLANETOID_NAMES
+from fxquant.quant.points import _code_range
 
 from .common import ROOT
 
@@ -129,13 +129,11 @@ class StepTrace:
             number = point.config.format
             with torch.no_grad():
                 x, y = x.detach().float(), out.detach().float()
-                qmin, qmax = torch.tensor(float(number.qmin)), torch.tensor(float(number.qmax))
+                qmin, qmax = number.qmin, number.qmax
                 row_bits = point.__dict__.get("last_row_bits")
                 if point.config.node_bits is not None and row_bits is not None:
                     bits = row_bits[0].detach().float().view((-1,) + (1,) * (x.dim() - 1))
-                    qmax = 2 ** (bits - 1) - 1 if number.signed else 2 ** bits - 1
-                    qmin = (-qmax - 1 if number.midrise else -qmax) if number.signed \
-                        else qmax * 0
+                    qmin, qmax = _code_range(bits, number)  # each row's own grid
                 # in codes: more than half a step past the top level (or the lowest, signed
                 # grids), whichever way the point rounds (nearest or stochastic)
                 u = x / step - number.offset
@@ -282,13 +280,12 @@ def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--target-bits: the {args.recipe} recipe has no bit budget")
         if not (math.isfinite(args.target_bits) and args.target_bits > 0):
             p.error(f"--target-bits must be a finite number above 0, got {args.target_bits}")
-        graph = Data(x=torch.full((4, 8), 0.125), num_nodes=4,
-                     edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]))
         try:  # built on a stand-in graph and model, as bits_pareto.py checks its budgets
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 fxquant.recipes.get(args.recipe, target_bits=args.target_bits).prepare(
-                    training.make_model(args.model, 8, 3), graph, lint="off")
+                    training.make_model(args.model, 8, 3), training.stand_in_graph(),
+                    lint="off")
         except fxquant.FxquantError as e:
             p.error(f"--target-bits {args.target_bits:g} with --recipe {args.recipe}: {e}")
     if getattr(recipe, "float_epochs", 0) >= args.epochs:

@@ -62,7 +62,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from torch_geometric.data import Data
 
 import fxquant
 from fxquant.datasets import PLANETOID_NAMES
@@ -289,8 +288,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--refit-widen changes how refits fit the steps; please give --lsq-refit N "
                 "or --anneal-refit R too (without refits it would be ignored)")
     # each budget, built on a stand-in graph and model
-    graph = Data(x=torch.full((4, 8), 0.125), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]),
-                 num_nodes=4)
+    graph = training.stand_in_graph()
     for target in args.target_bits:
         try:
             with warnings.catch_warnings():

@@ -87,6 +87,13 @@ def make_model(kind: str, in_channels: int, num_classes: int) -> torch.nn.Module
                dropout=0.5)
 
 
+def stand_in_graph() -> Data:
+    """A 4-node ring with 8 features (row-normalized values): what a script's flag checks
+    build a recipe on before any work, with ``make_model(kind, 8, 3)``."""
+    return Data(x=torch.full((4, 8), 0.125), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]),
+                num_nodes=4)
+
+
 def load_data(name: str, root: str | None, script: str) -> tuple[Data, int]:
     """The Planetoid graph (row-normalized features) and its number of classes; a missing
     dataset is one clear message (``SystemExit``) naming ``--root`` and ``FXQUANT_DATA``."""

@@ -221,8 +221,8 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
         _starved(protected, rec, report, " (once the errors above are fixed)")
         if real_error is not None and not report.errors:
             rec.report_checkpoint_writes(report)
-        if real_error is not None and not report.errors:
-            report_exception(report, "backward", real_error)
+            if not report.errors:
+                report_exception(report, "backward", real_error)
     return run
 
 

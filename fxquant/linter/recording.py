@@ -777,11 +777,15 @@ class Recorder:
                 entry.culprits.append((code, where, node, op))
                 if self.scan_saved:
                     self._report_saved(entry, code, where, node, op)
-            elif any(_same_storage(t, entry.tensor) for t in written):
-                entry.silent.append((code, where, node, op))
+            else:  # a write into its memory that moved no version counter
+                hit = next((name for name, t, _ in writes if _same_storage(t, entry.tensor)),
+                           None)
+                if hit is None:
+                    continue
+                entry.silent.append((code, where, node, hit))
                 if self.scan_saved and entry.in_graph and not entry.kept_as \
-                        and op.startswith("_fused_"):
-                    self._report_unversioned(entry, code, where, node, op)
+                        and hit.startswith("_fused_"):
+                    self._report_unversioned(entry, code, where, node, hit)
         # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there)
         if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
             self.add("FXQ002", where, node,
