@@ -159,7 +159,8 @@ def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
 def build(cfg: Config, data, num_classes: int, seed: int, model_kind: str = "gcn"
           ) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = training.make_model(model_kind, data.num_features, num_classes)
+    # (initialised on the CPU, the same weights on every device; transformed where the data is)
+    model = training.make_model(model_kind, data.num_features, num_classes).to(data.x.device)
     if cfg.number is None:
         return model
     if cfg.recipe is not None:

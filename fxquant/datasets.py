@@ -19,6 +19,7 @@ import importlib.util
 import os
 import pickle
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,46 @@ def _broken_file(folder: Path, name: str) -> tuple[str, BaseException] | None:
     return None
 
 
+def _ready(work: Path, name: str) -> bool:
+    """Whether a cache entry holds the raw files and PyG's processed data."""
+    return (work / name / "processed" / "data.pt").is_file() and \
+        all((work / name / "raw" / f).is_file() for f in _raw_names(name))
+
+
+def _build_entry(raw: Path, work: Path, name: str) -> None:
+    """Copy the raw files and let PyG process them in a private folder beside ``work``,
+    then move it into place in one rename: processes loading the same data at once (a
+    pool of workers) never read a half-written file; the first rename wins."""
+    work.parent.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix=f".{work.name}-", dir=work.parent))
+    try:
+        dest = private / name / "raw"
+        dest.mkdir(parents=True)
+        for f in _raw_names(name):
+            shutil.copyfile(raw / f, dest / f)
+        try:
+            Planetoid(str(private), name, split="public")
+        except Exception as e:
+            broken = _broken_file(dest, name)
+            if broken is None:
+                raise
+            file, cause = broken
+            raise FxquantValueError(
+                f"Planetoid {name}: the raw file {raw / file} cannot be read "
+                f"({type(cause).__name__}: {cause}); it is corrupt or truncated. Please "
+                "replace it with the original."
+            ) from e
+        if work.exists() and not _ready(work, name):  # left half-built by an older version
+            shutil.rmtree(work, ignore_errors=True)
+        try:
+            os.rename(private, work)
+        except OSError:  # another process moved its entry into place first
+            if not _ready(work, name):
+                raise
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def load_planetoid(
     name: str = "Cora",
     root: str | os.PathLike[str] | None = None,
@@ -155,23 +196,9 @@ def load_planetoid(
 
     if raw is not None:
         work = cache / "planetoid" / f"{canonical}-{_content_key(raw, canonical)}"
-        dest = work / canonical / "raw"
-        if not all((dest / f).is_file() for f in _raw_names(canonical)):
-            dest.mkdir(parents=True, exist_ok=True)
-            for f in _raw_names(canonical):
-                shutil.copyfile(raw / f, dest / f)
-        try:
-            return Planetoid(str(work), canonical, split="public", transform=transform)
-        except Exception as e:
-            broken = _broken_file(dest, canonical)
-            if broken is None:
-                raise
-            file, cause = broken
-            raise FxquantValueError(
-                f"Planetoid {canonical}: the raw file {raw / file} cannot be read "
-                f"({type(cause).__name__}: {cause}); it is corrupt or truncated. Please "
-                "replace it with the original."
-            ) from e
+        if not _ready(work, canonical):
+            _build_entry(raw, work, canonical)
+        return Planetoid(str(work), canonical, split="public", transform=transform)
     work = cache / "planetoid" / f"{canonical}-download"
     looked.append(str(work / canonical / "raw"))
     if not download and not all((work / canonical / "raw" / f).is_file()

@@ -128,3 +128,34 @@ def test_cache_inside_the_data_root_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="lies inside the data root"):
         load_planetoid("Cora", root=root)
     assert tree(root) == before
+
+
+def _load_in_worker(args: tuple[str, str]) -> int:
+    import os
+
+    os.environ["FXQUANT_CACHE"] = args[0]
+    return int(load_planetoid(args[1])[0].num_nodes)
+
+
+@needs_data
+def test_processes_loading_a_new_cache_entry_at_once_all_succeed(tmp_path):
+    """A pool of workers each loading the same dataset into an empty cache: none reads a
+    half-written file (each entry is built privately and moved into place in one rename),
+    and one entry is left with no private folders beside it."""
+    import multiprocessing
+
+    cache = tmp_path / "cache"
+    jobs = [(str(cache), "CiteSeer")] * 6
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        assert pool.map(_load_in_worker, jobs) == [3327] * 6
+    assert [p.name.split("-")[0] for p in (cache / "planetoid").iterdir()] == ["CiteSeer"]
+
+
+@needs_data
+def test_an_entry_left_half_built_is_built_again(cache):
+    """An entry holding raw files but no processed data (an interrupted first load) loads."""
+    load_planetoid("Cora")
+    (entry,) = (cache / "planetoid").iterdir()
+    shutil.rmtree(entry / "Cora" / "processed")
+    assert load_planetoid("Cora")[0].num_nodes == 2708
+    assert (entry / "Cora" / "processed" / "data.pt").is_file()

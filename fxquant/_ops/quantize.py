@@ -339,14 +339,14 @@ def int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tens
     zero_point = None
     if fmt.asymmetric:
         lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
-        span = hi - lo
-        scale = span / (fmt.qmax - fmt.qmin)
+        span, levels = hi - lo, fmt.qmax - fmt.qmin
     elif fmt.signed:
-        span = _amax(bounds)
-        scale = span / fmt.max_finite
+        span, levels = _amax(bounds), fmt.max_finite
     else:
-        span = torch.clamp(hi, min=0.0)
-        scale = span / fmt.qmax
+        span, levels = torch.clamp(hi, min=0.0), fmt.qmax
+    # a tensor divisor: CUDA computes `tensor / python_number` as a product with the
+    # number's reciprocal, one ulp off the CPU's division for most spans
+    scale = torch.div(span, torch.full_like(span, float(levels)))
     usable = (scale > 0) & torch.isfinite(scale) & (scale >= torch.finfo(scale.dtype).tiny)
     scale = torch.where(usable, scale, 1.0)
     if mode.pow2:  # ceil to a power of two, so the largest value stays on the grid
