@@ -337,6 +337,7 @@ def int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tens
     """``(scale, zero_point)`` of an integer format from ``(lo, hi)`` bounds."""
     lo, hi = bounds[..., 0], bounds[..., 1]
     zero_point = None
+    levels: float
     if fmt.asymmetric:
         lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
         span, levels = hi - lo, fmt.qmax - fmt.qmin
