@@ -131,6 +131,7 @@ class Result:
     within_budget: bool
     epoch_ms: list[float] = field(default_factory=list)
     val: float = 0.0  # the validation accuracy of the reported epoch (0.0: none above 0)
+    logits: Tensor | None = None  # the reported epoch's evaluation output (a teacher's)
 
 
 def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining | None = None,
@@ -148,13 +149,15 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
     times = []
     bar = tqdm(range(epochs), desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True,
                disable=not progress)
+    kept: Tensor | None = None
     for epoch in bar:
         start = time.perf_counter()
         model.train()
         run.start_epoch(epoch)
         optimizer.zero_grad()
         out = model(data.x, data.edge_index)
-        loss = run.loss(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]))
+        loss = run.loss(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]),
+                        output=out)
         loss.backward()
         optimizer.step()
         if device.type == "cuda":
@@ -166,7 +169,8 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
         pred = logits.argmax(dim=-1)
         val = float((pred[data.val_mask] == data.y[data.val_mask]).float().mean())
         test = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
-        run.observe(val, test=test)
+        if run.observe(val, test=test):
+            kept = logits
         if on_epoch is not None:
             on_epoch(epoch, loss.item(), logits)
         best = run.best
@@ -178,7 +182,21 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
         bits = fxquant.bit_report(model, data.x, data.edge_index)
     return Result(best.metrics["test"] if best is not None else 0.0, bits,
                   best.within_budget if best is not None else False, times,
-                  best.val if best is not None else 0.0)
+                  best.val if best is not None else 0.0, kept)
+
+
+def teacher_logits(kind: str, data: Data, num_classes: int, seed: int, epochs: int,
+                   device: torch.device | None = None) -> Tensor:
+    """A distilling run's teacher (``QuantTraining(distill=...)``): the model ``kind`` of
+    ``seed`` (the initialisation the rounded model starts from) trained in float32 by
+    :func:`fit`, its logits at the best validation epoch."""
+    torch.manual_seed(seed)
+    model = make_model(kind, data.num_features, num_classes)
+    result = fit(model, data, epochs, device=device, progress=False)
+    if result.logits is None:
+        raise SystemExit(f"the float32 teacher ({kind}, seed {seed}) scored 0 on validation "
+                         "in every epoch; there is nothing to distill")
+    return result.logits
 
 
 def paired(reference: list[float], other: list[float]) -> str:

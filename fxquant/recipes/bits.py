@@ -60,9 +60,13 @@ class _BitsRecipe(Recipe):
     refit_widen: bool = False
     float_epochs: int = 0
     message_rounding: str = "nearest"
+    distill: float = 0.0
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         check_positive(self.target_bits, "target_bits")
+        check_positive(self.distill, "distill", zero=True)
+        check_positive(self.temperature, "temperature")
         check_count(self.refit_epochs, "refit_epochs")
         check_count(self.float_epochs, "float_epochs")
         check_flag(self.refit_widen, "refit_widen")
@@ -123,7 +127,8 @@ class _BitsRecipe(Recipe):
         """The :class:`~fxquant.recipes.QuantTraining` settings every bit recipe passes."""
         return {"refit_epochs": self.refit_epochs, "refit_widen": self.refit_widen,
                 "target_bits": self.target_bits, "select": self.select, "step_lr": self.step_lr,
-                "float_epochs": self.float_epochs}
+                "float_epochs": self.float_epochs, "distill": self.distill,
+                "temperature": self.temperature}
 
     def tie(self, gm: GraphModule) -> None:
         if self.shared_step:
@@ -211,6 +216,12 @@ class HubMessages(_BitsRecipe):
             rounds up with probability its fraction of a step, so that a node's sum of
             many rounded messages carries no rounding bias; in evaluation too (seed torch's
             generator to repeat an evaluation exactly). (default: ``"nearest"``)
+        distill (float, optional): weight of distillation from a float32 teacher's
+            predictions (the run needs :meth:`~fxquant.recipes.QuantTraining.set_teacher`
+            and the output in ``loss``; :class:`~fxquant.recipes.QuantTraining`). ``0`` is
+            off. (default: ``0.0``)
+        temperature (float, optional): the distillation's softmax temperature.
+            (default: ``1.0``)
         fit_budget (bool, optional): where the final widths would count more than
             ``target_bits`` (:func:`fxquant.bit_report` on ``data``; a graph whose top
             in-degree decile receives few of the messages), lower the hub quantile by 0.05
@@ -333,8 +344,8 @@ class LearnedBits(_BitsRecipe):
             layer) or ``"all"`` (one for the model; :func:`fxquant.share_bits`).
             (default: ``"none"``)
         midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
-        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding: as
-            :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding, distill,
+            temperature: as :class:`HubMessages`.
     """
 
     name: ClassVar[str] = "learned-bits"
@@ -411,8 +422,8 @@ class BudgetBits(_BitsRecipe):
             target's in-degree, hubs lowest, as :class:`HubMessages`; other sites random).
             (default: ``"random"``)
         midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
-        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding: as
-            :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding, distill,
+            temperature: as :class:`HubMessages`.
 
     Example:
         >>> from torch_geometric.data import Data

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx import GraphModule
 from torch_geometric.data import Data
 
-from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.errors import FxquantRuntimeError, FxquantTypeError, FxquantValueError
 from fxquant.fx.tracer import trace
 from fxquant.pipeline import transform
 from fxquant.quant import BitReport, QuantMapping, QuantPoint, bit_penalty, bit_report, refit_steps
@@ -109,6 +110,15 @@ class QuantTraining:
             budget starts ``anneal_bits`` above ``target_bits`` and drops by one every
             ``anneal_every`` epochs (``anneal_every=0``: ``target_bits`` from the start).
             (default: ``False``)
+        distill (float, optional): weight of a distillation term in :meth:`loss`: the
+            Kullback-Leibler divergence from a float32 teacher's softened predictions
+            (:meth:`set_teacher`: e.g. the same model trained without rounding, at its best
+            validation epoch) to the model's, over every node the output holds (the
+            unlabelled ones too), times ``temperature ** 2``, in every training epoch. The
+            teacher's logits must be given before the first :meth:`loss`, and :meth:`loss`
+            needs the model's ``output``. ``0`` is off. (default: ``0.0``)
+        temperature (float, optional): both predictions are ``softmax(logits /
+            temperature)`` in the distillation term. (default: ``1.0``)
 
     Attributes:
         recipe (Recipe | None): the recipe that prepared it, with the settings it used
@@ -147,7 +157,7 @@ class QuantTraining:
                  anneal_bits: int = 2, anneal_refit_epochs: int = 0, penalty: float = 0.0,
                  target_bits: float | None = None, bits_lr: float | None = None,
                  step_lr: float | None = None, select: str = "best-val",
-                 project: bool = False) -> None:
+                 project: bool = False, distill: float = 0.0, temperature: float = 1.0) -> None:
         check_count(refit_epochs, "refit_epochs")
         check_count(float_epochs, "float_epochs")
         check_count(anneal_every, "anneal_every")
@@ -155,6 +165,8 @@ class QuantTraining:
         check_count(anneal_refit_epochs, "anneal_refit_epochs")
         check_flag(refit_widen, "refit_widen")
         check_positive(penalty, "penalty", zero=True)
+        check_positive(distill, "distill", zero=True)
+        check_positive(temperature, "temperature")
         if target_bits is not None:
             check_positive(target_bits, "target_bits")
         if bits_lr is not None:
@@ -182,6 +194,9 @@ class QuantTraining:
         self.bits_lr = bits_lr
         self.step_lr = step_lr
         self.select = select
+        self.distill = float(distill)
+        self.temperature = float(temperature)
+        self._teacher: Tensor | None = None
         points = [m for m in model.modules() if isinstance(m, QuantPoint)]
         self._points = points
         self._widths = unique(m.row_bits for m in points if m.row_bits is not None)
@@ -211,6 +226,8 @@ class QuantTraining:
             parts.append(f"step_lr={self.step_lr!r}")
         if self.project:
             parts.append("project=True")
+        if self.distill:
+            parts.append(f"distill={self.distill!r}, temperature={self.temperature!r}")
         return f"QuantTraining({', '.join(parts)})"
 
     @property
@@ -317,11 +334,65 @@ class QuantTraining:
             self._budget.step(self.bits_lr if self.bits_lr is not None else 0.01,
                               self.budget_now())
 
-    def loss(self, loss: Tensor) -> Tensor:
+    def set_teacher(self, logits: Tensor) -> None:
+        """The float32 teacher's logits for ``distill``: one row per node of the graph
+        (as the model's output on it), e.g. the same model trained without rounding, at its
+        best validation epoch. A detached copy is kept.
+
+        Example:
+            >>> import fxquant
+            >>> from torch_geometric.nn.models import GCN
+            >>> gm = fxquant.transform(GCN(4, 8, num_layers=2, out_channels=3),
+            ...                        fxquant.QuantConfig("int8", scale="tensor"))
+            >>> run = QuantTraining(gm, distill=1.0)
+            >>> x, edge_index = torch.rand(5, 4), torch.randint(0, 5, (2, 12))
+            >>> run.set_teacher(torch.randn(5, 3))
+            >>> out = run.model(x, edge_index)
+            >>> loss = run.loss(out.logsumexp(-1).mean(), output=out)  # plus the KL term
+        """
+        if not isinstance(logits, Tensor) or logits.dim() != 2 or \
+                not logits.is_floating_point():
+            raise FxquantTypeError(f"set_teacher: expected the teacher's logits, a float "
+                                   f"[num_nodes, num_classes] tensor, got "
+                                   f"{getattr(logits, 'shape', type(logits).__name__)}")
+        if not bool(torch.isfinite(logits).all()):
+            raise FxquantValueError("set_teacher: the teacher's logits hold inf or NaN; "
+                                    "please pass a trained model's finite logits")
+        self._teacher = logits.detach().clone()
+
+    def _distill_term(self, output: Tensor | None, nodes: Tensor | None) -> Tensor:
+        if self._teacher is None:
+            raise FxquantRuntimeError(
+                f"QuantTraining(distill={self.distill}) distills from a float32 teacher, and "
+                "none was given: please call run.set_teacher(logits) before training (the "
+                "logits of the same model trained without rounding), or use distill=0")
+        if not isinstance(output, Tensor):
+            raise FxquantTypeError(
+                f"QuantTraining(distill={self.distill}).loss needs the model's output: "
+                "run.loss(loss, output=out)")
+        teacher = self._teacher.to(output.device)
+        if nodes is not None:
+            teacher = teacher[nodes.to(output.device)]
+        if teacher.shape != output.shape:
+            raise FxquantValueError(
+                f"distillation: the output {tuple(output.shape)} and the teacher's logits "
+                f"{tuple(teacher.shape)} do not line up; in mini-batches pass nodes= (the "
+                "batch's global node ids, one per output row)")
+        t = self.temperature
+        return self.distill * t * t * F.kl_div(F.log_softmax(output / t, dim=-1),
+                                              F.softmax(teacher.to(output.dtype) / t, dim=-1),
+                                              reduction="batchmean")
+
+    def loss(self, loss: Tensor, output: Tensor | None = None,
+             nodes: Tensor | None = None) -> Tensor:
         """``loss`` plus the weighted bit penalty of the last forward (learned bit-widths
         with a target), else ``loss`` itself. With ``project=True`` it also records what one
         bit of each node's width costs in the last forward's count (for the projection).
-        In the ``float_epochs`` nothing is rounded in training: ``loss`` itself."""
+        In the ``float_epochs`` nothing is rounded in training: ``loss`` itself. With
+        ``distill``, plus the distillation term of ``output`` (the model's output, one row
+        per node; in mini-batches, ``nodes`` gives each row's global node id)."""
+        if self.distill and self.model.training:
+            loss = loss + self._distill_term(output, nodes)
         if self.model.training and 0 <= self._epoch < self.float_epochs:
             return loss
         if self._budget is not None and self.model.training:
