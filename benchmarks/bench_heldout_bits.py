@@ -59,14 +59,18 @@ def one(job: tuple[float, float, int, int, int, int, float]) -> dict[str, Any]:
                                                                minlength=nodes).max())}
     torch.manual_seed(seed)
     start = time.perf_counter()
-    row["fp32"] = training.fit(training.make_model("gcn", FEATURES, CLASSES), data, epochs,
-                               progress=False).test
+    fp32 = training.fit(training.make_model("gcn", FEATURES, CLASSES), data, epochs,
+                        progress=False)
+    row["fp32"] = fp32.test
     torch.manual_seed(seed)
     model = training.make_model("gcn", FEATURES, CLASSES)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = fxquant.recipes.get("recommended", target_bits=target,
                                   input_format=None).prepare(model, data, lint="off")
+        if run.distill:  # its teacher: the FP32 run of the same seed
+            assert fp32.logits is not None, "the FP32 run scored 0 on validation throughout"
+            run.set_teacher(fp32.logits)
         result = training.fit(run.model, data, epochs, run=run, progress=False)
     assert result.bits is not None and run.best is not None
     row.update(hub_quantile=getattr(run.recipe, "hub_quantile", None),

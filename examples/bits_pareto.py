@@ -395,6 +395,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     data, num_classes = training.load_data(args.dataset, args.root, "bits_pareto.py")
     fp32 = []
+    teachers = {}  # a distilling recipe's teacher: the FP32 run of the same seed
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     for seed in seeds:
         torch.manual_seed(seed)
@@ -402,6 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result = training.fit(model, data, args.epochs, progress=False)
         print(f"FP32 seed {seed}: {100 * result.test:.1f}", file=sys.stderr, flush=True)
         fp32.append(result.test)
+        teachers[seed] = result.logits
     results = []
     for target in args.target_bits:
         accs, reports, budget_met = [], [], []
@@ -409,6 +411,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             torch.manual_seed(seed)
             model = training.make_model("gcn", data.num_features, num_classes)
             quant = prepare(args.method, target, data, model, args)
+            if quant.distill:
+                teacher = teachers[seed]
+                if teacher is None:
+                    raise SystemExit(f"bits_pareto.py: the FP32 run of seed {seed} scored 0 "
+                                     "on validation in every epoch; there is nothing to distill")
+                quant.set_teacher(teacher)
             result = training.fit(quant.model, data, args.epochs, run=quant, progress=False)
             budgeted = args.select == "budget" or args.method == "recommended"
             met = result.within_budget and budgeted
