@@ -3,16 +3,17 @@
 The recipe ``hub-messages`` rounds every activation of both layers to 2-bit integers with
 a learned step, and the messages into the 10% best-connected nodes to 1 bit; training
 anneals the widths from 2 bits above and reports the best validation epoch within the
-budget. The loop is PyG's ``examples/gcn.py`` plus four calls to the recipe's run.
+budget. The loop is PyG's ``examples/gcn.py`` plus four calls to the recipe's run (a recipe
+that distills first trains its float32 teacher with the same loop).
 
 Run (data: ``FXQUANT_DATA`` pointing at a folder with ``Cora/raw/ind.cora.*``):
 
-    python examples/cora_recipe.py --recipe hub-messages --epochs 200
-"""
+    python examples/cora_recipe.py --recipe hub-messages --epochs 200"""
 
 from __future__ import annotations
 
 import argparse
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from torch_geometric.nn import GCNConv
 
 import fxquant
 from fxquant.datasets import load_planetoid
+from fxquant.recipes import QuantTraining
 
 
 class GCN(torch.nn.Module):
@@ -34,6 +36,31 @@ class GCN(torch.nn.Module):
         x = self.conv1(x, edge_index).relu()
         x = F.dropout(x, p=0.5, training=self.training)
         return self.conv2(x, edge_index)
+
+
+def train(run: QuantTraining, data, epochs: int) -> torch.Tensor | None:
+    """PyG's gcn.py loop around a recipe's run; the logits of the epoch it reports."""
+    decayed = list(run.model.conv1.parameters())  # gcn.py: weight decay on the first layer
+    rest = [p for p in run.model.parameters() if all(p is not q for q in decayed)]
+    optimizer = torch.optim.Adam(run.param_groups([{"params": decayed, "weight_decay": 5e-4},
+                                                   {"params": rest}]), lr=0.01)
+    kept = None
+    for epoch in range(epochs):
+        run.model.train()
+        run.start_epoch(epoch)
+        optimizer.zero_grad()
+        out = run.model(data.x, data.edge_index)
+        run.loss(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]),
+                 output=out).backward()
+        optimizer.step()
+        run.model.eval()
+        with torch.no_grad():
+            logits = run.model(data.x, data.edge_index)
+        pred = logits.argmax(-1)
+        accs = [float((pred[m] == data.y[m]).float().mean()) for m in (data.val_mask, data.test_mask)]
+        if run.observe(accs[0], test=accs[1]):
+            kept = logits
+    return kept
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -57,25 +84,9 @@ def main(argv: list[str] | None = None) -> float:
     model = GCN(data.num_features, 16, 7)
     run = fxquant.recipes.get(args.recipe).prepare(model, data)
     print(fxquant.summary(run.model, data.x, data.edge_index))
-
-    decayed = list(run.model.conv1.parameters())  # gcn.py: weight decay on the first layer
-    rest = [p for p in run.model.parameters() if all(p is not q for q in decayed)]
-    groups = [{"params": decayed, "weight_decay": 5e-4}, {"params": rest}]
-    optimizer = torch.optim.Adam(run.param_groups(groups), lr=0.01)
-    for epoch in range(args.epochs):
-        run.model.train()
-        run.start_epoch(epoch)
-        optimizer.zero_grad()
-        out = run.model(data.x, data.edge_index)
-        loss = run.loss(F.cross_entropy(out[data.train_mask], data.y[data.train_mask]))
-        loss.backward()
-        optimizer.step()
-        run.model.eval()
-        with torch.no_grad():
-            pred = run.model(data.x, data.edge_index).argmax(-1)
-        accs = [float((pred[m] == data.y[m]).float().mean()) for m in (data.val_mask, data.test_mask)]
-        run.observe(accs[0], test=accs[1])
-
+    if run.distill:  # the recipe learns from the same model trained in float32 first
+        run.set_teacher(train(QuantTraining(copy.deepcopy(model)), data, args.epochs))
+    train(run, data, args.epochs)
     best = run.best
     assert best is not None, "no epoch scored above 0"
     bits = best.bits.avg_bits if best.bits is not None else float("nan")

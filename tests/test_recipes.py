@@ -623,3 +623,86 @@ def test_every_site_recipes_skip_the_weights_of_a_layer_without_any(name):
     weights = {p.layer for p in points if p.site.value == "weight"}
     assert weights == {"conv"}
     assert {p.site.value for p in points if p.layer == "prop"} >= {"input", "message", "output"}
+
+
+def _distilling(distill=0.5, temperature=2.0, float_epochs=0):
+    data = graph(n=30)
+    torch.manual_seed(0)
+    run = HubMessages(target_bits=2.0, fit_budget=False, input_format=None,
+                      float_epochs=float_epochs, distill=distill,
+                      temperature=temperature).prepare(
+        GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
+    return run, data
+
+
+@pytest.mark.parametrize("float_epochs", [0, 3])
+def test_distillation_adds_the_tempered_kl_to_the_teacher(float_epochs):
+    """loss(loss, output=out) adds distill * T**2 * KL(softmax(teacher / T) || softmax(out /
+    T)) averaged over the nodes, in the float epochs too; nothing in evaluation."""
+    run, data = _distilling(float_epochs=float_epochs)
+    teacher = torch.randn(30, 3, generator=torch.Generator().manual_seed(1)) * 3
+    run.set_teacher(teacher)
+    teacher.zero_()  # a copy is kept
+    teacher = torch.randn(30, 3, generator=torch.Generator().manual_seed(1)) * 3
+    run.model.train()
+    run.start_epoch(0)
+    out = run.model(data.x, data.edge_index)
+    plain = torch.nn.functional.cross_entropy(out, data.y)
+    p = torch.softmax(teacher / 2, -1)
+    kl = (p * (p.log() - torch.log_softmax(out / 2, -1))).sum(-1).mean()
+    torch.testing.assert_close(run.loss(plain, output=out), plain + 0.5 * 4 * kl)
+    run.loss(plain, output=out).backward()  # the gradient reaches the model's weights
+    weights = [w for n, w in run.model.named_parameters() if n.endswith("lin.weight")]
+    assert len(weights) == 2 and all(w.grad is not None and w.grad.abs().sum() > 0
+                                     for w in weights)
+    run.model.eval()
+    assert run.loss(plain, output=out) is plain
+    # rows of a mini-batch: the teacher's rows of the batch's nodes
+    run.model.train()
+    nodes = torch.tensor([4, 0, 7])
+    p = torch.softmax(teacher[nodes] / 2, -1)
+    kl = (p * (p.log() - torch.log_softmax(out[nodes] / 2, -1))).sum(-1).mean()
+    torch.testing.assert_close(run.loss(plain, output=out[nodes], nodes=nodes),
+                               plain + 0.5 * 4 * kl)
+
+
+def test_distillation_errors_are_clear():
+    run, data = _distilling()
+    run.model.train()
+    out = run.model(data.x, data.edge_index)
+    with pytest.raises(fxquant.FxquantError, match=r"run.set_teacher\(logits\)"):
+        run.loss(out.sum(), output=out)
+    with pytest.raises(fxquant.FxquantError, match="float .num_nodes, num_classes. tensor"):
+        run.set_teacher(torch.arange(30))
+    with pytest.raises(fxquant.FxquantError, match="inf or NaN"):
+        run.set_teacher(torch.full((30, 3), float("nan")))
+    run.set_teacher(torch.randn(30, 3))
+    with pytest.raises(fxquant.FxquantError, match=r"output=out"):
+        run.loss(out.sum())
+    with pytest.raises(fxquant.FxquantError, match="pass nodes="):
+        run.loss(out.sum(), output=out[:5])
+    with pytest.raises(fxquant.FxquantError, match="distill"):
+        HubMessages(distill=-1.0)
+    with pytest.raises(fxquant.FxquantError, match="temperature"):
+        QuantTraining(run.model, temperature=0.0)
+    assert "distill=0.5, temperature=2.0" in repr(run)
+
+
+@needs_data
+@pytest.mark.slow
+def test_a_distilling_recipe_learns_from_the_fp32_run_of_its_seed(monkeypatch):
+    """bits_pareto.py gives a distilling recommended recipe the logits of the FP32 run of
+    the same seed (training.teacher_logits trains the same one), at its best epoch."""
+    name, settings = fxquant.recipes.RECOMMENDED
+    monkeypatch.setattr(fxquant.recipes, "RECOMMENDED",
+                        (name, {**settings, "distill": 1.0, "float_epochs": 2}))
+    given = []
+    monkeypatch.setattr(QuantTraining, "set_teacher",
+                        lambda self, logits: (given.append(logits.clone()),
+                                              setattr(self, "_teacher", logits))[0])
+    args = bits_pareto.parse_args(["--method", "recommended", "--target-bits", "2",
+                                   "--seeds", "1", "--epochs", "6"])
+    payload = bits_pareto.run(args)
+    data, classes = training.load_data("Cora", None, "test")
+    assert len(given) == 1 and payload["recipe"]["settings"]["distill"] == 1.0
+    torch.testing.assert_close(given[0], training.teacher_logits("gcn", data, classes, 0, 6))
