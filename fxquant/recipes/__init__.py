@@ -71,7 +71,7 @@ RECOMMENDED: tuple[str, dict[str, Any]] = (
     "hub-messages", {"hub_quantile": 0.9, "last_aggregate_bits": 4, "anneal_every": 50,
                      "anneal_bits": 2, "midrise": True, "shared_step": True,
                      "select": "budget", "refit_epochs": 30, "refit_widen": True,
-                     "float_epochs": 30})
+                     "float_epochs": 30, "distill": 0.5, "temperature": 1.0})
 
 
 def available() -> list[str]:
