@@ -4,16 +4,14 @@ The recipe ``hub-messages`` rounds every activation of both layers to 2-bit inte
 a learned step, and the messages into the 10% best-connected nodes to 1 bit; training
 anneals the widths from 2 bits above and reports the best validation epoch within the
 budget. The loop is PyG's ``examples/gcn.py`` plus four calls to the recipe's run (a recipe
-that distills first trains its float32 teacher with the same loop).
-
-Run (data: ``FXQUANT_DATA`` pointing at a folder with ``Cora/raw/ind.cora.*``):
+that distills first trains its float32 teacher, the same model, with the same loop). Run
+(data: ``FXQUANT_DATA`` pointing at a folder with ``Cora/raw/ind.cora.*``):
 
     python examples/cora_recipe.py --recipe hub-messages --epochs 200"""
 
 from __future__ import annotations
 
 import argparse
-import copy
 
 import torch
 import torch.nn.functional as F
@@ -42,9 +40,8 @@ def train(run: QuantTraining, data, epochs: int) -> torch.Tensor | None:
     """PyG's gcn.py loop around a recipe's run; the logits of the epoch it reports."""
     decayed = list(run.model.conv1.parameters())  # gcn.py: weight decay on the first layer
     rest = [p for p in run.model.parameters() if all(p is not q for q in decayed)]
-    optimizer = torch.optim.Adam(run.param_groups([{"params": decayed, "weight_decay": 5e-4},
-                                                   {"params": rest}]), lr=0.01)
-    kept = None
+    groups = [{"params": decayed, "weight_decay": 5e-4}, {"params": rest}]
+    optimizer, kept = torch.optim.Adam(run.param_groups(groups), lr=0.01), None
     for epoch in range(epochs):
         run.model.train()
         run.start_epoch(epoch)
@@ -80,12 +77,15 @@ def main(argv: list[str] | None = None) -> float:
         data = load_planetoid("Cora", args.root, transform=T.NormalizeFeatures())[0]
     except (FileNotFoundError, ValueError) as e:  # (no raw files there, and no download)
         parser.error(f"--root / FXQUANT_DATA: {e}")
+    recipe, teacher = fxquant.recipes.get(args.recipe), None
+    if getattr(recipe, "distill", 0):  # it learns from the same model trained in float32
+        torch.manual_seed(args.seed)
+        teacher = train(QuantTraining(GCN(data.num_features, 16, 7)), data, args.epochs)
     torch.manual_seed(args.seed)
-    model = GCN(data.num_features, 16, 7)
-    run = fxquant.recipes.get(args.recipe).prepare(model, data)
+    run = recipe.prepare(GCN(data.num_features, 16, 7), data)
+    if teacher is not None:
+        run.set_teacher(teacher)
     print(fxquant.summary(run.model, data.x, data.edge_index))
-    if run.distill:  # the recipe learns from the same model trained in float32 first
-        run.set_teacher(train(QuantTraining(copy.deepcopy(model)), data, args.epochs))
     train(run, data, args.epochs)
     best = run.best
     assert best is not None, "no epoch scored above 0"

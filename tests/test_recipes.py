@@ -37,11 +37,13 @@ def test_every_recipe_runs_on_pyg_models(name, zoo):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     run = fxquant.recipes.get(name).prepare(model, data, lint="off")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    if run.distill:  # (the recommended recipe)
+        run.set_teacher(torch.randn(data.num_nodes, 3))
     optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
     run.model.train()
     run.start_epoch()
     out = run.model(data.x, data.edge_index)
-    run.loss(torch.nn.functional.cross_entropy(out, data.y)).backward()
+    run.loss(torch.nn.functional.cross_entropy(out, data.y), output=out).backward()
     optimizer.step()
     run.model.eval()
     with torch.no_grad():
