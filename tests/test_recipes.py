@@ -674,7 +674,7 @@ def test_distillation_errors_are_clear():
     out = run.model(data.x, data.edge_index)
     with pytest.raises(fxquant.FxquantError, match=r"run.set_teacher\(logits\)"):
         run.loss(out.sum(), output=out)
-    with pytest.raises(fxquant.FxquantError, match="float .num_nodes, num_classes. tensor"):
+    with pytest.raises(fxquant.FxquantError, match=r"float \[num_nodes, num_classes\] tensor"):
         run.set_teacher(torch.arange(30))
     with pytest.raises(fxquant.FxquantError, match="inf or NaN"):
         run.set_teacher(torch.full((30, 3), float("nan")))
