@@ -344,8 +344,9 @@ class LearnedBits(_BitsRecipe):
             layer) or ``"all"`` (one for the model; :func:`fxquant.share_bits`).
             (default: ``"none"``)
         midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
-        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding, distill,
-            temperature: as :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding: as
+            :class:`HubMessages`.
+        distill, temperature: as :class:`HubMessages`.
     """
 
     name: ClassVar[str] = "learned-bits"
@@ -422,8 +423,9 @@ class BudgetBits(_BitsRecipe):
             target's in-degree, hubs lowest, as :class:`HubMessages`; other sites random).
             (default: ``"random"``)
         midrise, shared_step, input_format, quantize_logits, select: as :class:`HubMessages`.
-        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding, distill,
-            temperature: as :class:`HubMessages`.
+        refit_epochs, step_lr, refit_widen, float_epochs, message_rounding: as
+            :class:`HubMessages`.
+        distill, temperature: as :class:`HubMessages`.
 
     Example:
         >>> from torch_geometric.data import Data
