@@ -370,7 +370,9 @@ class QuantTraining:
             raise FxquantTypeError(
                 f"QuantTraining(distill={self.distill}).loss needs the model's output: "
                 "run.loss(loss, output=out)")
-        teacher = self._teacher.to(output.device)
+        if self._teacher.device != output.device:  # moved once, kept there
+            self._teacher = self._teacher.to(output.device)
+        teacher = self._teacher
         if nodes is not None:
             teacher = teacher[nodes.to(output.device)]
         if teacher.shape != output.shape:
