@@ -69,7 +69,9 @@ def one(job: tuple[float, float, int, int, int, int, float]) -> dict[str, Any]:
         run = fxquant.recipes.get("recommended", target_bits=target,
                                   input_format=None).prepare(model, data, lint="off")
         if run.distill:  # its teacher: the FP32 run of the same seed
-            assert fp32.logits is not None, "the FP32 run scored 0 on validation throughout"
+            if fp32.logits is None:
+                raise SystemExit(f"bench_heldout_bits: the FP32 run of seed {seed} scored 0 "
+                                 "on validation in every epoch; there is nothing to distill")
             run.set_teacher(fp32.logits)
         result = training.fit(run.model, data, epochs, run=run, progress=False)
     assert result.bits is not None and run.best is not None

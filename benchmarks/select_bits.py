@@ -139,11 +139,12 @@ def trial(name: str, dataset: str, seed: int, epochs: int) -> dict[str, Any]:
     recipe_name, settings = CANDIDATES[name]
     data, num_classes = training.load_data(dataset, None, "select_bits")
     recipe = fxquant.recipes.get(recipe_name, target_bits=TARGET, input_format=None, **settings)
-    start = time.process_time()
     # a distilling candidate's teacher first, as bits_pareto.py trains its FP32 runs first:
-    # the rounded run then draws the same dropout masks as there (its time is the trial's)
+    # the rounded run then draws the same dropout masks as there
+    start = time.process_time()
     teacher = training.teacher_logits("gcn", data, num_classes, seed, epochs) \
         if recipe.training().get("distill") else None
+    teacher_s = time.process_time() - start
     torch.manual_seed(seed)
     model = training.make_model("gcn", data.num_features, num_classes)
     with warnings.catch_warnings():
@@ -151,6 +152,7 @@ def trial(name: str, dataset: str, seed: int, epochs: int) -> dict[str, Any]:
         run = recipe.prepare(model, data, lint="off")
         if teacher is not None:
             run.set_teacher(teacher)
+        start = time.process_time()
         result = training.fit(run.model, data, epochs, run=run, progress=False)
     best = run.best
     assert result.bits is not None and best is not None
@@ -159,7 +161,8 @@ def trial(name: str, dataset: str, seed: int, epochs: int) -> dict[str, Any]:
             "val": best.val, "avg_bits": result.bits.avg_bits,
             "budget_met": bool(result.within_budget), "epoch": best.epoch,
             "test": result.test, "cpu_s": round(time.process_time() - start, 1),
-            "torch": torch.__version__, "cpu": _cpu_name()}
+            "torch": torch.__version__, "cpu": _cpu_name(),
+            **({"teacher_cpu_s": round(teacher_s, 1)} if teacher is not None else {})}
 
 
 def _cpu_name() -> str:

@@ -14,12 +14,13 @@ a crafted raw file runs code when it is read. Only load data you trust.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import pickle
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,12 +99,18 @@ def _ready(work: Path, name: str) -> bool:
         all((work / name / "raw" / f).is_file() for f in _raw_names(name))
 
 
+def _unique_beside(work: Path) -> Path:
+    """A fresh hidden name in ``work``'s folder (for one process's private copy)."""
+    return work.parent / f".{work.name}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
 def _build_entry(raw: Path, work: Path, name: str) -> None:
     """Copy the raw files and let PyG process them in a private folder beside ``work``,
     then move it into place in one rename: processes loading the same data at once (a
     pool of workers) never read a half-written file; the first rename wins."""
     work.parent.mkdir(parents=True, exist_ok=True)
-    private = Path(tempfile.mkdtemp(prefix=f".{work.name}-", dir=work.parent))
+    private = _unique_beside(work)
+    private.mkdir()  # (the umask's permissions, as a folder PyG makes would have)
     try:
         dest = private / name / "raw"
         dest.mkdir(parents=True)
@@ -121,8 +128,13 @@ def _build_entry(raw: Path, work: Path, name: str) -> None:
                 f"({type(cause).__name__}: {cause}); it is corrupt or truncated. Please "
                 "replace it with the original."
             ) from e
-        if work.exists() and not _ready(work, name):  # left half-built by an older version
-            shutil.rmtree(work, ignore_errors=True)
+        if work.exists() and not _ready(work, name):  # left half-built by an interrupted load
+            aside = _unique_beside(work)
+            # renamed aside first: of several processes one moves it, and none deletes an
+            # entry another one has just moved into place
+            with contextlib.suppress(OSError):
+                os.rename(work, aside)
+            shutil.rmtree(aside, ignore_errors=True)
         try:
             os.rename(private, work)
         except OSError:  # another process moved its entry into place first

@@ -159,3 +159,17 @@ def test_an_entry_left_half_built_is_built_again(cache):
     shutil.rmtree(entry / "Cora" / "processed")
     assert load_planetoid("Cora")[0].num_nodes == 2708
     assert (entry / "Cora" / "processed" / "data.pt").is_file()
+
+
+@needs_data
+def test_a_cache_entry_has_the_umask_permissions(cache):
+    """Built privately, the entry still gets the permissions a plain folder would (a cache
+    shared between users stays readable), and nothing private is left beside it."""
+    import os
+
+    load_planetoid("Cora")
+    (entry,) = (cache / "planetoid").iterdir()
+    probe = cache / "probe"
+    probe.mkdir()
+    assert (entry.stat().st_mode & 0o777) == (probe.stat().st_mode & 0o777)
+    assert not [p for p in os.listdir(cache / "planetoid") if p.startswith(".")]

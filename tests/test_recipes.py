@@ -669,25 +669,39 @@ def test_distillation_adds_the_tempered_kl_to_the_teacher(float_epochs):
 
 
 def test_distillation_errors_are_clear():
+    """A loop that gives no teacher or no output trains without distillation, with one
+    FutureWarning naming the call; bad teachers and mismatched rows raise."""
     run, data = _distilling()
     run.model.train()
     out = run.model(data.x, data.edge_index)
-    with pytest.raises(fxquant.FxquantError, match=r"run.set_teacher\(logits\)"):
-        run.loss(out.sum(), output=out)
+    plain = out.sum()
+    with pytest.warns(FutureWarning, match=r"run.set_teacher\(logits\).*without distillation"):
+        assert run.loss(plain, output=out) is plain
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run.loss(plain, output=out) is plain  # once per run
     with pytest.raises(fxquant.FxquantError, match=r"float \[num_nodes, num_classes\] tensor"):
         run.set_teacher(torch.arange(30))
     with pytest.raises(fxquant.FxquantError, match="inf or NaN"):
         run.set_teacher(torch.full((30, 3), float("nan")))
+    run, data = _distilling()
+    run.model.train()
+    out = run.model(data.x, data.edge_index)
     run.set_teacher(torch.randn(30, 3))
-    with pytest.raises(fxquant.FxquantError, match=r"output=out"):
-        run.loss(out.sum())
+    with pytest.warns(FutureWarning, match=r"output=out"):
+        assert run.loss(out.sum()) is not None
     with pytest.raises(fxquant.FxquantError, match="pass nodes="):
         run.loss(out.sum(), output=out[:5])
+    run.set_teacher(torch.randn(30, 4))
+    with pytest.raises(fxquant.FxquantError, match="the same classes"):
+        run.loss(out.sum(), output=out)
     with pytest.raises(fxquant.FxquantError, match="distill"):
         HubMessages(distill=-1.0)
     with pytest.raises(fxquant.FxquantError, match="temperature"):
         QuantTraining(run.model, temperature=0.0)
     assert "distill=0.5, temperature=2.0" in repr(run)
+    with pytest.warns(UserWarning, match="does not distill"):
+        QuantTraining(run.model).set_teacher(torch.randn(30, 3))
 
 
 @needs_data

@@ -10,10 +10,13 @@ the reported epoch chosen under the bit budget. A recipe bundles all of that:
 
     recipe = fxquant.recipes.HubMessages(target_bits=2.0)
     run = recipe.prepare(model, data)            # run.model: the transformed model
+    if run.distill:                              # (the recommended recipe)
+        run.set_teacher(float32_logits)          # a float32 model's logits on the graph
     optimizer = torch.optim.Adam(run.param_groups(model_groups), lr=0.01)
     for epoch in range(200):
         run.start_epoch(epoch)                   # refits, annealing
-        loss = run.loss(F.cross_entropy(...))    # + the bit penalty, if the recipe has one
+        out = run.model(data.x, data.edge_index)
+        loss = run.loss(F.cross_entropy(...), output=out)  # + penalty, distillation
         ...
         run.observe(val_acc, test=test_acc)      # the reported epoch: run.best
 

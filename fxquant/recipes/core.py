@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.fx import GraphModule
 from torch_geometric.data import Data
 
-from fxquant.errors import FxquantRuntimeError, FxquantTypeError, FxquantValueError
+from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.tracer import trace
 from fxquant.pipeline import transform
 from fxquant.quant import BitReport, QuantMapping, QuantPoint, bit_penalty, bit_report, refit_steps
@@ -116,7 +116,9 @@ class QuantTraining:
             validation epoch) to the model's, over every node the output holds (the
             unlabelled ones too), times ``temperature ** 2``, in every training epoch. The
             teacher's logits must be given before the first :meth:`loss`, and :meth:`loss`
-            needs the model's ``output``. ``0`` is off. (default: ``0.0``)
+            needs the model's ``output``; a loop that gives neither trains without
+            distillation, with a ``FutureWarning`` (a future release will raise). ``0`` is
+            off. (default: ``0.0``)
         temperature (float, optional): both predictions are ``softmax(logits /
             temperature)`` in the distillation term. (default: ``1.0``)
 
@@ -197,6 +199,7 @@ class QuantTraining:
         self.distill = float(distill)
         self.temperature = float(temperature)
         self._teacher: Tensor | None = None
+        self._warned_distill = False
         points = [m for m in model.modules() if isinstance(m, QuantPoint)]
         self._points = points
         self._widths = unique(m.row_bits for m in points if m.row_bits is not None)
@@ -358,28 +361,37 @@ class QuantTraining:
         if not bool(torch.isfinite(logits).all()):
             raise FxquantValueError("set_teacher: the teacher's logits hold inf or NaN; "
                                     "please pass a trained model's finite logits")
+        if not self.distill:
+            warnings.warn("set_teacher: this run does not distill (distill=0), so the "
+                          "teacher is not used; give the run distill= to use it", stacklevel=2)
         self._teacher = logits.detach().clone()
 
-    def _distill_term(self, output: Tensor | None, nodes: Tensor | None) -> Tensor:
-        if self._teacher is None:
-            raise FxquantRuntimeError(
-                f"QuantTraining(distill={self.distill}) distills from a float32 teacher, and "
-                "none was given: please call run.set_teacher(logits) before training (the "
-                "logits of the same model trained without rounding), or use distill=0")
-        if not isinstance(output, Tensor):
-            raise FxquantTypeError(
-                f"QuantTraining(distill={self.distill}).loss needs the model's output: "
-                "run.loss(loss, output=out)")
+    def _distill_term(self, output: Tensor | None, nodes: Tensor | None) -> Tensor | None:
+        missing = "no teacher (run.set_teacher(logits), the logits of the same model " \
+            "trained without rounding)" if self._teacher is None else \
+            "no output (run.loss(loss, output=out))" if not isinstance(output, Tensor) else ""
+        if missing:
+            if not self._warned_distill:
+                self._warned_distill = True
+                warnings.warn(
+                    f"QuantTraining(distill={self.distill}) distills from a float32 teacher, "
+                    f"but this loop gives it {missing}, so the run trains without "
+                    "distillation (the recommended recipe's published accuracy is with it). "
+                    "A future release will raise here.", FutureWarning, stacklevel=3)
+            return None
+        assert self._teacher is not None and isinstance(output, Tensor)
         if self._teacher.device != output.device:  # moved once, kept there
             self._teacher = self._teacher.to(output.device)
         teacher = self._teacher
         if nodes is not None:
             teacher = teacher[nodes.to(output.device)]
         if teacher.shape != output.shape:
+            fix = "in mini-batches pass nodes= (the batch's global node ids, one per output " \
+                "row)" if teacher.shape[1:] == output.shape[1:] else \
+                "the teacher must predict the same classes as the model"
             raise FxquantValueError(
                 f"distillation: the output {tuple(output.shape)} and the teacher's logits "
-                f"{tuple(teacher.shape)} do not line up; in mini-batches pass nodes= (the "
-                "batch's global node ids, one per output row)")
+                f"{tuple(teacher.shape)} do not line up; {fix}")
         t = self.temperature
         return self.distill * t * t * F.kl_div(F.log_softmax(output / t, dim=-1),
                                               F.softmax(teacher.to(output.dtype) / t, dim=-1),
@@ -394,7 +406,9 @@ class QuantTraining:
         ``distill``, plus the distillation term of ``output`` (the model's output, one row
         per node; in mini-batches, ``nodes`` gives each row's global node id)."""
         if self.distill and self.model.training:
-            loss = loss + self._distill_term(output, nodes)
+            term = self._distill_term(output, nodes)
+            if term is not None:
+                loss = loss + term
         if self.model.training and 0 <= self._epoch < self.float_epochs:
             return loss
         if self._budget is not None and self.model.training:

@@ -30,13 +30,15 @@ def test_inference_mode_evaluates_like_no_grad(name):
         warnings.simplefilter("ignore")
         run = fxquant.recipes.get(name).prepare(GCN(8, 16, num_layers=2, out_channels=3),
                                                 data, lint="off")
+    if run.distill:  # (the recommended recipe)
+        run.set_teacher(torch.randn(40, 3))
     optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
     for epoch in range(2):
         run.model.train()
         run.start_epoch(epoch)
         optimizer.zero_grad()
-        loss = F.cross_entropy(run.model(data.x, data.edge_index), data.y)
-        run.loss(loss).backward()
+        out = run.model(data.x, data.edge_index)
+        run.loss(F.cross_entropy(out, data.y), output=out).backward()
         optimizer.step()
     run.model.eval()
     with torch.no_grad():
