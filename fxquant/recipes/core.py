@@ -402,9 +402,10 @@ class QuantTraining:
         """``loss`` plus the weighted bit penalty of the last forward (learned bit-widths
         with a target), else ``loss`` itself. With ``project=True`` it also records what one
         bit of each node's width costs in the last forward's count (for the projection).
-        In the ``float_epochs`` nothing is rounded in training: ``loss`` itself. With
-        ``distill``, plus the distillation term of ``output`` (the model's output, one row
-        per node; in mini-batches, ``nodes`` gives each row's global node id)."""
+        In the ``float_epochs`` nothing is rounded in training, so no bit penalty is added.
+        With ``distill``, plus the distillation term of ``output`` (the model's output, one
+        row per node; in mini-batches, ``nodes`` gives each row's global node id), in the
+        float epochs too."""
         if self.distill and self.model.training:
             term = self._distill_term(output, nodes)
             if term is not None:
