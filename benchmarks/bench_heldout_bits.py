@@ -69,10 +69,7 @@ def one(job: tuple[float, float, int, int, int, int, float]) -> dict[str, Any]:
         run = fxquant.recipes.get("recommended", target_bits=target,
                                   input_format=None).prepare(model, data, lint="off")
         if run.distill:  # its teacher: the FP32 run of the same seed
-            if fp32.logits is None:
-                raise SystemExit(f"bench_heldout_bits: the FP32 run of seed {seed} scored 0 "
-                                 "on validation in every epoch; there is nothing to distill")
-            run.set_teacher(fp32.logits)
+            run.set_teacher(training.teacher_of(fp32, seed))
         result = training.fit(run.model, data, epochs, run=run, progress=False)
     assert result.bits is not None and run.best is not None
     row.update(hub_quantile=getattr(run.recipe, "hub_quantile", None),

@@ -57,14 +57,15 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
 
     data, num_classes = training.load_data(dataset, root, "trace_training")
     if recipe is not None:  # prepared as bits_pareto.py prepares its recipes
-        chosen = {} if target_bits is None else {"target_bits": target_bits}
+        built = fxquant.recipes.get(recipe, **({} if target_bits is None
+                                               else {"target_bits": target_bits}))
         # a distilling recipe's teacher first, as bits_pareto.py trains its FP32 runs first
         teacher = training.teacher_logits(model_kind, data, num_classes, seed, epochs) \
-            if fxquant.recipes.get(recipe, **chosen).training().get("distill") else None
+            if built.training().get("distill") else None
         torch.manual_seed(seed)
         plain = training.make_model(model_kind, data.num_features, num_classes)
         # (its warnings show: hub-messages saying it lowered its quantile to fit the budget)
-        run = fxquant.recipes.get(recipe, **chosen).prepare(plain, data, lint="off")
+        run = built.prepare(plain, data, lint="off")
         if teacher is not None:
             run.set_teacher(teacher)
         model: torch.nn.Module = run.model

@@ -403,7 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result = training.fit(model, data, args.epochs, progress=False)
         print(f"FP32 seed {seed}: {100 * result.test:.1f}", file=sys.stderr, flush=True)
         fp32.append(result.test)
-        teachers[seed] = result.logits
+        teachers[seed] = result
     results = []
     for target in args.target_bits:
         accs, reports, budget_met = [], [], []
@@ -412,11 +412,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model = training.make_model("gcn", data.num_features, num_classes)
             quant = prepare(args.method, target, data, model, args)
             if quant.distill:
-                teacher = teachers[seed]
-                if teacher is None:
-                    raise SystemExit(f"bits_pareto.py: the FP32 run of seed {seed} scored 0 "
-                                     "on validation in every epoch; there is nothing to distill")
-                quant.set_teacher(teacher)
+                quant.set_teacher(training.teacher_of(teachers[seed], seed))
             result = training.fit(quant.model, data, args.epochs, run=quant, progress=False)
             budgeted = args.select == "budget" or args.method == "recommended"
             met = result.within_budget and budgeted

@@ -192,10 +192,14 @@ def teacher_logits(kind: str, data: Data, num_classes: int, seed: int, epochs: i
     :func:`fit`, its logits at the best validation epoch."""
     torch.manual_seed(seed)
     model = make_model(kind, data.num_features, num_classes)
-    result = fit(model, data, epochs, device=device, progress=False)
+    return teacher_of(fit(model, data, epochs, device=device, progress=False), seed)
+
+
+def teacher_of(result: Result, seed: int) -> Tensor:
+    """A float32 run's logits at its reported epoch, as a distilling run's teacher."""
     if result.logits is None:
-        raise SystemExit(f"the float32 teacher ({kind}, seed {seed}) scored 0 on validation "
-                         "in every epoch; there is nothing to distill")
+        raise SystemExit(f"the float32 run of seed {seed} (the teacher) scored 0 on "
+                         "validation in every epoch; there is nothing to distill")
     return result.logits
 
 
