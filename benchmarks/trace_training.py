@@ -10,9 +10,12 @@ optimizer and epochs) and prints, every ``--every`` epochs and at the reported o
 training loss, the validation and test accuracy of the evaluation, the training nodes'
 accuracy in that evaluation, the mean absolute logit, and the share of nodes whose two
 largest logits are equal (``ties``: rounded logits on a coarse grid, which ``argmax``
-resolves to the first class). ``--refit-widen`` and ``--step-lr`` set the
-:class:`fxquant.recipes.QuantTraining` settings of the same names, which the table does not
-expose.
+resolves to the first class), and how many output channels of the first rounded weight
+(the first layer's, e.g. one per attention head of a GAT with one channel per head) rounded
+to all zeros (``zero channels``: a channel that gives nothing forward and, through the next
+layer's rounded weights, often gets no gradient back). ``--refit-widen`` and ``--step-lr``
+set the :class:`fxquant.recipes.QuantTraining` settings of the same names, which the table
+does not expose; ``--eval-rng`` is ``dq_table.py``'s.
 
     python -m benchmarks.trace_training --recipe recommended --target-bits 2 --dataset Cora \\
         --seed 3 --steps
@@ -50,7 +53,7 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
           lsq_refit: int = 0, float_epochs: int = 0, refit_widen: bool = False,
           step_lr: float | None = None, protect: tuple[float, float] = (0.0, 0.2),
           root: str | None = None, recipe: str | None = None,
-          target_bits: float | None = None) -> dict[str, Any]:
+          target_bits: float | None = None, eval_rng: str = "shared") -> dict[str, Any]:
     """One run of ``row`` (or of ``recipe``); every epoch's numbers and the reported epoch."""
     sys.path.insert(0, str(ROOT))
     from examples import dq_table, train_cora, training
@@ -80,6 +83,7 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
         run = fxquant.recipes.QuantTraining(model, **settings)  # type: ignore[arg-type]
     rows: list[dict[str, Any]] = []
     steps = StepTrace(model)
+    zeros = ZeroChannels(model)
 
     def record(epoch: int, loss: float, logits: torch.Tensor) -> None:
         pred = logits.argmax(dim=-1)
@@ -92,16 +96,20 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
                      "test": acc(data.test_mask), "train": acc(data.train_mask),
                      "abs_logit": float(logits.abs().mean()),
                      "ties": float((top2[:, 0] == top2[:, 1]).float().mean()),
+                     **zeros.take(),
                      **({"points": steps.take()} if steps.hooks else {})})
 
     try:
-        result = training.fit(model, data, epochs, run=run, progress=False, on_epoch=record)
+        result = training.fit(model, data, epochs, run=run, progress=False, on_epoch=record,
+                              eval_rng=eval_rng)
     finally:
         steps.remove()
+        zeros.remove()
     reported = run.best.epoch if run.best is not None else None
     payload = {"model": model_kind, "dataset": dataset, "row": row, "seed": seed,
                "epochs": epochs, "lsq_refit": lsq_refit, "float_epochs": float_epochs,
-               "refit_widen": refit_widen, "step_lr": step_lr, "reported_epoch": reported,
+               "refit_widen": refit_widen, "step_lr": step_lr, "eval_rng": eval_rng,
+               "reported_epoch": reported,
                "val": result.val, "test": result.test, "trace": rows,
                "torch": torch.__version__}
     if recipe is not None:
@@ -158,9 +166,45 @@ class StepTrace:
             handle.remove()
 
 
+class ZeroChannels:
+    """A forward hook on the model's first rounded two-dimensional weight (in module order:
+    the first layer's): in each evaluation, how many of its output channels (rows) rounded
+    to all zeros, and of how many (:meth:`take` hands them over)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.seen: dict[str, Any] = {}
+        first = next((point for point in model.modules() if isinstance(point, fxquant.QuantPoint)
+                      and point.site is fxquant.Site.WEIGHT and point.tensor is not None
+                      and _weight_dims(model, point) == 2), None)
+        self.hooks = [first.register_forward_hook(self._hook)] if first is not None else []
+        self.name = first.name if first is not None else None
+
+    def _hook(self, point: torch.nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        if point.training or not isinstance(out, torch.Tensor) or out.dim() != 2:
+            return
+        self.seen = {"zero_channels": int((out.detach() == 0).all(dim=1).sum()),
+                     "channels": out.shape[0], "zero_channels_of": self.name}
+
+    def take(self) -> dict[str, Any]:
+        seen, self.seen = self.seen, {}
+        return seen
+
+    def remove(self) -> None:
+        for handle in self.hooks:
+            handle.remove()
+
+
+def _weight_dims(model: torch.nn.Module, point: fxquant.QuantPoint) -> int:
+    """The number of dimensions of the parameter a weight point rounds (0 if not found)."""
+    target = f"{point.layer}.{point.tensor}" if point.layer else str(point.tensor)
+    param = dict(model.named_parameters()).get(target)
+    return param.dim() if param is not None else 0
+
+
 def table(payload: dict[str, Any], every: int) -> str:
-    lines = ["| epoch | training loss | val | test | train (eval) | mean abs logit | ties |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| epoch | training loss | val | test | train (eval) | mean abs logit | ties "
+             "| zero channels |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     last = len(payload["trace"]) - 1
     for r in payload["trace"]:
         e = r["epoch"]
@@ -170,7 +214,9 @@ def table(payload: dict[str, Any], every: int) -> str:
         mark = " (reported)" if e == payload["reported_epoch"] else ""
         lines.append(f"| {e}{mark} | {r['loss']:.3f} | {100 * r['val']:.1f} | "
                      f"{100 * r['test']:.1f} | {100 * r['train']:.1f} | {r['abs_logit']:.4f} "
-                     f"| {100 * r['ties']:.1f}% |")
+                     f"| {100 * r['ties']:.1f}% | "
+                     + (f"{r['zero_channels']} of {r['channels']} |" if "channels" in r
+                        else "- |"))
     return "\n".join(lines)
 
 
@@ -226,6 +272,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--step-lr", type=float, default=None)
     p.add_argument("--protect", type=training.protect_arg, default=None,
                    help="P_MIN:P_MAX, as dq_table.py's --protect (default 0:0.2)")
+    p.add_argument("--eval-rng", default="shared", choices=list(training.EVAL_RNG),
+                   help="as dq_table.py's --eval-rng (fork: evaluation's random draws leave "
+                        "training's dropout masks alone)")
     p.add_argument("--every", type=int, default=10, help="print every N-th epoch")
     p.add_argument("--steps", action="store_true",
                    help="also print each learned step (fitted, reported and last epoch) with "
@@ -251,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     lsq_refit=args.lsq_refit, float_epochs=args.float_epochs,
                     refit_widen=args.refit_widen, step_lr=args.step_lr,
                     protect=args.protect or (0.0, 0.2), root=args.root, recipe=args.recipe,
-                    target_bits=args.target_bits)
+                    target_bits=args.target_bits, eval_rng=args.eval_rng)
     what = args.row if args.recipe is None else f"recipe {args.recipe}"
     print(f"{args.model} on {args.dataset}, {what}, seed {args.seed}: validation "
           f"{100 * payload['val']:.1f}, test {100 * payload['test']:.1f} at epoch "
@@ -276,7 +325,8 @@ def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                         ("--float-epochs", args.float_epochs),
                         ("--refit-widen", args.refit_widen),
                         ("--step-lr", args.step_lr is not None),
-                        ("--protect", args.protect is not None)):
+                        ("--protect", args.protect is not None),
+                        ("--eval-rng", args.eval_rng != "shared")):
         if given:
             p.error(f"{flag} with --recipe: the recipe trains with its own settings, so it "
                     "would be ignored (leave it out, or trace a table row with --row)")
@@ -310,6 +360,9 @@ def _check_row(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--protect sets Degree-Quant's protection; the {args.row} row protects no "
                 "nodes, so it would be ignored")
     args.protect = args.protect or dq_table.DEFAULT_PROTECT
+    if args.eval_rng != "shared" and not dq_table._draws_in_evaluation(cfg):
+        p.error(f"--eval-rng {args.eval_rng} keeps evaluation's random draws out of training; "
+                f"the {args.row} row rounds nothing stochastically, so it would be ignored")
     if args.step_lr is not None and not (math.isfinite(args.step_lr) and args.step_lr > 0):
         p.error(f"--step-lr must be a finite number above 0, got {args.step_lr}")
     if cfg.number is None and args.float_epochs:

@@ -107,6 +107,11 @@ def _degree_quant(bits: int, protect: tuple[float, float]) -> Config:
                   protect=protect, recipe=("degree-quant", {"bits": bits, "protect": protect}))
 
 
+def _draws_in_evaluation(cfg: Config) -> bool:
+    """Whether a row's evaluation draws random numbers (stochastic rounding)."""
+    return "stochastic" in (cfg.rounding, cfg.message_rounding)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
@@ -127,6 +132,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="train the quantized rows' first N epochs in float32 (evaluation "
                         "still rounds), then fit their learned steps (fxquant.recipes."
                         "QuantTraining float_epochs; default 0)")
+    p.add_argument("--eval-rng", default="shared", choices=list(training.EVAL_RNG),
+                   help="fork: evaluate under torch.random.fork_rng, so that what evaluation "
+                        "draws (stochastic rounding) leaves training's dropout masks as the "
+                        "FP32 run of the same seed draws them; shared (default): evaluation "
+                        "advances the generator training draws from")
     p.add_argument("--root", default=None)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
@@ -175,6 +185,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.protect is not None and not any(keys[k].protect is not None for k in wanted):
             p.error("--protect sets Degree-Quant's protection; none of the --only rows "
                     "protects nodes, so it would be ignored")
+    if args.eval_rng != "shared" and not any(
+            _draws_in_evaluation(c) for c in selected(args.only, (0.0, 0.0)).values()):
+        p.error(f"--eval-rng {args.eval_rng} keeps evaluation's random draws out of training; "
+                "none of the rows run rounds stochastically (e.g. int4-lsq-ps, which --only "
+                "names), so evaluation draws nothing and it would be ignored")
     training.refuse_unwritable(p, args, "--json", "--plot")
     if not args.from_json:
         training.refuse_float_epochs_past_training(p, args)
@@ -318,7 +333,8 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
             run = fxquant.recipes.QuantTraining(model, refit_epochs=args.lsq_refit,
                                                 float_epochs=args.float_epochs) \
                 if isinstance(model, torch.fx.GraphModule) else None
-            result = training.fit(model, data, args.epochs, run=run, desc=f"{cfg.name} seed {seed}")
+            result = training.fit(model, data, args.epochs, run=run, desc=f"{cfg.name} seed {seed}",
+                                  eval_rng=args.eval_rng)
             cfg.accs.append(result.test)
             cfg.vals.append(result.val)
             cfg.epoch_ms.extend(result.epoch_ms)

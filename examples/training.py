@@ -12,6 +12,7 @@ chosen under a bit budget).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -55,6 +56,8 @@ __all__ = [
 
 SITES = ("input", "weight", "message", "aggregate", "output")
 MODELS = ("gcn", "gin", "gat", "gat64")
+#: how :func:`fit`'s evaluation draws random numbers (``--eval-rng``)
+EVAL_RNG = ("shared", "fork")
 
 
 class GCN(torch.nn.Module):
@@ -136,12 +139,19 @@ class Result:
 
 def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining | None = None,
         desc: str = "", device: torch.device | None = None, progress: bool = True,
-        on_epoch: Callable[[int, float, Tensor], None] | None = None) -> Result:
+        on_epoch: Callable[[int, float, Tensor], None] | None = None,
+        eval_rng: str = "shared") -> Result:
     """PyG's gcn.py loop around ``run`` (default: a plain :class:`QuantTraining` of
     ``model``): the test accuracy at the reported epoch (the best validation epoch, or the
     best within the bit budget), that epoch's bits, and each epoch's training time.
     ``on_epoch(epoch, training_loss, logits)`` is called after each evaluation with its
-    output (a trace; ``benchmarks/trace_training.py``)."""
+    output (a trace; ``benchmarks/trace_training.py``). ``eval_rng="fork"`` evaluates under
+    :func:`torch.random.fork_rng`: what evaluation draws (stochastic rounding) then leaves
+    the generator training draws its dropout masks from as it found it, so the float epochs
+    of a quantized run repeat the float32 run of the same seed mask for mask (``"shared"``,
+    the default: evaluation advances it)."""
+    if eval_rng not in EVAL_RNG:
+        raise ValueError(f"eval_rng={eval_rng!r} is not one of {list(EVAL_RNG)}")
     device = device or torch.device("cpu")
     run = run or QuantTraining(model)  # type: ignore[arg-type]
     model.to(device)
@@ -164,7 +174,7 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
             torch.cuda.synchronize()
         times.append(1000 * (time.perf_counter() - start))
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), _evaluation_rng(eval_rng, device):
             logits = model(data.x, data.edge_index)
         pred = logits.argmax(dim=-1)
         val = float((pred[data.val_mask] == data.y[data.val_mask]).float().mean())
@@ -183,6 +193,17 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
     return Result(best.metrics["test"] if best is not None else 0.0, bits,
                   best.within_budget if best is not None else False, times,
                   best.val if best is not None else 0.0, kept)
+
+
+def _evaluation_rng(eval_rng: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """``fit``'s evaluation: under a fork of the generators (``"fork"``) or not."""
+    if eval_rng == "shared":
+        return contextlib.nullcontext()
+    cuda = device.type == "cuda"
+    index = (device.index if device.index is not None else torch.cuda.current_device()) \
+        if cuda else None
+    return torch.random.fork_rng(devices=[index] if cuda else [],
+                                 device_type="cuda" if cuda else None)
 
 
 def teacher_logits(kind: str, data: Data, num_classes: int, seed: int, epochs: int,

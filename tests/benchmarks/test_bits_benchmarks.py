@@ -263,6 +263,31 @@ def test_step_trace_counts_values_past_the_grid_and_leaves_no_hook():
     assert len(point._forward_hooks) == 0
 
 
+def test_zero_channels_counts_rows_of_the_first_weight_rounded_to_zeros():
+    """Rows (output channels) of the first two-dimensional rounded weight whose every value
+    rounds to zero, in evaluation only; no hook is left behind."""
+    import fxquant
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3, bias=False), torch.nn.Linear(3, 2))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[1.0, -0.5, 0.2, 0.0], [0.01, -0.02, 0.0, 0.03],
+                                            [0.0, 0.0, 0.0, 0.0]]))
+    config = fxquant.QuantConfig("int4", scale="tensor")  # step 1/7: the second row is < 1/14
+    gm = fxquant.transform(model, fxquant.QuantMapping().set_name("0", config, site="weight")
+                           .set_name("1", config, site="weight"))
+    zeros = trace_training.ZeroChannels(gm)
+    assert zeros.name is not None and "'0'" in zeros.name  # the first layer's weight
+    gm.train()
+    gm(torch.ones(5, 4))
+    assert zeros.take() == {}  # training forwards are not traced
+    gm.eval()
+    gm(torch.ones(5, 4))
+    seen = zeros.take()
+    assert (seen["zero_channels"], seen["channels"]) == (2, 3)
+    zeros.remove()
+    assert not any(m._forward_hooks for m in gm.modules())
+
+
 def _point_with_step_one(config, first_batch):
     import fxquant
 
@@ -324,6 +349,8 @@ def test_step_trace_clipping_is_the_grids_not_the_rounding_error():
     (["--step-lr", "inf"], "--step-lr"),
     (["--epochs", "5", "--float-epochs", "5"], "--float-epochs"),
     (["--row", "int8", "--protect", "0.1:0.5"], "--protect"),
+    (["--row", "int4-lsq-p", "--eval-rng", "fork"], "--eval-rng"),
+    (["--recipe", "hub-messages", "--eval-rng", "fork"], "--eval-rng"),
 ])
 def test_trace_training_refuses_bad_flags_before_any_work(argv, flag, capsys):
     """A flag that would be ignored, or fail after training, exits 2 naming it (on the

@@ -330,3 +330,56 @@ def test_no_weight_decay_on_quantizer_parameters(kind):
     assert not decayed & quant and decayed
     ids = [id(p) for g in groups for p in g["params"]]
     assert sorted(ids) == sorted(id(p) for p in gm.parameters())
+
+
+def test_dq_table_eval_rng_names_every_row_that_draws_in_evaluation():
+    """--eval-rng refuses runs whose evaluation draws nothing: the rows it counts as drawing
+    are exactly those whose evaluation moves the generator (measured, every row)."""
+    import warnings
+
+    from examples import dq_table
+
+    data = training.stand_in_graph()
+    for key, cfg in dq_table.rows((0.0, 0.2)).items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = train_cora.build(cfg, data, 3, 0, "gat")
+            model.train()
+            model(data.x, data.edge_index)  # (steps and ranges set)
+            model.eval()
+            before = torch.random.get_rng_state()
+            with torch.no_grad():
+                model(data.x, data.edge_index)
+        moved = not torch.equal(before, torch.random.get_rng_state())
+        assert moved == dq_table._draws_in_evaluation(cfg), key
+
+
+@needs_data
+@pytest.mark.parametrize("eval_rng", ["fork", "shared"])
+def test_fit_eval_rng_fork_keeps_float_epochs_on_the_fp32_run(eval_rng):
+    """A quantized run's float epochs train in float32; with ``eval_rng="fork"`` its
+    evaluation (stochastic messages) leaves training's dropout masks alone, so those epochs
+    repeat the FP32 run of the same seed loss for loss; shared, they drift from the second
+    epoch on."""
+    import warnings
+
+    from examples import dq_table
+
+    data, classes = training.load_data("Cora", None, "test")
+    table = dq_table.rows((0.0, 0.2))
+    losses: dict[str, list[float]] = {}
+    for key in ("fp32", "int4-lsq-ps"):
+        model = train_cora.build(table[key], data, classes, 0, "gat")
+        run = fxquant.recipes.QuantTraining(model, float_epochs=3) \
+            if isinstance(model, torch.fx.GraphModule) else None
+        seen = losses.setdefault(key, [])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            training.fit(model, data, 4, run=run, progress=False, eval_rng=eval_rng,
+                         on_epoch=lambda epoch, loss, logits, seen=seen: seen.append(loss))
+    float_epochs = slice(0, 3)
+    if eval_rng == "fork":
+        assert losses["int4-lsq-ps"][float_epochs] == losses["fp32"][float_epochs]
+    else:
+        assert losses["int4-lsq-ps"][0] == losses["fp32"][0]
+        assert losses["int4-lsq-ps"][float_epochs] != losses["fp32"][float_epochs]
