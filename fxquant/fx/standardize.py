@@ -21,7 +21,7 @@ from torch.fx import Graph, GraphModule, Node, map_arg
 from torch.fx.operator_schemas import normalize_function
 from torch.fx.passes.infra.pass_base import PassResult
 
-import fxquant._ops.dropout  # noqa: F401  (registers torch.ops.fxquant.dropout)
+from fxquant._ops.dropout import apply as _dropout_apply
 from fxquant.errors import FxquantTypeError
 from fxquant.fx.graph_utils import free_name
 
@@ -113,7 +113,8 @@ def functional_dropout_to_module(gm: GraphModule, train_graph: Graph,
 
 class FastDropout(nn.Dropout):
     """``nn.Dropout`` whose training-mode mask comes from one ``torch.rand`` draw
-    (``torch.ops.fxquant.dropout``), which ``torch.compile`` calls as it is.
+    (``torch.ops.fxquant.uniform``), which ``torch.compile`` calls as it is, fusing the
+    rest of the dropout with the operations that read its output.
 
     The same distribution as ``nn.Dropout`` (each value kept with probability ``1 - p``
     and scaled by ``1 / (1 - p)``), other random numbers: for a given seed the masks
@@ -124,7 +125,7 @@ class FastDropout(nn.Dropout):
     def forward(self, input: Tensor) -> Tensor:
         if not self.training or self.p == 0.0 or not input.is_floating_point():
             return super().forward(input)
-        return torch.ops.fxquant.dropout(input, float(self.p))[0]
+        return _dropout_apply(input, float(self.p))
 
 
 def fast_dropout(model: nn.Module) -> nn.Module:
