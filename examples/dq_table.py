@@ -188,8 +188,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.eval_rng != "shared" and not any(
             _draws_in_evaluation(c) for c in selected(args.only, (0.0, 0.0)).values()):
         p.error(f"--eval-rng {args.eval_rng} keeps evaluation's random draws out of training; "
-                "none of the rows run rounds stochastically (e.g. int4-lsq-ps, which --only "
-                "names), so evaluation draws nothing and it would be ignored")
+                "none of the rows run rounds stochastically, so evaluation draws nothing and "
+                "it would be ignored (rows that do, such as int4-lsq-ps, run when --only "
+                "names them)")
     training.refuse_unwritable(p, args, "--json", "--plot")
     if not args.from_json:
         training.refuse_float_epochs_past_training(p, args)

@@ -196,14 +196,15 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
 
 
 def _evaluation_rng(eval_rng: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """``fit``'s evaluation: under a fork of the generators (``"fork"``) or not."""
+    """``fit``'s evaluation: under a fork of the CPU generator and, on an accelerator, of
+    the device's (``"fork"``), or not."""
     if eval_rng == "shared":
         return contextlib.nullcontext()
-    cuda = device.type == "cuda"
-    index = (device.index if device.index is not None else torch.cuda.current_device()) \
-        if cuda else None
-    return torch.random.fork_rng(devices=[index] if cuda else [],
-                                 device_type="cuda" if cuda else None)
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    index = device.index if device.index is not None \
+        else torch.get_device_module(device.type).current_device()
+    return torch.random.fork_rng(devices=[index], device_type=device.type)
 
 
 def teacher_logits(kind: str, data: Data, num_classes: int, seed: int, epochs: int,

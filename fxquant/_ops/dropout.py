@@ -5,9 +5,10 @@ compiles it to a random number per value generated one at a time; both take seve
 as long as one vectorized ``torch.rand`` draw over the same values (about 45 ms against
 13 ms for Cora's 2708 x 1433 input features on one thread).
 
-``torch.ops.fxquant.uniform`` is that draw, opaque to ``torch.compile``: compiled graphs
-call the eager kernel, which follows ``torch.manual_seed`` as eager code does (tagged
-``nondeterministic_seeded``, so that no graph pass merges two draws or recomputes one).
+``torch.ops.fxquant.uniform_`` is that draw, opaque to ``torch.compile``: compiled graphs
+call the eager kernel, which follows ``torch.manual_seed`` as eager code does. It fills a
+tensor in place, as ``Tensor.uniform_`` does, so that no graph pass merges two draws, and
+is tagged ``nondeterministic_seeded``, so that none recomputes one.
 :func:`apply` builds the dropout around it from plain tensor operations, which Inductor
 fuses into one pass with what reads the result (the mask kept as ``bool`` for the
 backward, as ``F.dropout`` keeps its own); ``torch.ops.fxquant.dropout`` is the same
@@ -19,32 +20,31 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["apply", "dropout", "uniform"]
+__all__ = ["apply", "dropout", "uniform_"]
 
 
 def _scale(p: float) -> float:
     return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
 
 
-@torch.library.custom_op("fxquant::uniform", mutates_args=(), schema="(Tensor like) -> Tensor",
+@torch.library.custom_op("fxquant::uniform_", mutates_args=("out",),
+                         schema="(Tensor(a!) out) -> ()",
                          tags=(torch.Tag.nondeterministic_seeded,))
-def uniform(like: Tensor) -> Tensor:
-    """float32 random numbers in ``[0, 1)`` (``torch.rand``) of ``like``'s shape, on its
-    device; ``like``'s values are not read."""
-    return torch.rand(like.shape, dtype=torch.float32, device=like.device)
-
-
-@uniform.register_fake
-def _(like: Tensor) -> Tensor:
-    return torch.empty(like.shape, dtype=torch.float32, device=like.device)
+def uniform_(out: Tensor) -> None:
+    """Fills ``out`` with random numbers in ``[0, 1)`` (``Tensor.uniform_``, which
+    ``torch.rand`` calls: a float32 ``out`` holds ``torch.rand(out.shape)``'s numbers under
+    the same seed). In place: no graph pass merges two calls."""
+    out.uniform_()
 
 
 def apply(x: Tensor, p: float) -> Tensor:
-    """``x * keep / (1 - p)`` with ``keep = uniform >= p`` (all zeros at ``p = 1``): the
-    values of ``torch.ops.fxquant.dropout(x, p)[0]`` under the same seed, bit for bit,
-    from operations ``torch.compile`` fuses."""
-    keep = torch.ops.fxquant.uniform(x.detach()) >= p
-    return x * keep * _scale(p)
+    """``x * keep / (1 - p)`` with ``keep = u >= p`` for ``u`` one float32 ``torch.rand``
+    draw of ``x``'s shape (all zeros at ``p = 1``): in eager, and compiled in float32, the
+    values of ``torch.ops.fxquant.dropout(x, p)[0]`` under the same seed, bit for bit, from
+    operations ``torch.compile`` fuses with what reads the result."""
+    u = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    torch.ops.fxquant.uniform_(u)
+    return x.mul(u >= p).mul_(_scale(p))
 
 
 @torch.library.custom_op("fxquant::dropout", mutates_args=(), schema="(Tensor x, float p) "
@@ -53,7 +53,9 @@ def dropout(x: Tensor, p: float) -> tuple[Tensor, Tensor]:
     """``(x * keep / (1 - p), keep)`` with ``keep = rand >= p`` (float32 random numbers
     whatever ``x``'s dtype; all zeros at ``p = 1``); ``x`` floating point,
     ``0 <= p <= 1``."""
-    keep = uniform(x) >= p
+    u = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    uniform_(u)
+    keep = u >= p
     return x.mul(keep).mul_(_scale(p)), keep
 
 

@@ -383,3 +383,32 @@ def test_fit_eval_rng_fork_keeps_float_epochs_on_the_fp32_run(eval_rng):
     else:
         assert losses["int4-lsq-ps"][0] == losses["fp32"][0]
         assert losses["int4-lsq-ps"][float_epochs] != losses["fp32"][float_epochs]
+
+
+def test_fit_refuses_an_unknown_eval_rng():
+    with pytest.raises(ValueError, match="eval_rng"):
+        training.fit(torch.nn.Linear(2, 2), training.stand_in_graph(), 1, eval_rng="private")
+
+
+def test_eval_rng_reaches_every_fit_of_the_scripts(monkeypatch):
+    """dq_table.py and trace_training pass --eval-rng to each training run (on the stand-in
+    graph, with fit replaced by a recorder)."""
+    from benchmarks import trace_training
+    from examples import dq_table
+
+    seen: list[str] = []
+
+    def fake_fit(model, data, epochs, *, eval_rng="shared", **kwargs):
+        seen.append(eval_rng)
+        return training.Result(0.5, None, False, [1.0], 0.5)
+
+    monkeypatch.setattr(training, "fit", fake_fit)
+    monkeypatch.setattr(training, "load_data", lambda *a: (training.stand_in_graph(), 3))
+    dq_table.main(["--model", "gat", "--only", "int4-lsq-ps", "--seeds", "1", "--epochs", "2",
+                   "--eval-rng", "fork"])
+    assert seen == ["fork", "fork"]  # FP32 and the row
+    seen.clear()
+    monkeypatch.setattr(trace_training, "trace", lambda *a, **k: seen.append(k["eval_rng"]) or {
+        "val": 0.0, "test": 0.0, "reported_epoch": 0, "float_epochs": 0, "trace": []})
+    trace_training.main(["--model", "gat", "--row", "int4-lsq-ps", "--eval-rng", "fork"])
+    assert seen == ["fork"]

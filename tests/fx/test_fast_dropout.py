@@ -161,48 +161,61 @@ def test_compiled_fast_dropout_draws_the_eager_masks():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 1.0])
 def test_module_dropout_is_the_ops_bit_for_bit(dtype, p):
-    """FastDropout builds the dropout around one opaque draw (``fxquant.uniform``) from
-    plain operations: under one seed its values are the one-op dropout's, bit for bit,
-    infinities, NaN and negative zeros included."""
+    """FastDropout builds the dropout around one opaque draw (``fxquant.uniform_``) from
+    plain operations: under one seed its values are the one-op dropout's and those of the
+    dropout's definition over one ``torch.rand`` draw, bit for bit, infinities, NaN and
+    negative zeros included."""
     from fxquant._ops.dropout import apply
 
     x = torch.randn(300, 7).to(dtype)
     x[0, 0], x[1, 1], x[2, 2], x[3, 3] = float("inf"), float("nan"), -0.0, float("-inf")
     torch.manual_seed(3)
-    want = torch.ops.fxquant.dropout(x, p)[0]
-    torch.manual_seed(3)
-    got = apply(x, p)
+    keep = torch.rand(x.shape) >= p
+    want = x.mul(keep).mul_(0.0 if p == 1.0 else 1.0 / (1.0 - p))
     bits = torch.int32 if dtype == torch.float32 else torch.int16
-    assert got.dtype == dtype and torch.equal(got.view(bits), want.view(bits))
+    for dropout in (apply, lambda x, p: torch.ops.fxquant.dropout(x, p)[0]):
+        torch.manual_seed(3)
+        got = dropout(x, p)
+        assert got.dtype == dtype and torch.equal(got.view(bits), want.view(bits))
 
 
 def test_module_dropout_leaves_its_arithmetic_to_the_compiler():
-    """Traced in training, FastDropout is one ``fxquant.uniform`` draw and plain aten
+    """Traced in training, FastDropout is one ``fxquant.uniform_`` draw and plain aten
     operations (which Inductor fuses with what reads them), not one opaque dropout op; the
-    draw is marked random, so no graph pass merges two draws or recomputes one."""
+    draw is marked random, so no graph pass recomputes one."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     drop = FastDropout(0.5).train()
     graph = make_fx(drop)(torch.randn(4, 3)).graph
     targets = [n.target for n in graph.nodes if n.op == "call_function"]
-    assert torch.ops.fxquant.uniform.default in targets
+    assert torch.ops.fxquant.uniform_.default in targets
     assert torch.ops.fxquant.dropout.default not in targets
-    assert torch.Tag.nondeterministic_seeded in torch.ops.fxquant.uniform.default.tags
+    assert torch.Tag.nondeterministic_seeded in torch.ops.fxquant.uniform_.default.tags
 
 
 @pytest.mark.slow
 def test_compiled_fast_dropouts_of_one_tensor_draw_two_masks():
     """Two dropouts of the same tensor in one compiled graph draw two masks (the draws are
-    not merged), the same two the eager model draws."""
+    not merged, also where the tensor requires grad), the same two the eager model draws,
+    with the eager gradients."""
     drop = FastDropout(0.5).train()
 
     def two(x):
         return drop(x) + 2 * drop(x)
 
-    x = torch.ones(50, 40)
-    torch.manual_seed(1)
-    eager = two(x)
-    torch.manual_seed(1)
-    compiled = torch.compile(two)(x)
-    assert torch.equal(eager, compiled)
-    assert {0.0, 2.0, 4.0, 6.0} == set(compiled.unique().tolist())  # independent masks
+    compiled = torch.compile(two)
+    for grad in (False, True):
+        x = torch.ones(50, 40, requires_grad=grad)
+        outs = []
+        for f in (two, compiled):
+            torch.manual_seed(1)
+            y = f(x)
+            if grad:
+                x.grad = None
+                y.sum().backward()
+            outs.append((y.detach(), x.grad.clone() if grad else None, torch.rand(3)))
+        (eager, eager_grad, eager_next), (got, got_grad, got_next) = outs
+        assert torch.equal(eager, got) and torch.equal(eager_next, got_next)  # same draws
+        assert {0.0, 2.0, 4.0, 6.0} == set(got.unique().tolist())  # independent masks
+        if grad:
+            assert torch.equal(eager_grad, got_grad)
