@@ -350,7 +350,7 @@ def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def _check_row(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from examples import dq_table
+    from examples import dq_table, training
 
     known = dq_table.rows(args.protect or dq_table.DEFAULT_PROTECT)
     if args.row not in known:
@@ -360,9 +360,7 @@ def _check_row(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--protect sets Degree-Quant's protection; the {args.row} row protects no "
                 "nodes, so it would be ignored")
     args.protect = args.protect or dq_table.DEFAULT_PROTECT
-    if args.eval_rng != "shared" and not dq_table._draws_in_evaluation(cfg):
-        p.error(f"--eval-rng {args.eval_rng} keeps evaluation's random draws out of training; "
-                f"the {args.row} row rounds nothing stochastically, so it would be ignored")
+    training.refuse_idle_eval_rng(p, args.eval_rng, [cfg], f" (the {args.row} row)")
     if args.step_lr is not None and not (math.isfinite(args.step_lr) and args.step_lr > 0):
         p.error(f"--step-lr must be a finite number above 0, got {args.step_lr}")
     if cfg.number is None and args.float_epochs:

@@ -107,11 +107,6 @@ def _degree_quant(bits: int, protect: tuple[float, float]) -> Config:
                   protect=protect, recipe=("degree-quant", {"bits": bits, "protect": protect}))
 
 
-def _draws_in_evaluation(cfg: Config) -> bool:
-    """Whether a row's evaluation draws random numbers (stochastic rounding)."""
-    return "stochastic" in (cfg.rounding, cfg.message_rounding)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
@@ -185,12 +180,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.protect is not None and not any(keys[k].protect is not None for k in wanted):
             p.error("--protect sets Degree-Quant's protection; none of the --only rows "
                     "protects nodes, so it would be ignored")
-    if args.eval_rng != "shared" and not any(
-            _draws_in_evaluation(c) for c in selected(args.only, (0.0, 0.0)).values()):
-        p.error(f"--eval-rng {args.eval_rng} keeps evaluation's random draws out of training; "
-                "none of the rows run rounds stochastically, so evaluation draws nothing and "
-                "it would be ignored (rows that do, such as int4-lsq-ps, run when --only "
-                "names them)")
+    training.refuse_idle_eval_rng(p, args.eval_rng, list(selected(args.only, (0.0, 0.0)).values()),
+                                  " (rows that do, such as int4-lsq-ps, run when --only names "
+                                  "them)")
     training.refuse_unwritable(p, args, "--json", "--plot")
     if not args.from_json:
         training.refuse_float_epochs_past_training(p, args)

@@ -243,6 +243,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="with 'message' among --sites: round the messages this way instead "
                         "(stochastic: a node's sum of many small messages stays right on "
                         "average, e.g. GAT's)")
+    p.add_argument("--eval-rng", default="shared", choices=list(training.EVAL_RNG),
+                   help="fork: evaluate under torch.random.fork_rng, so that what evaluation "
+                        "draws (stochastic rounding) leaves training's dropout masks alone; "
+                        "shared (default): evaluation advances the generator training draws "
+                        "from")
     p.add_argument("--grad", default="ste", choices=["ste", "zero"],
                    help="ste: straight-through gradient; zero: the true (zero) derivative")
     p.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default 5)")
@@ -323,6 +328,7 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
     if args.super_nodes is not None and args.model != "gcn" and not args.layers:
         p.error("--super-nodes names conv1/conv2 of the GCN; with --model gin/gat/gat64 please "
                 "also pass --layers convs.0,convs.1")
+    training.refuse_idle_eval_rng(p, args.eval_rng, configs_for(args)[1:])
     # Everything else a configuration can get wrong, on a stand-in of the same model.
     graph = Data(edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), num_nodes=4)
     model = training.make_model(args.model, 8, 3)
@@ -486,7 +492,8 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
             desc = f"{cfg.name} {cfg.rounding_label} seed {seed}"
             run = fxquant.recipes.QuantTraining(model, refit_epochs=args.lsq_refit) \
                 if isinstance(model, torch.fx.GraphModule) else None
-            result = training.fit(model, data, args.epochs, run=run, desc=desc, device=device)
+            result = training.fit(model, data, args.epochs, run=run, desc=desc, device=device,
+                                  eval_rng=args.eval_rng)
             cfg.accs.append(result.test)
             cfg.vals.append(result.val)
             cfg.epoch_ms.extend(result.epoch_ms)

@@ -195,6 +195,22 @@ def fit(model: torch.nn.Module, data: Data, epochs: int, *, run: QuantTraining |
                   best.val if best is not None else 0.0, kept)
 
 
+def draws_in_evaluation(cfg: Any) -> bool:
+    """Whether evaluating a configuration (``train_cora.Config``: a row of ``dq_table.py``
+    or ``train_cora.py``) draws random numbers: where it rounds stochastically."""
+    return "stochastic" in (cfg.rounding, cfg.message_rounding)
+
+
+def refuse_idle_eval_rng(p: argparse.ArgumentParser, eval_rng: str, configs: Sequence[Any],
+                         hint: str = "") -> None:
+    """``--eval-rng fork`` keeps evaluation's random draws out of training: a usage error
+    when none of ``configs`` draws any (it would be ignored)."""
+    if eval_rng != "shared" and not any(draws_in_evaluation(c) for c in configs):
+        p.error(f"--eval-rng {eval_rng} keeps evaluation's random draws out of training; "
+                f"nothing run rounds stochastically, so evaluation draws nothing and it would "
+                f"be ignored{hint}")
+
+
 def _evaluation_rng(eval_rng: str, device: torch.device) -> contextlib.AbstractContextManager:
     """``fit``'s evaluation: under a fork of the CPU generator and, on an accelerator, of
     the device's (``"fork"``), or not."""

@@ -73,6 +73,8 @@ CASES = [
     (dq_table, ["--from-json", str(RESULTS / "dq_citeseer_gcn.json"), "--eval-rng", "fork"],
      "--eval-rng"),
     (dq_table, ["--eval-rng", "private"], "--eval-rng"),
+    (train_cora, ["--format", "int4", "--eval-rng", "fork"], "--eval-rng"),
+    (train_cora, ["--from-json", "x.json", "--eval-rng", "fork"], "--eval-rng"),
     (train_cora, ["--from-json", "no/such/file.json"], "--from-json"),
     (train_cora, ["--from-json", str(RESULTS / "bits_cora_int.json")], "--from-json"),
     (train_cora, ["--from-json", str(RESULTS / "cora_sweep.json"), "--epochs", "3"], "--epochs"),

@@ -351,7 +351,7 @@ def test_dq_table_eval_rng_names_every_row_that_draws_in_evaluation():
             with torch.no_grad():
                 model(data.x, data.edge_index)
         moved = not torch.equal(before, torch.random.get_rng_state())
-        assert moved == dq_table._draws_in_evaluation(cfg), key
+        assert moved == training.draws_in_evaluation(cfg), key
 
 
 @needs_data
@@ -391,8 +391,8 @@ def test_fit_refuses_an_unknown_eval_rng():
 
 
 def test_eval_rng_reaches_every_fit_of_the_scripts(monkeypatch):
-    """dq_table.py and trace_training pass --eval-rng to each training run (on the stand-in
-    graph, with fit replaced by a recorder)."""
+    """dq_table.py, train_cora.py and trace_training pass --eval-rng to each training run
+    (on the stand-in graph, with fit replaced by a recorder)."""
     from benchmarks import trace_training
     from examples import dq_table
 
@@ -412,3 +412,10 @@ def test_eval_rng_reaches_every_fit_of_the_scripts(monkeypatch):
         "val": 0.0, "test": 0.0, "reported_epoch": 0, "float_epochs": 0, "trace": []})
     trace_training.main(["--model", "gat", "--row", "int4-lsq-ps", "--eval-rng", "fork"])
     assert seen == ["fork"]
+    seen.clear()
+    monkeypatch.setattr(fxquant, "summary", lambda *a, **k: "")
+    monkeypatch.setattr(fxquant, "lint", lambda *a, **k: "")
+    train_cora.main(["--model", "gat", "--format", "int4", "--range", "lsq", "--sites", "all",
+                     "--message-rounding", "stochastic", "--seeds", "1", "--epochs", "2",
+                     "--eval-rng", "fork"])
+    assert seen == ["fork", "fork"]
