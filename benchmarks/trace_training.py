@@ -120,7 +120,23 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
     return payload
 
 
-class StepTrace:
+class _EvaluationHooks:
+    """Forward hooks that record what evaluations show: :meth:`take` hands the last one's
+    record over and starts the next; :meth:`remove` takes the hooks off."""
+
+    seen: dict[str, Any]
+    hooks: list[Any]
+
+    def take(self) -> dict[str, Any]:
+        seen, self.seen = self.seen, {}
+        return seen
+
+    def remove(self) -> None:
+        for handle in self.hooks:
+            handle.remove()
+
+
+class StepTrace(_EvaluationHooks):
     """Forward hooks on the model's points with a learned step: in each evaluation, the
     step, the share of values beyond the grid's edge (more than half a step past its top
     level or, signed grids, its lowest; each row's own grid with per-node bit-widths), the
@@ -157,16 +173,8 @@ class StepTrace:
                                    "grid_max_abs": float(y.abs().max())}
         return hook
 
-    def take(self) -> dict[str, dict[str, float]]:
-        seen, self.seen = self.seen, {}
-        return seen
 
-    def remove(self) -> None:
-        for handle in self.hooks:
-            handle.remove()
-
-
-class ZeroChannels:
+class ZeroChannels(_EvaluationHooks):
     """A forward hook on the model's first rounded two-dimensional weight (in module order:
     the first layer's): in each evaluation, how many of its output channels (rows) rounded
     to all zeros, and of how many (:meth:`take` hands them over)."""
@@ -184,14 +192,6 @@ class ZeroChannels:
             return
         self.seen = {"zero_channels": int((out.detach() == 0).all(dim=1).sum()),
                      "channels": out.shape[0], "zero_channels_of": self.name}
-
-    def take(self) -> dict[str, Any]:
-        seen, self.seen = self.seen, {}
-        return seen
-
-    def remove(self) -> None:
-        for handle in self.hooks:
-            handle.remove()
 
 
 def _weight_dims(model: torch.nn.Module, point: fxquant.QuantPoint) -> int:

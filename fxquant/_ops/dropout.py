@@ -37,14 +37,19 @@ def uniform_(out: Tensor) -> None:
     out.uniform_()
 
 
+def _keep(x: Tensor, p: float) -> Tensor:
+    """The dropout's mask: one float32 draw of ``x``'s shape, ``>= p``."""
+    u = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    torch.ops.fxquant.uniform_(u)
+    return u >= p
+
+
 def apply(x: Tensor, p: float) -> Tensor:
     """``x * keep / (1 - p)`` with ``keep = u >= p`` for ``u`` one float32 ``torch.rand``
     draw of ``x``'s shape (all zeros at ``p = 1``): in eager, and compiled in float32, the
     values of ``torch.ops.fxquant.dropout(x, p)[0]`` under the same seed, bit for bit, from
     operations ``torch.compile`` fuses with what reads the result."""
-    u = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    torch.ops.fxquant.uniform_(u)
-    return x.mul(u >= p).mul_(_scale(p))
+    return x.mul(_keep(x, p)).mul_(_scale(p))
 
 
 @torch.library.custom_op("fxquant::dropout", mutates_args=(), schema="(Tensor x, float p) "
@@ -53,9 +58,7 @@ def dropout(x: Tensor, p: float) -> tuple[Tensor, Tensor]:
     """``(x * keep / (1 - p), keep)`` with ``keep = rand >= p`` (float32 random numbers
     whatever ``x``'s dtype; all zeros at ``p = 1``); ``x`` floating point,
     ``0 <= p <= 1``."""
-    u = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    uniform_(u)
-    keep = u >= p
+    keep = _keep(x, p)
     return x.mul(keep).mul_(_scale(p)), keep
 
 
