@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_leaves
 
 from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, traceback_location
@@ -45,6 +44,7 @@ from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace, strip_comment
 from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import clone_inputs, restored_state
+from fxquant.linter.torch_internals import tree_leaves
 
 __all__ = ["ProtectedRun", "both_runs", "check", "protected_run"]
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from fxquant.errors import FxquantError
 from fxquant.fx.serial import PROCESS_LOCK
@@ -39,6 +38,7 @@ from fxquant.linter.shapes import (
     shapes_note,
 )
 from fxquant.linter.state import clone_inputs, restored_state
+from fxquant.linter.torch_internals import tree_leaves
 
 __all__ = ["anomaly_finding", "lint_dynamic", "plain_error"]
 

@@ -51,7 +51,6 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 
 from fxquant.errors import FxquantError, FxquantRuntimeError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import (
@@ -77,6 +76,18 @@ from fxquant.linter.state import (
     snapshot,
 )
 from fxquant.linter.symbolic import ALIASING, inplace_name, node_op_name
+from fxquant.linter.torch_internals import (
+    MODULE_HOOK_TABLES,
+    module_buffers,
+    module_parameters,
+    non_persistent_buffers,
+    output_tree_spec,
+    storage_id,
+    tree_flatten,
+    tree_leaves,
+    tree_map_only,
+    tree_unflatten,
+)
 
 __all__ = ["FunctionalizeError", "Rewrite", "functionalize_inplace"]
 
@@ -207,10 +218,7 @@ NOT_A_VIEW: Final = _NotAView()
 
 
 def _shares_memory(a: Tensor, b: Tensor) -> bool:
-    try:
-        return a.untyped_storage()._cdata == b.untyped_storage()._cdata != 0
-    except (RuntimeError, NotImplementedError):
-        return False
+    return storage_id(a) == storage_id(b) != 0
 
 
 @_records_itself
@@ -781,9 +789,9 @@ def _as_module(model: nn.Module, captured: GraphModule, names: list[str],
             continue
         if node.op == "output":
             flat_out = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
-            info = getattr(captured.graph._codegen, "pytree_info", None)
-            if info is not None and info.out_spec is not None:
-                flat_out = torch.utils._pytree.tree_unflatten(list(flat_out), info.out_spec)
+            spec = output_tree_spec(captured)
+            if spec is not None:
+                flat_out = tree_unflatten(list(flat_out), spec)
             graph.output(flat_out)
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
@@ -1090,15 +1098,16 @@ def _carry_state(original: nn.Module, gm: GraphModule) -> None:
     for name, _ in named_buffers(gm):
         if name not in keys:
             owner_name, _, attr = name.rpartition(".")
-            gm.get_submodule(owner_name)._non_persistent_buffers_set.add(attr)
+            non_persistent_buffers(gm.get_submodule(owner_name)).add(attr)
     for name, value in [*original.named_parameters(), *named_buffers(original)]:
         owner_name, _, attr = name.rpartition(".")
         try:
             there = gm.get_submodule(owner_name)
         except AttributeError:
             there = None
-        if there is not None and attr in (there._parameters if isinstance(value, nn.Parameter)
-                                          else there._buffers):
+        if there is not None and attr in (module_parameters(there)
+                                          if isinstance(value, nn.Parameter)
+                                          else module_buffers(there)):
             continue
         owner: nn.Module = gm
         for part in owner_name.split(".") if owner_name else ():
@@ -1112,11 +1121,7 @@ def _carry_state(original: nn.Module, gm: GraphModule) -> None:
             owner.register_parameter(attr, value)
         else:
             owner.register_buffer(attr, value,
-                                  persistent=attr not in source._non_persistent_buffers_set)
-
-
-#: a module's hook tables that run when it is called
-_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+                                  persistent=attr not in non_persistent_buffers(source))
 
 
 def _dropped_hooks(candidate: nn.Module, original: nn.Module) -> str | None:
@@ -1128,7 +1133,7 @@ def _dropped_hooks(candidate: nn.Module, original: nn.Module) -> str | None:
     called = {str(n.target) for n in graph.nodes if n.op == "call_module"} \
         if isinstance(graph, torch.fx.Graph) else None
     for name, module in original.named_modules():
-        counts = [len(getattr(module, table, {})) for table in _HOOK_TABLES]
+        counts = [len(getattr(module, table, {})) for table in MODULE_HOOK_TABLES]
         if not any(counts):
             continue
         try:
@@ -1136,7 +1141,7 @@ def _dropped_hooks(candidate: nn.Module, original: nn.Module) -> str | None:
         except AttributeError:
             twin = None
         kept = twin is not None and (not name or called is None or name in called) and \
-            [len(getattr(twin, table, {})) for table in _HOOK_TABLES] == counts
+            [len(getattr(twin, table, {})) for table in MODULE_HOOK_TABLES] == counts
         if not kept:
             where = f"module {name!r} ({type(module).__name__})" if name else "the model itself"
             return (f"it no longer runs the hooks registered on {where} (a forward or backward "

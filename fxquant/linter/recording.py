@@ -37,7 +37,6 @@ import contextlib
 import os
 import re
 import sys
-import threading
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
@@ -48,9 +47,7 @@ from typing import Any, Final, NamedTuple
 import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule, Interpreter, Node
-from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
-from torch.utils._pytree import tree_leaves
+from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxquant._ops.calls import op_call
@@ -71,6 +68,45 @@ from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace, strip_comment
 from fxquant.linter.sites import ModuleSite, container_site
 from fxquant.linter.state import held_tensors, named_buffers, pop_saved_tensors_hooks_until
+from fxquant.linter.torch_internals import (
+    AFTER_REFUSED_VIEW_WRITE,
+    BACKWARD_HOOK_VIEW_MARK,
+    CUSTOM_FUNCTION_VIEW_MARK,
+    LEAF_WRITE_ERRORS,
+    LIFT_FRESH,
+    OVERLAP_ERROR,
+    REFUSED_VIEW_WRITES,
+    TorchDispatchMode,
+    autograd_node_op,
+    bump_version,
+    context_tensors,
+    custom_function_apply_watched,
+    dispatch_mode_stack,
+    forward_class,
+    function_mode_stack,
+    has_internal_overlap,
+    in_backward,
+    instruments_available,
+    is_custom_function_node,
+    is_data_read,
+    is_data_write,
+    is_fake,
+    is_function_context,
+    pop_dispatch_mode,
+    pop_function_mode,
+    pop_saved_tensors_hooks,
+    push_saved_tensors_hooks,
+    reentrant_checkpoint_replaced,
+    saved_tensors_hooks_pushes_wrapped,
+    storage_id,
+    top_saved_tensors_hooks,
+    torch_function_disabled,
+    tree_leaves,
+    tree_map_only,
+    version,
+    warn_missing,
+    written_tensors,
+)
 
 __all__ = [
     "LADDER",
@@ -107,21 +143,6 @@ _FACTORIES = frozenset({
     torch.empty, torch.rand, torch.randn, torch.randint, torch.randperm, torch.linspace,
     torch.logspace, torch.eye,
 })
-_LEAF_ERRORS = (
-    "a leaf Variable that requires grad is being used in an in-place operation",
-    "a view of a leaf Variable that requires grad is being used in an in-place operation",
-)
-#: Writes autograd refuses in forward that are not about leaves (FXQ013).
-_VIEW_ERRORS = (
-    "is a view and is being modified inplace",
-    "functions with out=... arguments don't support automatic differentiation",
-    "more than one element of the written-to tensor refers to a single memory location",
-)
-_OVERLAP_ERROR = ("unsupported operation: more than one element of the written-to tensor "
-                  "refers to a single memory location. Please clone() the tensor before "
-                  "performing the operation.")
-#: What reading a sibling of such a view raises after fxquant let the write go on.
-_AFTER_VIEW_ERROR = "its base or another view of its base has been modified inplace"
 _OWN_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
               os.path.abspath(torch.overrides.__file__))
 
@@ -174,7 +195,7 @@ class SavedTensor:
     def changed_unseen(self) -> bool:
         """Whether its values differ from those saved while its version is the same: a
         write no instrument saw (NumPy, a C extension, a kernel writing into it)."""
-        if self.copy is None or self.tensor._version != self.pack_version:
+        if self.copy is None or version(self.tensor) != self.pack_version:
             return False
         return not same_values(self.tensor, self.copy)
 
@@ -211,7 +232,7 @@ class _Packed:
 def same_values(a: Tensor, b: Tensor) -> bool:
     """Equal element for element, NaN equal to NaN (fake and meta tensors: always)."""
     if a.shape != b.shape or a.dtype != b.dtype or a.layout != torch.strided \
-            or a.device.type == "meta" or isinstance(a, torch._subclasses.FakeTensor):
+            or a.device.type == "meta" or is_fake(a):
         return a.shape == b.shape
     try:
         return bool(torch.equal(a, b) or (a.is_floating_point() and bool(
@@ -264,8 +285,7 @@ def _in_custom_function() -> bool:
     ``ctx`` is a local of a frame on the stack)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if any(isinstance(v, torch.autograd.function.FunctionCtx)
-               for v in frame.f_locals.values()):
+        if any(is_function_context(v) for v in frame.f_locals.values()):
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
@@ -418,7 +438,7 @@ class Recorder:
         """Remember ``t`` if it requires grad, to recognize hidden writes into its memory."""
         if not t.requires_grad:
             return
-        ptr = _storage_ptr(t)
+        ptr = storage_id(t)
         if ptr:
             refs = self.grad_tensors.setdefault(ptr, [])
             refs[:] = [r for r in refs if r() is not None]
@@ -429,10 +449,10 @@ class Recorder:
         return self._grad_owners(t)
 
     def _grad_owners(self, t: Tensor) -> list[Tensor]:
-        ptr = _storage_ptr(t)
+        ptr = storage_id(t)
         owners = [r() for r in self.grad_tensors.get(ptr, ())] if ptr else []
         return [o for o in owners
-                if o is not None and o.requires_grad and _storage_ptr(o) == ptr]
+                if o is not None and o.requires_grad and storage_id(o) == ptr]
 
     def hide(self, owners: list[Tensor], code: str, where: Location | None, node: str,
              how: str, changed: Tensor | None = None, alias: Tensor | None = None) -> None:
@@ -547,7 +567,7 @@ class Recorder:
         """FXQ015 for each line of a custom Function's backward, behind ``out``, that
         writes in place into its incoming gradient (read from its source)."""
         for node in custom_functions(out):
-            function = getattr(node, "_forward_cls", None)
+            function = forward_class(node)
             for write in gradient_writes(function) if function is not None else ():
                 self.add("FXQ015", write.where, write.function,
                          f"`{write.code}` in the backward of `{write.function}` writes in "
@@ -591,7 +611,7 @@ class Recorder:
         # a detached alias (the same memory and version counter) holds no autograd node: a
         # saved output would otherwise keep its own node alive through what pack returns
         alias = t.detach()
-        entry = SavedTensor(alias, t._version, t._version, self.last_op, self.where(),
+        entry = SavedTensor(alias, version(t), version(t), self.last_op, self.where(),
                             origin=weakref.ref(t))
         self.saved.append(entry)
         if self.copy_saved:
@@ -614,8 +634,7 @@ class Recorder:
                         if isinstance(t, Tensor) and t.grad_fn is not None), None)
         if grad_fn is None:
             return
-        name = re.sub(r"Backward\d*$", "", grad_fn.name())
-        name = name[:1].lower() + name[1:]
+        name = autograd_node_op(grad_fn)
         outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
         for entry in self.saved[first:]:
             entry.op = name
@@ -628,12 +647,12 @@ class Recorder:
         hands its backward their values as they were now."""
         node = next((t.grad_fn for t in tree_leaves(out)
                      if isinstance(t, Tensor) and t.grad_fn is not None), None)
-        if not isinstance(node, torch.autograd.function.BackwardCFunction):
+        if not is_custom_function_node(node):
             return
-        for key, value in list(vars(node).items()):
-            if not isinstance(value, Tensor) or key.startswith("_") or value.is_inference():
+        for key, value in context_tensors(node):
+            if value.is_inference():
                 continue  # (an inference tensor has no version counter to watch)
-            entry = SavedTensor(value.detach(), value._version, value._version,
+            entry = SavedTensor(value.detach(), version(value), version(value),
                                 function.__name__, self.where(), kept_as=f"ctx.{key}")
             entry.held = weakref.ref(node)
             self.saved.append(entry)
@@ -643,6 +662,25 @@ class Recorder:
                 # through it, for second derivatives, still can), not its later writes
                 with torch.enable_grad():
                     setattr(node, key, value.clone() if value.requires_grad else entry.copy)
+
+    def run_segment(self, function: Any, preserve_rng_state: bool, *args: Any) -> Any:
+        """A reentrant ``torch.utils.checkpoint`` segment (PyG's
+        ``DeepGCNLayer(ckpt_grad=True)``), run as a plain call: a reentrant segment runs
+        its forward without autograd and again inside backward, where no instrument sees
+        it, so an in-place bug in it would go unseen. Checkpointing saves memory and
+        changes no value; the inputs it would save for its re-run are recorded as saved."""
+        inputs = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+        segment = Checkpoint(self.where(), preserve_rng_state, bool(inputs), inputs)
+        self.checkpoints.append(segment)
+        for a in args:
+            if isinstance(a, Tensor) and not a.is_inference():
+                self.saved.append(SavedTensor(a.detach(), version(a), version(a), "checkpoint",
+                                              segment.where, origin=weakref.ref(a)))
+        self.segments.append(segment)
+        try:
+            return function(*args)
+        finally:
+            self.segments.pop()
 
     def user_hooks(self, pack: Callable[[Tensor], Any],
                    unpack: Callable[[Any], Tensor]) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -657,7 +695,7 @@ class Recorder:
             value = pack(t)
             if not any(_same_storage(v, t) for v in _tensors_within(value)):
                 return value  # a copy (offloaded, compressed): later writes do not reach it
-            entry = SavedTensor(t.detach(), t._version, t._version, self.last_op, self.where(),
+            entry = SavedTensor(t.detach(), version(t), version(t), self.last_op, self.where(),
                                 kept_as="saved_tensors_hooks", origin=weakref.ref(t))
             if self.copy_saved:
                 entry.copy = t.detach().clone()
@@ -670,7 +708,7 @@ class Recorder:
             if not isinstance(holder, _UserPacked):
                 return unpack(holder)
             entry, value = holder.entry, unpack(holder.value)
-            if entry.copy is not None and entry.tensor._version != entry.pack_version:
+            if entry.copy is not None and version(entry.tensor) != entry.pack_version:
                 return entry.copy  # (check: the value the forward's ops computed with)
             return value
 
@@ -701,7 +739,7 @@ class Recorder:
         if not self.copy_saved:
             return packed.value
         entry, copy = packed.entry, packed.value
-        if entry.tensor._version != entry.pack_version:
+        if version(entry.tensor) != entry.pack_version:
             culprits = entry.culprits or [("an in-place op", None, "?", "")]
             for code, where, node, op in culprits:
                 self._report_saved(entry, code, where, node, op)
@@ -759,11 +797,11 @@ class Recorder:
                        "through a `.detach()`ed alias")
                 self.hide(owners, code, where, node, how, changed, alias=t)
         for entry in self.saved:
-            version = entry.tensor._version
+            now = version(entry.tensor)
             if bump_pending and any(_same_storage(t, entry.tensor) for t in written):
-                version += 1  # (what it will be once the op returns)
-            if version != entry.seen_version:
-                entry.seen_version = version
+                now += 1  # (what it will be once the op returns)
+            if now != entry.seen_version:
+                entry.seen_version = now
                 if not entry.in_graph:
                     continue  # its autograd node is gone: backward will not read it
                 if entry.op == "checkpoint" and any(
@@ -807,9 +845,9 @@ class Recorder:
             if not isinstance(grad, Tensor) or rec is None:
                 return hook(grad)
             fresh = grad.clone()
-            version = fresh._version
+            before = version(fresh)
             out = hook(fresh)
-            if fresh._version == version:
+            if version(fresh) == before:
                 return out
             if where is not None:
                 write = GradientWrite("tensor hook", where, strip_comment(where.code), hook=True)
@@ -904,14 +942,6 @@ def _tensors_within(value: Any, depth: int = 2) -> Iterator[Tensor]:
             yield from _tensors_within(list(vars(leaf).values()), depth - 1)
 
 
-def _storage_ptr(t: Tensor) -> int:
-    """Which storage ``t`` views (its StorageImpl; also for meta and fake tensors)."""
-    try:
-        return int(t.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError):  # tensors without storage (functional)
-        return 0
-
-
 def _library_call() -> tuple[bool, bool]:
     """Whether the torch call being handled was made by torch's own Python code, and
     whether that code was asked to write in place (an ``inplace=True`` argument:
@@ -926,13 +956,8 @@ def _library_call() -> tuple[bool, bool]:
     return by_library, by_library and frame.f_locals.get("inplace") is True
 
 
-def _is_data_setter(func: Any) -> bool:
-    owner = getattr(func, "__self__", None)
-    return _call_name(func) == "__set__" and getattr(owner, "__name__", "") == "data"
-
-
 def _same_storage(a: Tensor, b: Tensor) -> bool:
-    return _storage_ptr(a) == _storage_ptr(b) != 0
+    return storage_id(a) == storage_id(b) != 0
 
 
 def _zero_derivative(func: Any, args: tuple, kwargs: dict) -> bool:
@@ -947,11 +972,6 @@ def _call_name(func: Any) -> str:
     return str(name)
 
 
-def _is_data_getter(func: Any) -> bool:
-    owner = getattr(func, "__self__", None)
-    return _call_name(func) == "__get__" and getattr(owner, "__name__", "") == "data"
-
-
 class _FunctionMode(TorchFunctionMode):
     def __init__(self, rec: Recorder) -> None:
         super().__init__()
@@ -961,7 +981,7 @@ class _FunctionMode(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         rec = self.rec
-        if _is_data_getter(func):
+        if is_data_read(func):
             t = args[0]
             out = func(*args, **kwargs)
             if isinstance(t, Tensor) and t.requires_grad:
@@ -973,7 +993,7 @@ class _FunctionMode(TorchFunctionMode):
                         "use .detach() (autograd still checks writes) or `with torch.no_grad():`")
                 rec.prov[out] = _Prov(rec.get(t).input_dep)
             return out
-        if _is_data_setter(func):  # w.data = value: w changes, autograd does not see it
+        if is_data_write(func):  # w.data = value: w changes, autograd does not see it
             t, new = args[0], args[1] if len(args) > 1 else None
             if isinstance(t, Tensor) and t.requires_grad and not _library_call()[0]:
                 where, code = rec.here(".data = ...")
@@ -996,17 +1016,17 @@ class _FunctionMode(TorchFunctionMode):
             line = rec.where()
             if line is not None:
                 (rec.lines_with_grad if grad_enabled else rec.lines_without_grad).add(line)
-        reachable = {_storage_ptr(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        reachable = {storage_id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
         rec.calls_open += 1
         try:
             out = func(*args, **kwargs)
         except RuntimeError as e:
-            if _AFTER_VIEW_ERROR in str(e) and rec.report.by_rule("FXQ013"):
+            if AFTER_REFUSED_VIEW_WRITE in str(e) and rec.report.by_rule("FXQ013"):
                 out = self._go_on(func, args, kwargs)  # a consequence of the write reported
-            elif any(m in str(e) for m in (*_LEAF_ERRORS, *_VIEW_ERRORS)):
+            elif any(m in str(e) for m in (*LEAF_WRITE_ERRORS, *REFUSED_VIEW_WRITES)):
                 self._report_refused_write(func, e)
                 out = self._go_on(func, args, kwargs,
-                                  view=any(m in str(e) for m in _VIEW_ERRORS))
+                                  view=any(m in str(e) for m in REFUSED_VIEW_WRITES))
             else:
                 raise
         finally:
@@ -1014,14 +1034,14 @@ class _FunctionMode(TorchFunctionMode):
         # Under a dispatch mode torch's foreach ops (`torch._foreach_mul_`, the optimizers'
         # multi-tensor step) write without bumping the version counters: backward would not
         # notice a saved value changed, which it does without fxquant's tools
-        for t, version in rec.write_versions:
-            if t._version == version and not t.is_inference():
-                torch.autograd.graph.increment_version(t)
+        for t, before in rec.write_versions:
+            if version(t) == before and not t.is_inference():
+                bump_version(t)
         rec.write_versions = []
         if len(rec.saved) > first_saved:
             rec.name_victims(first_saved, out)
         # writes into the call's own temporaries (inside gru_cell, say) are not the user's
-        rec.writes = [w for w in rec.writes if _storage_ptr(w[1]) in reachable]
+        rec.writes = [w for w in rec.writes if storage_id(w[1]) in reachable]
         if rec.writes:
             by_library, requested = _library_call()
             rec.after_call(_call_name(func), rec.where(), grad_enabled, by_library, requested)
@@ -1034,7 +1054,7 @@ class _FunctionMode(TorchFunctionMode):
                     rec.track_grad(t)
         if self._is_device_less_factory(func, args, kwargs) and isinstance(out, Tensor) and out.dim() > 0:
             where = rec.where()
-            op = "torch.Tensor(...)" if func is _LIFT_FRESH else f"torch.{_call_name(func)}"
+            op = "torch.Tensor(...)" if func is LIFT_FRESH else f"torch.{_call_name(func)}"
             key = rec.origin(op, where, rec.node_name(op.split("(")[0]))
             rec.prov[out] = _Prov(factories=frozenset({key}))
         return out
@@ -1061,7 +1081,7 @@ class _FunctionMode(TorchFunctionMode):
             with torch.no_grad():
                 out = func(*args, **kwargs)
         except RuntimeError:  # views of split/chunk refuse writes even under no_grad
-            detached = torch.utils._pytree.tree_map_only(Tensor, Tensor.detach, (args, kwargs))
+            detached = tree_map_only(Tensor, Tensor.detach, (args, kwargs))
             out = func(*detached[0], **detached[1])
             if detached[0] and out is detached[0][0]:  # an in-place op returns its target
                 out = args[0]
@@ -1073,18 +1093,18 @@ class _FunctionMode(TorchFunctionMode):
         where, code = rec.here(_call_name(func))
         first = str(e).splitlines()[0]
         rec.inplace_calls.append(InplaceCall(where, _call_name(func), False))
-        if any(m in str(e) for m in _VIEW_ERRORS):
+        if any(m in str(e) for m in REFUSED_VIEW_WRITES):
             hint = "drop out= and use the returned tensor" if "out=" in first \
                 else hint_for_inplace(code, _call_name(func))
             if "out=" in first:
                 what = "passes out= with inputs that require grad"
-            elif "BackwardHookFunction" in first:  # what a full backward hook returns
+            elif BACKWARD_HOOK_VIEW_MARK in first:  # what a full backward hook returns
                 what = ("writes in place into the output (or input) of a module with a full "
                         "backward hook (register_full_backward_hook), which autograd does not "
                         "let you modify")
                 hint += ("; or get the gradient from a forward hook that calls "
                          "output.register_hook(...), which allows in-place ops after it")
-            elif "custom Function" in str(e):
+            elif CUSTOM_FUNCTION_VIEW_MARK in str(e):
                 what = ("writes in place into a view a custom autograd Function returned (or "
                         "an input it returned as-is), which autograd does not let you modify")
             else:
@@ -1102,14 +1122,11 @@ class _FunctionMode(TorchFunctionMode):
 
     @staticmethod
     def _is_device_less_factory(func: Any, args: tuple, kwargs: dict) -> bool:
-        if func is _LIFT_FRESH:  # the legacy constructor: torch.Tensor([...])
+        if func is LIFT_FRESH:  # the legacy constructor: torch.Tensor([...])
             return True
         if func not in _FACTORIES or kwargs.get("device") is not None:
             return False
         return not (func in (torch.tensor, torch.as_tensor) and args and isinstance(args[0], Tensor))
-
-
-_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
 class _DispatchMode(TorchDispatchMode):
@@ -1121,22 +1138,16 @@ class _DispatchMode(TorchDispatchMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         rec = self.rec
-        written = []
-        for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
-                for t in tree_leaves(value):
-                    if isinstance(t, Tensor):
-                        written.append((t, t.requires_grad))
+        written = [(t, t.requires_grad) for t in written_tensors(func, args, kwargs)]
         before = {}
         for t, _ in written:
-            if torch._debug_has_internal_overlap(t) == 1:  # fake tensors do not check it
-                raise RuntimeError(_OVERLAP_ERROR)
+            if has_internal_overlap(t):  # fake tensors do not check it
+                raise RuntimeError(OVERLAP_ERROR)
             if rec.copy_saved and not (torch.is_grad_enabled() and t.requires_grad) \
                     and rec.grad_owners(t):
                 before[id(t)] = (t, t.detach().clone())  # check: which values it changes
         # (only foreach ops: RReLU's noise, say, is written without a bump on purpose)
-        versions = [(t, t._version) for t, _ in written if not t.is_inference()] \
+        versions = [(t, version(t)) for t, _ in written if not t.is_inference()] \
             if func.overloadpacket.__name__.startswith("_foreach_") else []
         out = func(*args, **kwargs)
         rec.write_versions.extend(versions)
@@ -1145,14 +1156,14 @@ class _DispatchMode(TorchDispatchMode):
                 else old != t
             prior = rec.changes.get(key)
             rec.changes[key] = changed if prior is None else prior | changed
-        if rec.calls_open or torch._C._current_autograd_node() is not None:
+        if rec.calls_open or in_backward():
             rec.on_aten(func, args, kwargs, out, written)  # (or autograd's backward ops)
             return out
         # No Python call is open: TorchScript code (a scripted function or module) runs.
         # The function mode is not paused as within its own calls: fxquant's bookkeeping
         # runs without it, and a write is attributed right away to the line that called
         # the scripted code.
-        with torch._C.DisableTorchFunction():
+        with torch_function_disabled():
             rec.on_aten(func, args, kwargs, out, written)
             if rec.writes:
                 rec.after_call(func.overloadpacket.__name__, rec.where(),
@@ -1200,6 +1211,12 @@ class Instruments:
             lost.append("the Python calls: `.data` (FXQ004) and the lines of in-place calls")
         return "; ".join(lost)
 
+    def within(self, available: set[str]) -> Instruments:
+        """These tools, less those not ``available`` (by field name)."""
+        return Instruments(self.functions and "functions" in available,
+                           self.dispatch and "dispatch" in available,
+                           self.hooks and "hooks" in available)
+
     def describe(self) -> str:
         """The tools that are on, in words."""
         tools = [name for on, name in ((self.functions, "the torch-function mode"),
@@ -1218,22 +1235,31 @@ LADDER: Final = (Instruments(), Instruments(hooks=False), Instruments(dispatch=F
 @contextlib.contextmanager
 def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[None]:
     """Grad mode on, the saved-tensor hooks and both modes pushed (those ``tools`` asks
-    for); popped by identity.
+    for, and this torch has: :func:`~fxquant.linter.torch_internals.instruments_available`);
+    popped by identity.
+
+    While the hooks record, reentrant ``torch.utils.checkpoint`` segments run as plain
+    calls (:meth:`Recorder.run_segment`), each custom Function's ``ctx`` is read after it
+    ran (:meth:`Recorder.kept_in_context`), and saved-tensor hooks the forward pushes are
+    pushed watched (:meth:`Recorder.user_hooks`).
 
     Entries the forward pushed above fxquant's and left there are popped first, so that
     fxquant's own entries come off, and the user's stack is as it was before.
     """
+    warn_missing()
+    available = instruments_available()
+    tools = tools.within(available)
     function_mode, dispatch_mode = _FunctionMode(rec), _DispatchMode(rec)
     with torch.enable_grad():
-        below = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        below = top_saved_tensors_hooks() if "hooks" in available else None
         if tools.hooks:
-            torch._C._autograd._push_saved_tensors_default_hooks(rec.pack, rec.unpack)
+            push_saved_tensors_hooks(rec.pack, rec.unpack)
         try:
             with contextlib.ExitStack() as stack:
                 if tools.hooks:  # (these record saved values: part of the hooks' work)
-                    stack.enter_context(_checkpoints_run_directly(rec))
-                    stack.enter_context(_custom_functions_watched(rec))
-                    stack.enter_context(_user_saved_tensor_hooks_watched(rec))
+                    stack.enter_context(reentrant_checkpoint_replaced(rec.run_segment))
+                    stack.enter_context(custom_function_apply_watched(rec.kept_in_context))
+                    stack.enter_context(saved_tensors_hooks_pushes_wrapped(rec.user_hooks))
                 if tools.functions:
                     function_mode.__enter__()
                     stack.callback(_pop_function_mode, function_mode)
@@ -1244,98 +1270,11 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
         finally:
             if tools.hooks:
                 pop_saved_tensors_hooks_until((rec.pack, rec.unpack))
-                top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+                top = top_saved_tensors_hooks()
                 if top is not None and top[0] is rec.pack:
-                    torch._C._autograd._pop_saved_tensors_default_hooks()
-            else:
+                    pop_saved_tensors_hooks()
+            elif "hooks" in available:
                 pop_saved_tensors_hooks_until(below)
-
-
-@contextlib.contextmanager
-def _checkpoints_run_directly(rec: Recorder) -> Iterator[None]:
-    """Reentrant ``torch.utils.checkpoint`` segments (PyG's ``DeepGCNLayer(ckpt_grad=True)``)
-    run as plain calls while recording: a reentrant segment runs its forward without
-    autograd and again inside backward, where no instrument sees it, so an in-place bug in
-    it would go unseen. Checkpointing saves memory and changes no value. Restored by
-    identity."""
-    owner = torch.utils.checkpoint.CheckpointFunction
-    before = vars(owner).get("apply")
-    thread = threading.get_ident()  # (other threads checkpoint as before)
-
-    def run_segment(function: Any, preserve_rng_state: bool, *args: Any) -> Any:
-        if threading.get_ident() == thread:
-            inputs = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
-            segment = Checkpoint(rec.where(), preserve_rng_state, bool(inputs), inputs)
-            rec.checkpoints.append(segment)
-            for a in args:  # (it saves its tensor inputs for the re-run in backward)
-                if isinstance(a, Tensor) and not a.is_inference():
-                    rec.saved.append(SavedTensor(a.detach(), a._version, a._version,
-                                                 "checkpoint", segment.where,
-                                                 origin=weakref.ref(a)))
-            rec.segments.append(segment)
-            try:
-                return function(*args)
-            finally:
-                rec.segments.pop()
-        if before is not None:  # (a torch whose CheckpointFunction defines its own apply)
-            return before.__get__(None, owner)(function, preserve_rng_state, *args)
-        apply: Any = torch.autograd.Function.apply  # (bound to Function: its function)
-        return apply.__func__(owner, function, preserve_rng_state, *args)
-
-    patch = staticmethod(run_segment)
-    owner.apply = patch  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        if vars(owner).get("apply") is patch:
-            if before is None:
-                delattr(owner, "apply")
-            else:
-                owner.apply = before  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def _user_saved_tensor_hooks_watched(rec: Recorder) -> Iterator[None]:
-    """Saved-tensor hooks the forward pushes (``saved_tensors_hooks``) are pushed watched
-    (:meth:`Recorder.user_hooks`) while recording; restored by identity."""
-    owner = torch._C._autograd
-    before = owner._push_saved_tensors_default_hooks
-    thread = threading.get_ident()  # (another thread's hooks are not the forward's)
-
-    def push(pack: Callable[[Tensor], Any], unpack: Callable[[Any], Tensor]) -> None:
-        if threading.get_ident() == thread:
-            pack, unpack = rec.user_hooks(pack, unpack)
-        before(pack, unpack)
-
-    owner._push_saved_tensors_default_hooks = push  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if owner._push_saved_tensors_default_hooks is push:
-            owner._push_saved_tensors_default_hooks = before
-
-
-@contextlib.contextmanager
-def _custom_functions_watched(rec: Recorder) -> Iterator[None]:
-    """``torch.autograd.Function.apply`` tells ``rec`` what each custom Function's context
-    keeps (:meth:`Recorder.kept_in_context`) while recording; restored by identity."""
-    owner = torch.autograd.Function
-    before = vars(owner)["apply"]
-    thread = threading.get_ident()  # (another thread's Functions are not the forward's)
-
-    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
-        out = before.__func__(cls, *args, **kwargs)
-        if threading.get_ident() == thread and not torch.compiler.is_compiling():
-            rec.kept_in_context(cls, out)
-        return out
-
-    patch: Any = classmethod(apply)
-    owner.apply = patch  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        if vars(owner).get("apply") is patch:
-            owner.apply = before  # type: ignore[method-assign]
 
 
 def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseException,
@@ -1355,20 +1294,18 @@ def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseExc
 
 
 def _pop_function_mode(mode: TorchFunctionMode) -> None:
-    stack = _get_current_function_mode_stack()
-    if not any(m is mode for m in stack):
+    if not any(m is mode for m in function_mode_stack()):
         return
-    while _get_current_function_mode_stack()[-1] is not mode:
-        torch._C._pop_torch_function_stack()
+    while function_mode_stack()[-1] is not mode:
+        pop_function_mode()
     mode.__exit__(None, None, None)
 
 
 def _pop_dispatch_mode(mode: TorchDispatchMode) -> None:
-    stack = _get_current_dispatch_mode_stack()
-    if not any(m is mode for m in stack):
+    if not any(m is mode for m in dispatch_mode_stack()):
         return
-    while _get_current_dispatch_mode_stack()[-1] is not mode:
-        torch._C._pop_torch_dispatch_stack()
+    while dispatch_mode_stack()[-1] is not mode:
+        pop_dispatch_mode()
     mode.__exit__(None, None, None)
 
 

@@ -30,7 +30,6 @@ from typing import Any, Final
 import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule, Node
-from torch.utils._pytree import tree_leaves
 from torch_geometric.nn import MessagePassing
 
 from fxquant._ops.calls import OpCall, op_call
@@ -41,6 +40,7 @@ from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import hint_for_inplace
 from fxquant.linter.sites import built_at
 from fxquant.linter.state import copy_model, restored_state
+from fxquant.linter.torch_internals import tree_leaves, writes_first_argument
 
 __all__ = [
     "ALIASING",
@@ -157,13 +157,7 @@ def inplace_name(name: str) -> bool:
     if not name.endswith("_") or name.startswith("_") or name in _NOT_VALUE_WRITES:
         return False
     op = getattr(torch.ops.aten, name, None)
-    if op is None:
-        return False
-    for overload in op.overloads():
-        arguments = getattr(op, overload)._schema.arguments
-        if arguments and arguments[0].alias_info is not None and arguments[0].alias_info.is_write:
-            return True
-    return False
+    return op is not None and writes_first_argument(op)
 
 
 def written_value(gm: GraphModule, node: Node) -> Node | None:
