@@ -65,6 +65,13 @@ from fxquant.fx.tracer import LeafSpec, refuse_compiled, trace
 from fxquant.linter.checking import both_runs
 from fxquant.linter.recording import HiddenWrite, InplaceCall
 from fxquant.linter.report import LintReport
+from fxquant.linter.rules import (
+    FORWARD_FAILED,
+    INPLACE_MODIFIES_SAVED_TENSOR,
+    INPLACE_ON_LEAF,
+    INPLACE_REFUSED_IN_FORWARD,
+    SILENTLY_WRONG_GRADIENT,
+)
 from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import (
     clone_inputs,
@@ -1036,7 +1043,7 @@ def _reference(model: nn.Module, inputs: tuple, rng: Tensor) -> _Reference:
     if run.outputs is not None:
         flags = [t.requires_grad for t in tree_leaves(run.outputs) if isinstance(t, Tensor)]
     return _Reference(outputs, flags, buffers, run.grads, run.input_grads,
-                      bool(report.by_rule("FXQ013")), report, run.rec.inplace_calls,
+                      bool(report.by_rule(INPLACE_REFUSED_IN_FORWARD.id)), report, run.rec.inplace_calls,
                       run.confirmed, state, other, other_outputs, run.rec.no_grad_lines)
 
 
@@ -1050,18 +1057,18 @@ def _refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
             "value out of place (`y = f(y)`) to differentiate through it, or write a "
             "straight-through estimator explicitly, `y = y + (f(y) - y).detach()`")
     for f in report.errors:
-        if f.rule == "FXQ003" and f.related != "checkpoint":  # (a segment's input: its
+        if f.rule == INPLACE_ON_LEAF.id and f.related != "checkpoint":  # (a segment's input: its
             # write is only refused when backward re-runs it; out of place, it is not)
             reasons.append(f"{f.where}: `{f.location.code if f.location else f.node}` writes in "
                            "place into a leaf tensor that requires grad (a parameter or an input): "
                            "no out-of-place rewrite computes the same thing, because the leaf "
                            f"itself changes. Fix: {f.hint}")
-        elif f.rule == "FXQ012" and (f.location is None or f.location not in {
+        elif f.rule == SILENTLY_WRONG_GRADIENT.id and (f.location is None or f.location not in {
                 w.where for w in hidden}):
             reasons.append(f"{f.where}: {f.message} Which gradient was meant only the author "
                            f"knows. Fix: {f.hint}")
-        elif f.rule == "FXQ009" and not report.by_rule("FXQ001") and \
-                not report.by_rule("FXQ013"):
+        elif f.rule == FORWARD_FAILED.id and not report.by_rule(INPLACE_MODIFIES_SAVED_TENSOR.id) and \
+                not report.by_rule(INPLACE_REFUSED_IN_FORWARD.id):
             reasons.append(f"{f.where}: {f.message}")
     if reasons:
         raise FunctionalizeError(

@@ -65,7 +65,22 @@ from fxquant.linter.backward import (
     gradient_writes,
 )
 from fxquant.linter.report import Finding, LintReport
-from fxquant.linter.rules import hint_for_inplace, strip_comment
+from fxquant.linter.rules import (
+    BACKWARD_WRITES_GRADIENT,
+    DATA_ATTRIBUTE,
+    FACTORY_WITHOUT_DEVICE,
+    FORWARD_FAILED,
+    HIDDEN_WRITE_THEN_READ,
+    INPLACE_MODIFIES_SAVED_TENSOR,
+    INPLACE_ON_LEAF,
+    INPLACE_OVERWRITES_GRAD_TENSOR,
+    INPLACE_REFUSED_IN_FORWARD,
+    NOT_VISIBLE,
+    SILENTLY_WRONG_GRADIENT,
+    ZERO_GRADIENT_OP,
+    hint_for_inplace,
+    strip_comment,
+)
 from fxquant.linter.sites import ModuleSite, container_site
 from fxquant.linter.state import held_tensors, named_buffers, pop_saved_tensors_hooks_until
 from fxquant.linter.torch_internals import (
@@ -239,12 +254,6 @@ def same_values(a: Tensor, b: Tensor) -> bool:
             ((a == b) | (a.isnan() & b.isnan())).all())))
     except RuntimeError:
         return True
-
-
-_HIDDEN_HINT = ("compute the new value out of place with autograd on and use it, e.g. "
-                "`w = F.normalize(self.weight, dim=1)` then `F.linear(x, w)` (or "
-                "torch.nn.utils.parametrize); a straight-through change on purpose: "
-                "`y = y + (f(y) - y).detach()`")
 
 
 def _grad_where_changed(owner: Tensor, changed: Tensor | None) -> bool:
@@ -483,11 +492,11 @@ class Recorder:
             write.reader = reader.code if reader and reader.code else self.last_op
             write.read_at = reader
             if self.scan_saved:
-                self.add("FXQ014", write.where, write.node,
+                self.add(HIDDEN_WRITE_THEN_READ.id, write.where, write.node,
                          f"`{write.code}` changes {write.target} {write.how}, which autograd "
                          f"does not see, and `{write.reader}` then computes with it: the "
                          "gradient may skip this change (fxquant.check runs backward and "
-                         "tells whether it does).", _HIDDEN_HINT,
+                         "tells whether it does).", HIDDEN_WRITE_THEN_READ.hint,
                          related=write.reader, related_location=reader)
 
     def confirm_hidden(self) -> list[HiddenWrite]:
@@ -496,7 +505,7 @@ class Recorder:
         ``.detach()`` alias bumped a saved value's version) or a write into a saved value
         (the check's gradient comparison names the op that saved it)."""
         confirmed = []
-        crashing = {f.location for f in self.report.by_rule("FXQ001")}
+        crashing = {f.location for f in self.report.by_rule(INPLACE_MODIFIES_SAVED_TENSOR.id)}
         # writes into saved values: the check compares gradients and names the saving op
         saved = {w[1] for entry in self.saved for w in entry.silent}
         for write in self.hidden_writes:
@@ -508,11 +517,11 @@ class Recorder:
                 continue
             then = (f", and `{write.reader}` then computes with it" if write.reader
                     else ", and the gradient reaches it")
-            self.add("FXQ012", write.where, write.node,
+            self.add(SILENTLY_WRONG_GRADIENT.id, write.where, write.node,
                      f"`{write.code}` changes {write.target} {write.how}, which autograd does "
                      f"not see{then}: backward runs, but the gradient skips this change (it "
                      "treats the new values as if the ops before had computed them).",
-                     _HIDDEN_HINT, related=write.reader, related_location=write.read_at)
+                     HIDDEN_WRITE_THEN_READ.hint, related=write.reader, related_location=write.read_at)
         return confirmed
 
     def origin(self, op: str, where: Location | None, node: str) -> int:
@@ -569,7 +578,7 @@ class Recorder:
         for node in custom_functions(out):
             function = forward_class(node)
             for write in gradient_writes(function) if function is not None else ():
-                self.add("FXQ015", write.where, write.function,
+                self.add(BACKWARD_WRITES_GRADIENT.id, write.where, write.function,
                          f"`{write.code}` in the backward of `{write.function}` writes in "
                          "place into the gradient it receives: autograd may hand the same "
                          "tensor to other branches, whose gradients then change silently "
@@ -585,12 +594,10 @@ class Recorder:
         for key in sorted(origins):
             o = self.origins[key]
             code = strip_comment(o.where.code) if o.where else o.op
-            self.add("FXQ007", o.where, o.node,
+            self.add(ZERO_GRADIENT_OP.id, o.where, o.node,
                      f"`{code}` ({o.op}) has zero derivative almost everywhere and lies between "
                      "parameters and the output: parameters upstream receive zero gradient "
-                     "through it.",
-                     "simulate precision with fxquant.truncate (straight-through gradient), or "
-                     "use a straight-through estimator: x + (f(x) - x).detach()")
+                     "through it.", ZERO_GRADIENT_OP.hint)
         return origins
 
     def _report_factories(self, factories: frozenset[int]) -> None:
@@ -599,11 +606,10 @@ class Recorder:
             self.reported_factories.add(key)
             o = self.origins[key]
             code = strip_comment(o.where.code) if o.where else o.op
-            self.add("FXQ005", o.where, o.node,
+            self.add(FACTORY_WITHOUT_DEVICE.id, o.where, o.node,
                      f"`{code}` creates a tensor without device= ({o.op}); it meets data "
                      f"derived from the inputs{f' at {meet}' if meet else ''} and stays on "
-                     "the CPU when the model moves to a GPU.",
-                     "pass device=x.device, dtype=x.dtype (x: the tensor it meets)")
+                     "the CPU when the model moves to a GPU.", FACTORY_WITHOUT_DEVICE.hint)
 
     # saved tensors ----------------------------------------------------------------------
 
@@ -717,7 +723,7 @@ class Recorder:
     def _report_kept(self, entry: SavedTensor, code: str, where: Location | None,
                      node: str) -> None:
         if entry.kept_as == "saved_tensors_hooks":
-            self.add("FXQ014", where, node,
+            self.add(HIDDEN_WRITE_THEN_READ.id, where, node,
                      f"`{code}` writes in place into a tensor that `{entry.op}` saved through "
                      "your saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks), whose "
                      "pack hook keeps it as it is: autograd checks no version through hooks, so "
@@ -726,7 +732,7 @@ class Recorder:
                      "write out of place (`y = y + 1`), or have the pack hook keep a copy "
                      "(`x.clone()`)", related=entry.op, related_location=entry.where)
             return
-        self.add("FXQ014", where, node,
+        self.add(HIDDEN_WRITE_THEN_READ.id, where, node,
                  f"`{code}` writes in place into a tensor that the custom Function "
                  f"`{entry.op}` keeps as `{entry.kept_as}` (not through save_for_backward, so "
                  "autograd does not check it): its backward computes with the changed value "
@@ -826,10 +832,10 @@ class Recorder:
                     self._report_unversioned(entry, code, where, node, hit)
         # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there)
         if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
-            self.add("FXQ002", where, node,
+            self.add(INPLACE_OVERWRITES_GRAD_TENSOR.id, where, node,
                      f"`{code}` overwrites elements of a tensor that requires grad; legal, but "
                      "those elements pass no gradient to what computed them.",
-                     "if they should train, build the result with torch.where(mask, value, x)")
+                     INPLACE_OVERWRITES_GRAD_TENSOR.hint)
 
     def guarded_hook(self, hook: Callable[[Tensor], Any]) -> Callable[[Tensor], Any]:
         """``hook`` (registered with ``Tensor.register_hook`` at the current line) handed a
@@ -868,7 +874,7 @@ class Recorder:
             if entry.origin is not None and entry.origin() is t and entry.in_graph \
                     and not entry.output and not entry.kept_as:
                 where, code = self.here("detach_()")
-                self.add("FXQ001", where, self.node_name("detach_"),
+                self.add(INPLACE_MODIFIES_SAVED_TENSOR.id, where, self.node_name("detach_"),
                          f"`{code}` detaches in place a tensor that `{entry.op}` saved for "
                          "backward: backward fails with 'Trying to use a saved tensor that has "
                          "been detached in-place'.",
@@ -900,7 +906,7 @@ class Recorder:
             if any(_same_storage(t, i) for t in written for i in segment.inputs):
                 what, hint = self._write_site(code, where, node, op)
                 called = f" called at {segment.where}" if segment.where is not None else ""
-                self.add("FXQ003", where, node,
+                self.add(INPLACE_ON_LEAF.id, where, node,
                          f"{what} writes in place into an input of the reentrant "
                          f"torch.utils.checkpoint segment{called}: backward re-runs the segment "
                          "on detached copies of its inputs, leaves that require grad, and "
@@ -913,7 +919,7 @@ class Recorder:
     def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
                       op: str = "") -> None:
         what, hint = self._write_site(code, where, node, op)
-        self.add("FXQ001", where, node,
+        self.add(INPLACE_MODIFIES_SAVED_TENSOR.id, where, node,
                  f"{what} writes in place into a tensor that `{entry.op}` "
                  "saved for backward: backward fails with 'modified by an inplace operation' "
                  "(anomaly mode names the saving line instead of this one).",
@@ -924,7 +930,7 @@ class Recorder:
         """FXQ001 for a write through a fused kernel (``torch._fused_adam_``: the fused
         optimizers' step), which moves no version counter, so backward does not refuse it."""
         what, hint = self._write_site(code, where, node, op)
-        self.add("FXQ001", where, node,
+        self.add(INPLACE_MODIFIES_SAVED_TENSOR.id, where, node,
                  f"{what} writes in place into a tensor that `{entry.op}` saved for "
                  f"backward, through `{op}`, a fused kernel that moves no version counter: "
                  "backward does not fail but computes with the changed value, so the "
@@ -986,11 +992,10 @@ class _FunctionMode(TorchFunctionMode):
             out = func(*args, **kwargs)
             if isinstance(t, Tensor) and t.requires_grad:
                 where, code = rec.here(".data")
-                rec.add("FXQ004", where, rec.node_name("data"),
+                rec.add(DATA_ATTRIBUTE.id, where, rec.node_name("data"),
                         f"`{code}` uses `.data` of a tensor that requires grad: in-place writes "
                         "through it bypass autograd's version check and give silently wrong "
-                        "gradients.",
-                        "use .detach() (autograd still checks writes) or `with torch.no_grad():`")
+                        "gradients.", DATA_ATTRIBUTE.hint)
                 rec.prov[out] = _Prov(rec.get(t).input_dep)
             return out
         if is_data_write(func):  # w.data = value: w changes, autograd does not see it
@@ -1021,7 +1026,7 @@ class _FunctionMode(TorchFunctionMode):
         try:
             out = func(*args, **kwargs)
         except RuntimeError as e:
-            if AFTER_REFUSED_VIEW_WRITE in str(e) and rec.report.by_rule("FXQ013"):
+            if AFTER_REFUSED_VIEW_WRITE in str(e) and rec.report.by_rule(INPLACE_REFUSED_IN_FORWARD.id):
                 out = self._go_on(func, args, kwargs)  # a consequence of the write reported
             elif any(m in str(e) for m in (*LEAF_WRITE_ERRORS, *REFUSED_VIEW_WRITES)):
                 self._report_refused_write(func, e)
@@ -1111,14 +1116,12 @@ class _FunctionMode(TorchFunctionMode):
                 what = ("writes in place into a view autograd does not let you modify (one of "
                         "several views returned by split/chunk/unbind, or a view made under "
                         "no_grad)")
-            rec.add("FXQ013", where, rec.node_name(_call_name(func)),
+            rec.add(INPLACE_REFUSED_IN_FORWARD.id, where, rec.node_name(_call_name(func)),
                     f"`{code}` {what}; forward raises: {first}", hint)
             return
-        rec.add("FXQ003", where, rec.node_name(_call_name(func)),
+        rec.add(INPLACE_ON_LEAF.id, where, rec.node_name(_call_name(func)),
                 f"`{code}` writes in place (or through out=) into a leaf tensor that "
-                f"requires grad; autograd raises: {first}",
-                "initialize or modify parameters under `with torch.no_grad():` (or with "
-                "torch.nn.init), or compute out of place")
+                f"requires grad; autograd raises: {first}", INPLACE_ON_LEAF.hint)
 
     @staticmethod
     def _is_device_less_factory(func: Any, args: tuple, kwargs: dict) -> bool:
@@ -1201,14 +1204,18 @@ class Instruments:
         lost = []
         if not self.hooks:
             lost.append("which op saved which tensor, so in-place writes into saved values "
-                        "(FXQ001) and silent changes to them (FXQ012) are found only as far "
-                        "as the gradients show them")
+                        f"({INPLACE_MODIFIES_SAVED_TENSOR.id}) and silent changes to them "
+                        f"({SILENTLY_WRONG_GRADIENT.id}) are found only as far as the "
+                        "gradients show them")
         if not self.dispatch:
-            lost.append("the ATen ops: writes autograd does not see (FXQ012, FXQ014), "
-                        "overwrites (FXQ002), device-less factories (FXQ005) and "
-                        "zero-derivative ops (FXQ007)")
+            lost.append("the ATen ops: writes autograd does not see "
+                        f"({SILENTLY_WRONG_GRADIENT.id}, {HIDDEN_WRITE_THEN_READ.id}), "
+                        f"overwrites ({INPLACE_OVERWRITES_GRAD_TENSOR.id}), device-less "
+                        f"factories ({FACTORY_WITHOUT_DEVICE.id}) and zero-derivative ops "
+                        f"({ZERO_GRADIENT_OP.id})")
         if not self.functions:
-            lost.append("the Python calls: `.data` (FXQ004) and the lines of in-place calls")
+            lost.append(f"the Python calls: `.data` ({DATA_ATTRIBUTE.id}) and the lines of "
+                        "in-place calls")
         return "; ".join(lost)
 
     def within(self, available: set[str]) -> Instruments:
@@ -1284,7 +1291,7 @@ def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseExc
     first = str(error).splitlines()[0] if str(error) else ""
     lost = fallback.lost()
     return Finding(
-        "FXQ010", "instruments", traceback_location(error),
+        NOT_VISIBLE.id, "instruments", traceback_location(error),
         f"fxquant's recording ({tools.describe()}) failed on this model's {phase} "
         f"({type(error).__name__}: {first[:200]}), which runs without it: a limit of "
         f"fxquant, not an error in the model. It was checked again with "
@@ -1337,7 +1344,7 @@ def internal_failure(error: BaseException, what: str) -> Finding:
                   f"{f.lineno}" for f in reversed(traceback.extract_tb(error.__traceback__))
                   if f.filename.startswith(package)), "")
     return Finding(
-        "FXQ010", "fxquant", None,
+        NOT_VISIBLE.id, "fxquant", None,
         f"fxquant's {what} stopped on an error of its own ({type(error).__name__}: "
         f"{first[:200]}{f' at {where}' if where else ''}); the findings listed were made "
         "before it, and what it had still to check was not checked. This is not an error "
@@ -1348,6 +1355,6 @@ def internal_failure(error: BaseException, what: str) -> Finding:
 def report_exception(report: LintReport, phase: str, e: BaseException) -> None:
     """FXQ009 at the user's line that raised."""
     first = str(e).splitlines()[0] if str(e) else ""
-    report.add(Finding("FXQ009", phase, traceback_location(e),
+    report.add(Finding(FORWARD_FAILED.id, phase, traceback_location(e),
                        f"{phase} raised {type(e).__name__}: {first}",
-                       "fix the exception first; findings before it are listed"))
+                       FORWARD_FAILED.hint))

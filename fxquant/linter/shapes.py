@@ -30,6 +30,9 @@ from torch import Tensor, nn
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.linter.report import Finding
+from fxquant.linter.rules import (
+    NOT_VISIBLE,
+)
 from fxquant.linter.state import copy_model
 from fxquant.linter.torch_internals import (
     FAKE_TENSOR_LOGGER,
@@ -198,7 +201,7 @@ def needs_values_note(e: BaseException,
                       why: str = "the forward needs values, not only shapes") -> Finding:
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     return Finding(
-        "FXQ010", "shapes", None,
+        NOT_VISIBLE.id, "shapes", None,
         f"{why} ({type(e).__name__}: {first[:160]}); "
         "it was linted on random data instead (floats from a normal distribution, "
         "integers 0)",
@@ -207,7 +210,7 @@ def needs_values_note(e: BaseException,
 
 def shapes_note() -> Finding:
     return Finding(
-        "FXQ010", "shapes", None,
+        NOT_VISIBLE.id, "shapes", None,
         "linted from shapes alone, on fake tensors: no data was read and nothing was "
         "computed; findings that depend on values (an all-zero gradient) need real inputs",
         "fxquant.check(model, *inputs) with real inputs runs backward too")

@@ -48,6 +48,15 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxquant.linter.rules import (
+    ANOMALY_MODE_IN_FORWARD,
+    BACKWARD_WRITES_GRADIENT,
+    DATA_ATTRIBUTE,
+    FACTORY_WITHOUT_DEVICE,
+    HIDDEN_WRITE_THEN_READ,
+    INPLACE_REFUSED_IN_FORWARD,
+)
+
 __all__ = [
     "AFTER_REFUSED_VIEW_WRITE",
     "BACKWARD_HOOK_VIEW_MARK",
@@ -155,9 +164,11 @@ class Internal:
         return _find(self.torch_name) is not None
 
 
-_FUNCTIONS = "the Python calls: `.data` (FXQ004) and the lines of in-place calls"
+_FUNCTIONS = f"the Python calls: `.data` ({DATA_ATTRIBUTE.id}) and the lines of in-place calls"
 _DISPATCH = "the ATen ops: writes autograd does not see, overwrites, factories, zero-derivative ops"
 _HOOKS = "which op saved which tensor, so in-place writes into saved values"
+_GRADIENT_WRITES = ("custom backwards that write into their gradient "
+                    f"({BACKWARD_WRITES_GRADIENT.id})")
 
 #: Every torch internal the linter uses, by the name of this module's function or constant.
 INTERNALS: Final = (
@@ -177,7 +188,7 @@ INTERNALS: Final = (
     Internal("in_backward", "torch._C._current_autograd_node",
              "the ops autograd's backward runs", "dispatch"),
     Internal("has_internal_overlap", "torch._debug_has_internal_overlap",
-             "writes into an expanded tensor (FXQ013)"),
+             f"writes into an expanded tensor ({INPLACE_REFUSED_IN_FORWARD.id})"),
     Internal("top_saved_tensors_hooks", "torch._C._autograd._top_saved_tensors_default_hooks",
              _HOOKS, "hooks"),
     Internal("push_saved_tensors_hooks",
@@ -190,20 +201,19 @@ INTERNALS: Final = (
     Internal("storage_id", "torch.UntypedStorage._cdata",
              "writes into the memory of fake and meta tensors"),
     Internal("custom_function_apply_watched", "torch.autograd.Function.apply",
-             "tensors a custom Function keeps on its ctx (FXQ014)"),
+             f"tensors a custom Function keeps on its ctx ({HIDDEN_WRITE_THEN_READ.id})"),
     Internal("reentrant_checkpoint_replaced", "torch.utils.checkpoint.CheckpointFunction",
              "what reentrant checkpoint segments save (they run as torch runs them)"),
     Internal("is_custom_function_node", "torch.autograd.function.BackwardCFunction",
-             "custom backwards that write into their gradient (FXQ015)"),
-    Internal("forward_class", "torch.autograd.function.FunctionMeta",
-             "custom backwards that write into their gradient (FXQ015)"),
+             _GRADIENT_WRITES),
+    Internal("forward_class", "torch.autograd.function.FunctionMeta", _GRADIENT_WRITES),
     Internal("is_function_context", "torch.autograd.function.FunctionCtx",
              "which writes a custom Function's forward makes (they are not reported)"),
     Internal("is_fake", "torch._subclasses.FakeTensor", "lint from shapes (ShapeSpec)"),
     Internal("new_fake_mode", "torch._subclasses.fake_tensor.FakeTensorMode",
              "lint from shapes (ShapeSpec)"),
     Internal("LIFT_FRESH", "torch.ops.aten.lift_fresh.default",
-             "the legacy constructor torch.Tensor([...]) (FXQ005)"),
+             f"the legacy constructor torch.Tensor([...]) ({FACTORY_WITHOUT_DEVICE.id})"),
     Internal("module_parameters", "torch.nn.Module._parameters",
              "restoring the model after a forward", probe=_on_modules("_parameters")),
     Internal("module_buffers", "torch.nn.Module._buffers", "restoring the model after a forward",
@@ -215,7 +225,7 @@ INTERNALS: Final = (
              "restoring torch.nn's global module hooks after a forward"),
     Internal("coo_parts", "torch.Tensor._indices", "restoring sparse COO tensors"),
     Internal("anomaly_switches_watched", "torch.set_anomaly_enabled",
-             "set_detect_anomaly called from forward (FXQ006)"),
+             f"set_detect_anomaly called from forward ({ANOMALY_MODE_IN_FORWARD.id})"),
     Internal("output_tree_spec", "torch.fx.Graph._codegen",
              "functionalize_inplace capturing a forward with nested outputs",
              probe=lambda: hasattr(torch.fx.Graph(), "_codegen")),
