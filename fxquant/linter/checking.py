@@ -28,11 +28,10 @@ from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.backward import GradientGuard, GradientWrite, gradient_hint
 from fxquant.linter.dynamic import anomaly_finding, plain_error
 from fxquant.linter.locate import first_line_after
+from fxquant.linter.recorder import Recorder
 from fxquant.linter.recording import (
     LADDER,
-    HiddenWrite,
     Instruments,
-    Recorder,
     installed,
     instrument_failure,
     internal_failure,
@@ -40,6 +39,7 @@ from fxquant.linter.recording import (
     report_exception,
     run_forward,
 )
+from fxquant.linter.records import HiddenWrite
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import (
     BACKWARD_WRITES_GRADIENT,

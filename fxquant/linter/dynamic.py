@@ -12,10 +12,10 @@ from torch import nn
 from fxquant.errors import FxquantError
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.linter.anomaly import watching_anomaly
+from fxquant.linter.recorder import Recorder
 from fxquant.linter.recording import (
     LADDER,
     Instruments,
-    Recorder,
     installed,
     instrument_failure,
     internal_failure,

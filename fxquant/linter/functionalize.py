@@ -63,7 +63,7 @@ from fxquant.fx.locations import (
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.fx.tracer import LeafSpec, refuse_compiled, trace
 from fxquant.linter.checking import both_runs
-from fxquant.linter.recording import HiddenWrite, InplaceCall
+from fxquant.linter.records import HiddenWrite, InplaceCall
 from fxquant.linter.report import LintReport
 from fxquant.linter.rules import (
     FORWARD_FAILED,

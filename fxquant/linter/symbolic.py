@@ -35,7 +35,7 @@ from torch_geometric.nn import MessagePassing
 from fxquant._ops.calls import OpCall, op_call
 from fxquant.fx.graph_utils import attr_of
 from fxquant.fx.locations import Location, stack_trace_location
-from fxquant.linter.recording import ZERO_DERIVATIVE_OPS
+from fxquant.linter.records import ZERO_DERIVATIVE_OPS
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import (
     DATA_ATTRIBUTE,
