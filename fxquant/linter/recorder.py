@@ -14,17 +14,16 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Iterator
-from types import FrameType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.fx import Node
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fxquant._ops.calls import op_call
-from fxquant.fx.locations import Location, caller_location, stack_trace_location
+from fxquant.fx.locations import Location
 from fxquant.linter.backward import GradientWrite, custom_functions, gradient_hint, gradient_writes
+from fxquant.linter.locator import Locator
 from fxquant.linter.records import (
     NO_PROVENANCE,
     OVERWRITING_OPS,
@@ -47,10 +46,8 @@ from fxquant.linter.rules import (
     INPLACE_OVERWRITES_GRAD_TENSOR,
     SILENTLY_WRONG_GRADIENT,
     ZERO_GRADIENT_OP,
-    hint_for_inplace,
     strip_comment,
 )
-from fxquant.linter.sites import ModuleSite, container_site
 from fxquant.linter.torch_internals import (
     autograd_node_op,
     context_tensors,
@@ -144,8 +141,7 @@ class Recorder:
         self.reported_factories: set[int] = set()
         self.writes: list[tuple[str, Tensor, bool]] = []  # (aten op, tensor, was requires_grad)
         self.last_op = "?"
-        self.node: Node | None = None  # the FX node being run, for GraphModules
-        self.boundary: FrameType | None = None  # frames outside this are not the model's
+        self.locator = Locator()  # which line of the user's runs
         self.cut_at: set[int] = set()  # zero-derivative origins between params and output
         #: storage pointer -> weak references to the tensors on it that require grad
         self.grad_tensors: dict[int, list[weakref.ref[Tensor]]] = {}
@@ -163,49 +159,20 @@ class Recorder:
         self.hook_writes: list[GradientWrite] = []
         #: the tensors the ATen ops of the current call wrote, with their version before
         self.write_versions: list[tuple[Tensor, int]] = []
-        #: lines where torch calls ran with autograd off, and with it on
-        self.lines_without_grad: set[Location] = set()
-        self.lines_with_grad: set[Location] = set()
-        self.module_names: dict[int, str] = {}  # id(module) -> its qualified name
-        self.modules: dict[str, nn.Module] = {}
-        #: construction lines of library modules run by containers -> what ran there
-        self.sites: dict[Location, ModuleSite] = {}
-        #: the same for modules whose construction line is unknown, by (call, node)
-        self.unlocated: dict[tuple[str, str], ModuleSite] = {}
 
     # where ------------------------------------------------------------------------------
 
-    @property
-    def no_grad_lines(self) -> set[Location]:
-        """Lines whose torch calls all ran with autograd off (``with torch.no_grad():`` in
-        the user's code; check: what a rewrite detaches). A line calling a module whose
-        library code turns autograd off for a while (a custom Function's forward, a full
-        backward hook's) also ran calls with autograd on, and is not one."""
-        return self.lines_without_grad - self.lines_with_grad
+    def where(self) -> Location | None:
+        """The user's line for what runs now (:meth:`Locator.where`)."""
+        return self.locator.where()
 
     def here(self, default: str) -> tuple[Location | None, str]:
-        """The user's line running now, and its code without comment (``default`` where
-        no line of the user's is on the stack)."""
-        where = self.where()
-        return where, strip_comment(where.code) if where else default
-
-    def where(self) -> Location | None:
-        """The user's line for what runs now: the innermost user frame, or, for a library
-        module a container runs (``nn.Sequential``), the line that built the module."""
-        if self.module_names:
-            site = container_site(self.boundary, self.module_names, self.modules)
-            if site is not None and site.line is not None:
-                self.sites[site.line] = site  # latest: one line may build many
-                return site.line
-        found = caller_location(self.boundary)
-        if found is not None:
-            return found
-        if self.node is not None:
-            return stack_trace_location(self.node.meta.get("stack_trace"))
-        return None
+        """The user's line running now and its code (:meth:`Locator.here`)."""
+        return self.locator.here(default)
 
     def node_name(self, fallback: str) -> str:
-        return self.node.name if self.node is not None else fallback
+        """The FX node being run (``fallback`` outside a GraphModule)."""
+        return self.locator.node_name(fallback)
 
     def add(self, rule: str, where: Location | None, node: str, message: str, hint: str,
             related: str = "", related_location: Location | None = None) -> None:
@@ -219,8 +186,7 @@ class Recorder:
     def mark_inputs(self, tensors: list[Tensor], model: nn.Module) -> None:
         """Mark the tensors a forward starts from (see :func:`model_tensors`)."""
         self.names = {id(p): name for name, p in model.named_parameters()}
-        self.modules = dict(model.named_modules())
-        self.module_names = {id(m): name for name, m in self.modules.items()}
+        self.locator.know_model(model)
         for t in tensors:
             is_param = id(t) in self.names and t.requires_grad
             self.prov[t] = Provenance(input_dep=True, param_dep=is_param)
@@ -565,10 +531,8 @@ class Recorder:
         code = strip_comment(where.code) if where else func_name
         node = self.node_name(func_name)
         op = writes[0][0] if writes else ""
-        if where is None and self.module_names:  # a module a container runs, built unseen
-            site = container_site(self.boundary, self.module_names, self.modules)
-            if site is not None:
-                self.unlocated[(code, node)] = site
+        if where is None:  # a module a container runs, built where no instrument saw
+            self.locator.remember_unlocated(code, node)
         written = [t for _, t, _ in writes]
         self.inplace_calls.append(InplaceCall(where, func_name, by_library, requested))
         if self.segments and grad_enabled:  # (under no_grad the re-run writes a leaf too,
@@ -667,21 +631,6 @@ class Recorder:
                          "history", related=entry.op, related_location=entry.where)
                 return
 
-    def _write_site(self, code: str, where: Location | None, node: str,
-                    op: str) -> tuple[str, str]:
-        """What wrote (the module a container ran, or the code) and how to fix it."""
-        site = self.sites.get(where) if where is not None else self.unlocated.get((code, node))
-        what = site.describe() if site is not None else f"`{code}`"
-        hint = hint_for_inplace(code, op)
-        if site is not None and site.switched_at is not None:
-            hint = (f"`{site.switched_at.code}` makes this {site.kind} write in place: leave "
-                    f"{site.kind} out of it (inplace=False), so the container passes a new "
-                    "tensor on")
-        elif site is not None and site.fixed:
-            hint = (f"build it with inplace=False: `{site.fixed}` (the container then passes "
-                    "a new tensor on)")
-        return what[:1].upper() + what[1:], hint
-
     def _report_segment_input_writes(self, written: list[Tensor], code: str,
                                      where: Location | None, node: str, op: str) -> None:
         """A write into an input of a reentrant checkpoint segment that requires grad:
@@ -689,7 +638,7 @@ class Recorder:
         grad, and refuses the write (the forward, run as a plain call here, does not)."""
         for segment in self.segments:
             if any(same_storage(t, i) for t in written for i in segment.inputs):
-                what, hint = self._write_site(code, where, node, op)
+                what, hint = self.locator.write_site(code, where, node, op)
                 called = f" called at {segment.where}" if segment.where is not None else ""
                 self.add(INPLACE_ON_LEAF.id, where, node,
                          f"{what} writes in place into an input of the reentrant "
@@ -703,7 +652,7 @@ class Recorder:
 
     def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
                       op: str = "") -> None:
-        what, hint = self._write_site(code, where, node, op)
+        what, hint = self.locator.write_site(code, where, node, op)
         self.add(INPLACE_MODIFIES_SAVED_TENSOR.id, where, node,
                  f"{what} writes in place into a tensor that `{entry.op}` "
                  "saved for backward: backward fails with 'modified by an inplace operation' "
@@ -714,7 +663,7 @@ class Recorder:
                             node: str, op: str) -> None:
         """FXQ001 for a write through a fused kernel (``torch._fused_adam_``: the fused
         optimizers' step), which moves no version counter, so backward does not refuse it."""
-        what, hint = self._write_site(code, where, node, op)
+        what, hint = self.locator.write_site(code, where, node, op)
         self.add(INPLACE_MODIFIES_SAVED_TENSOR.id, where, node,
                  f"{what} writes in place into a tensor that `{entry.op}` saved for "
                  f"backward, through `{op}`, a fused kernel that moves no version counter: "

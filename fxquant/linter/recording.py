@@ -104,11 +104,11 @@ class GraphRunner(Interpreter):
         self.rec = rec
 
     def run_node(self, n: Node) -> Any:
-        self.rec.node = n
+        self.rec.locator.node = n
         try:
             return super().run_node(n)
         finally:
-            self.rec.node = None
+            self.rec.locator.node = None
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ def _pop_dispatch_mode(mode: TorchDispatchMode) -> None:
 
 def run_forward(model: nn.Module, inputs: tuple, rec: Recorder) -> Any:
     """Call the model (node by node for a GraphModule), findings bounded to its frames."""
-    rec.boundary = sys._getframe()
+    rec.locator.boundary = sys._getframe()
     if isinstance(model, GraphModule):
         return GraphRunner(model, rec).run(*inputs)
     return model(*inputs)

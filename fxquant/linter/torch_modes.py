@@ -120,10 +120,8 @@ class FunctionMode(TorchFunctionMode):
         rec.write_versions = []
         first_saved = len(rec.saved)
         grad_enabled = torch.is_grad_enabled()
-        if rec.copy_saved:
-            line = rec.where()
-            if line is not None:
-                (rec.lines_with_grad if grad_enabled else rec.lines_without_grad).add(line)
+        if rec.copy_saved:  # (check: what a rewrite detaches)
+            rec.locator.ran(grad_enabled)
         reachable = {storage_id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
         rec.calls_open += 1
         try:

@@ -114,7 +114,7 @@ def reference(model: nn.Module, inputs: tuple, rng: Tensor) -> Reference:
         flags = [t.requires_grad for t in tree_leaves(run.outputs) if isinstance(t, Tensor)]
     return Reference(outputs, flags, buffers, run.grads, run.input_grads,
                       bool(report.by_rule(INPLACE_REFUSED_IN_FORWARD.id)), report, run.rec.inplace_calls,
-                      run.confirmed, state, other, other_outputs, run.rec.no_grad_lines)
+                      run.confirmed, state, other, other_outputs, run.rec.locator.no_grad_lines)
 
 
 def refuse_unfixable(report: LintReport, hidden: list[HiddenWrite]) -> None:
