@@ -183,6 +183,7 @@ def test_has_internal_overlap_means_an_expanded_tensor():
 
 def test_is_fake():
     mode = ti.new_fake_mode()
+    assert isinstance(mode, ti.FakeTensorMode)
     assert ti.is_fake(ti.fake_from_tensor(mode, torch.zeros(2)))
     assert not ti.is_fake(torch.zeros(2))
 
@@ -495,5 +496,10 @@ def test_a_missing_internal_is_said_once_and_its_checks_are_skipped(monkeypatch)
         fxquant.lint(Clean(), x)
     said = [w for w in caught if hooks.torch_name in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__
+    assert "which op saved which tensor" in str(said[0].message)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        ti.warn_missing()
+    assert not again
     assert not report.findings
     assert ti.top_saved_tensors_hooks() is None and not ti.function_mode_stack()
