@@ -163,11 +163,11 @@ class Recorder:
     # where ------------------------------------------------------------------------------
 
     def where(self) -> Location | None:
-        """The user's line for what runs now (:meth:`Locator.where`)."""
+        """The user's line for what runs now (:meth:`fxquant.linter.locator.Locator.where`)."""
         return self.locator.where()
 
     def here(self, default: str) -> tuple[Location | None, str]:
-        """The user's line running now and its code (:meth:`Locator.here`)."""
+        """The user's line running now and its code (:meth:`fxquant.linter.locator.Locator.here`)."""
         return self.locator.here(default)
 
     def node_name(self, fallback: str) -> str:
@@ -184,7 +184,7 @@ class Recorder:
         return self.prov.get(t, NO_PROVENANCE)
 
     def mark_inputs(self, tensors: list[Tensor], model: nn.Module) -> None:
-        """Mark the tensors a forward starts from (see :func:`model_tensors`)."""
+        """Mark the tensors a forward starts from (see :func:`fxquant.linter.recording.model_tensors`)."""
         self.names = {id(p): name for name, p in model.named_parameters()}
         self.locator.know_model(model)
         for t in tensors:

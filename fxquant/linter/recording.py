@@ -168,9 +168,9 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
     popped by identity.
 
     While the hooks record, reentrant ``torch.utils.checkpoint`` segments run as plain
-    calls (:meth:`Recorder.run_segment`), each custom Function's ``ctx`` is read after it
-    ran (:meth:`Recorder.kept_in_context`), and saved-tensor hooks the forward pushes are
-    pushed watched (:meth:`Recorder.user_hooks`).
+    calls (``Recorder.run_segment``), each custom Function's ``ctx`` is read after it ran
+    (``Recorder.kept_in_context``), and saved-tensor hooks the forward pushes are pushed
+    watched (``Recorder.user_hooks``).
 
     Entries the forward pushed above fxquant's and left there are popped first, so that
     fxquant's own entries come off, and the user's stack is as it was before.

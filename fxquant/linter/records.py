@@ -155,7 +155,8 @@ class HiddenWrite:
     the changed tensor is non-zero where the values changed (backward then treats the new
     values as if they had been computed by the ops before the write). It does not when
     that gradient is zero there (``attn.data.masked_fill_(mask, -inf)`` before a softmax,
-    whose gradient is zero at the filled places): :meth:`Recorder.confirm_hidden`.
+    whose gradient is zero at the filled places):
+    :meth:`fxquant.linter.recorder.Recorder.confirm_hidden`.
     """
 
     code: str
