@@ -30,6 +30,9 @@ from torch import nn
 from fxquant._version import __version__
 from fxquant.fx.tracer import TraceError
 from fxquant.linter import LintReport, check, lint
+from fxquant.linter.rules import (
+    NOT_VISIBLE,
+)
 
 __all__ = ["main"]
 
@@ -281,7 +284,7 @@ def _run(args: argparse.Namespace) -> LintReport:
             report = run(model, *(inputs or ()))
         except TraceError as e:
             raise _UsageError(f"{e}\nPass --input so the real forward runs instead.") from e
-        untraced = [f for f in report.by_rule("FXQ010") if f.node == "trace"]
+        untraced = [f for f in report.by_rule(NOT_VISIBLE.id) if f.node == "trace"]
         if report.mode == "symbolic" and untraced:  # nothing could be linted at all
             raise _UsageError(f"{untraced[0].message}\nPass --input so the real forward runs "
                               "instead.")

@@ -1,10 +1,11 @@
 """The one anomaly-mode watcher both lints use.
 
 ``torch.autograd.set_detect_anomaly(True)`` inside a forward switches anomaly detection on
-for the whole process (FXQ006). A TorchFunctionMode does not see the call, so to name its
-line :func:`watching_anomaly` replaces ``torch.set_anomaly_enabled`` while the block runs,
-holding :data:`fxquant.fx.serial.PROCESS_LOCK`, and puts the original back by identity.
-Whatever the forward did, the anomaly state is restored from what it was before.
+for the whole process. A TorchFunctionMode does not see the call, so to name its line
+:func:`watching_anomaly` watches ``torch.set_anomaly_enabled`` while the block runs
+(:func:`~fxquant.linter.torch_internals.anomaly_switches_watched`), holding
+:data:`fxquant.fx.serial.PROCESS_LOCK`. Whatever the forward did, the anomaly state is
+restored from what it was before.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from fxquant.fx.locations import Location, caller_location
 from fxquant.fx.serial import PROCESS_LOCK
+from fxquant.linter.torch_internals import anomaly_switches_watched
 
 __all__ = ["watching_anomaly"]
 
@@ -25,21 +27,12 @@ def watching_anomaly(on_enable: Callable[[Location | None], None]) -> Iterator[N
     """Call ``on_enable(location)`` whenever code in the block switches anomaly mode on."""
     with PROCESS_LOCK:
         state = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
-        original = torch.set_anomaly_enabled
-
-        def watch(enabled: bool, check_nan: bool = True) -> None:
-            if enabled:
-                on_enable(caller_location())
-            original(enabled, check_nan)
-
-        torch.set_anomaly_enabled = watch
         try:
-            yield
+            with anomaly_switches_watched(lambda: on_enable(caller_location())):
+                yield
         finally:
-            if torch.set_anomaly_enabled is watch:
-                torch.set_anomaly_enabled = original
             if torch.is_anomaly_enabled() != state[0] or \
                     torch.is_anomaly_check_nan_enabled() != state[1]:
-                original(*state)
+                torch.set_anomaly_enabled(*state)
 
 

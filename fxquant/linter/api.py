@@ -14,6 +14,10 @@ from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.dynamic import lint_dynamic
 from fxquant.linter.recording import internal_failure
 from fxquant.linter.report import Finding, LintReport
+from fxquant.linter.rules import (
+    ANOMALY_MODE_IN_FORWARD,
+    NOT_VISIBLE,
+)
 from fxquant.linter.symbolic import ORIGINAL_KEY, lint_graph
 
 __all__ = ["lint", "untraceable_note"]
@@ -23,7 +27,7 @@ def untraceable_note(error: TraceError) -> Finding:
     """FXQ010: without inputs, the model could not even be traced; nothing was linted."""
     first = str(error).splitlines()[0] if str(error) else "TraceError"
     return Finding(
-        "FXQ010", "trace", None,
+        NOT_VISIBLE.id, "trace", None,
         f"the forward was not linted: without example inputs the model is traced "
         f"symbolically, and tracing could not follow it ({first})",
         "give the input shapes (fxquant.lint(model, fxquant.ShapeSpec((N, F))); in the CLI "
@@ -86,7 +90,7 @@ def lint(
         def found(where: Any) -> None:
             code = where.code if where is not None and where.code else "set_detect_anomaly"
             report.add(Finding(
-                "FXQ006", "set_detect_anomaly", where,
+                ANOMALY_MODE_IN_FORWARD.id, "set_detect_anomaly", where,
                 f"`{code}` switches anomaly detection on from forward: every step runs slower "
                 "and the mode stays on for the process.",
                 "remove it from forward; to debug, wrap one step in "

@@ -24,10 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
-from torch.autograd.function import BackwardCFunction
 
 from fxquant.fx.locations import Location, is_internal
 from fxquant.linter.rules import out_of_place
+from fxquant.linter.torch_internals import (
+    autograd_nodes,
+    forward_class,
+    is_custom_function_node,
+    version,
+)
 
 __all__ = ["GradientGuard", "GradientWrite", "custom_functions", "gradient_hint",
            "gradient_writes"]
@@ -120,23 +125,9 @@ def _written(node: ast.AST) -> str | None:
     return None
 
 
-def custom_functions(outputs: Any) -> list[BackwardCFunction]:
+def custom_functions(outputs: Any) -> list[Any]:
     """The custom Function nodes of the autograd graph behind ``outputs`` (tensors)."""
-    from torch.utils._pytree import tree_leaves
-
-    todo: list[Any] = [t.grad_fn for t in tree_leaves(outputs)
-                       if isinstance(t, Tensor) and t.grad_fn is not None]
-    seen: set[int] = set()
-    found: list[BackwardCFunction] = []
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, BackwardCFunction):
-            found.append(node)
-        todo.extend(next_node for next_node, _ in node.next_functions)
-    return found
+    return [node for node in autograd_nodes(outputs) if is_custom_function_node(node)]
 
 
 @dataclass
@@ -156,20 +147,20 @@ class GradientGuard:
             def pre(grads: tuple[Any, ...], copies: list[tuple[Tensor, int]] = copies
                     ) -> tuple[Any, ...]:
                 fresh = tuple(g.clone() if isinstance(g, Tensor) else g for g in grads)
-                copies[:] = [(g, g._version) for g in fresh if isinstance(g, Tensor)]
+                copies[:] = [(g, version(g)) for g in fresh if isinstance(g, Tensor)]
                 return fresh
 
             def post(grad_inputs: Any, grad_outputs: Any, node: Any = node,
                      copies: list[tuple[Tensor, int]] = copies) -> None:
-                if any(g._version != v for g, v in copies):
+                if any(version(g) != v for g, v in copies):
                     self._record(node)
 
             self._handles.append(node.register_prehook(pre))
             self._handles.append(node.register_hook(post))
         return self
 
-    def _record(self, node: BackwardCFunction) -> None:
-        function = getattr(node, "_forward_cls", None)
+    def _record(self, node: Any) -> None:
+        function = forward_class(node)
         if function is None:
             return
         lines = gradient_writes(function)

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_leaves
 
 from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, traceback_location
@@ -29,11 +28,10 @@ from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.backward import GradientGuard, GradientWrite, gradient_hint
 from fxquant.linter.dynamic import anomaly_finding, plain_error
 from fxquant.linter.locate import first_line_after
+from fxquant.linter.recorder import Recorder
 from fxquant.linter.recording import (
     LADDER,
-    HiddenWrite,
     Instruments,
-    Recorder,
     installed,
     instrument_failure,
     internal_failure,
@@ -41,10 +39,19 @@ from fxquant.linter.recording import (
     report_exception,
     run_forward,
 )
+from fxquant.linter.records import HiddenWrite
 from fxquant.linter.report import Finding, LintReport
-from fxquant.linter.rules import hint_for_inplace, strip_comment
+from fxquant.linter.rules import (
+    BACKWARD_WRITES_GRADIENT,
+    FORWARD_FAILED,
+    PARAMETER_WITHOUT_GRADIENT,
+    SILENTLY_WRONG_GRADIENT,
+    hint_for_inplace,
+    strip_comment,
+)
 from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import clone_inputs, restored_state
+from fxquant.linter.torch_internals import tree_leaves
 
 __all__ = ["ProtectedRun", "both_runs", "check", "protected_run"]
 
@@ -199,8 +206,8 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
                     or tools is LADDER[-1]:
                 break
         model_failed = run.error is not None and real_error is not None and run.outputs is not None
-        kept = [f for f in first.findings if f.rule != "FXQ009"]
-        kept += [f for f in again.findings if f.rule != "FXQ009" or model_failed]
+        kept = [f for f in first.findings if f.rule != FORWARD_FAILED.id]
+        kept += [f for f in again.findings if f.rule != FORWARD_FAILED.id or model_failed]
         kept.append(instrument_failure(LADDER[0], tools, error, "forward and backward"))
     for finding in kept:
         report.add(finding)
@@ -290,7 +297,8 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
     changed its incoming gradient, a saved value changed where no instrument saw it (the
     line found by watching the user's lines, else the op that saved it), or nothing known."""
     rec = run.rec
-    already = {f.location for f in report.by_rule("FXQ012")}  # hidden writes the recorder saw
+    # hidden writes the recorder saw
+    already = {f.location for f in report.by_rule(SILENTLY_WRONG_GRADIENT.id)}
     silent = [(entry, write) for entry in rec.saved for write in entry.silent
               if write[1] is None or write[1] not in already]
     names = ", ".join(repr(n) for n in wrong[:6]) + (" ..." if len(wrong) > 6 else "")
@@ -306,7 +314,7 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
                    else "through `.data`" if ".data" in code else
                    "through an alias autograd does not track")
             report.add(Finding(
-                "FXQ012", node, where,
+                SILENTLY_WRONG_GRADIENT.id, node, where,
                 f"backward runs but gives wrong gradients for {names}: the value saved by "
                 f"{saver} was changed at this line by `{code}`, {how}.",
                 "write out of place (`y = y + 1`), or have the pack hook keep a copy"
@@ -328,7 +336,7 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
                "it does not preserve the RNG state (preserve_rng_state=False), so backward "
                "recomputes its random ops (dropout) with other draws")
         report.add(Finding(
-            "FXQ012", "checkpoint", segment.where,
+            SILENTLY_WRONG_GRADIENT.id, "checkpoint", segment.where,
             f"backward runs but gives other gradients for {names} than the forward's values "
             f"imply: this line runs a reentrant torch.utils.checkpoint segment, and {why}.",
             "pass use_reentrant=False to torch.utils.checkpoint.checkpoint (PyTorch's "
@@ -341,7 +349,7 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
         where = locate()
         if where is not None:
             report.add(Finding(
-                "FXQ012", first.op, where,
+                SILENTLY_WRONG_GRADIENT.id, first.op, where,
                 f"backward runs but gives wrong gradients for {names}: `{strip_comment(where.code)}` "
                 f"changes "
                 f"the value that {saver} saved for backward, and autograd does not see it (its "
@@ -353,7 +361,7 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
                 related=first.op, related_location=first.where))
             return
         report.add(Finding(
-            "FXQ012", first.op, first.where,
+            SILENTLY_WRONG_GRADIENT.id, first.op, first.where,
             f"backward runs but gives wrong gradients for {names}: the value that {saver} "
             "saved for backward (this line) was changed afterwards by a write no instrument sees "
             "and that ran outside the user's Python lines (a NumPy view, a C extension or a "
@@ -364,7 +372,7 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
             related=first.op, related_location=first.where))
         return
     report.add(Finding(
-        "FXQ012", names, None,
+        SILENTLY_WRONG_GRADIENT.id, names, None,
         f"backward runs but gives wrong gradients for {names}: a value autograd uses in "
         "backward changed after it was recorded, through a path neither autograd nor "
         "fxquant's instruments see, and no saved value was seen changing in forward (a "
@@ -385,13 +393,13 @@ def _report_gradient_writes(run: ProtectedRun, report: LintReport, harmful: bool
             "on its branch only")
         if harmful:
             report.add(Finding(
-                "FXQ012", write.function, write.where,
+                SILENTLY_WRONG_GRADIENT.id, write.function, write.where,
                 f"{what[:1].upper()}{what[1:]} writes in place into the gradient it receives; "
                 "autograd handed that tensor to other branches too, so their gradients "
                 "change: backward runs but the gradients are wrong.", hint))
         else:
             report.add(Finding(
-                "FXQ015", write.function, write.where,
+                BACKWARD_WRITES_GRADIENT.id, write.function, write.where,
                 f"{what[:1].upper()}{what[1:]} writes in place into the gradient it receives; "
                 "here no other branch shares that tensor, so the gradients are right, but a "
                 "model that reuses the output would get wrong ones.", hint))
@@ -426,8 +434,7 @@ def _starved(grads: Grads, rec: Recorder, report: LintReport, when: str) -> None
         if grad is None or not bool(grad.ne(0).any()):
             state = "no gradient (None)" if grad is None else "an all-zero gradient"
             report.add(Finding(
-                "FXQ008", name, None,
+                PARAMETER_WITHOUT_GRADIENT.id, name, None,
                 f"parameter {name!r} gets {state} from backward{when}"
                 + (f"; the gradient path is cut at {where}" if where else ""),
-                "make the ops between it and the loss differentiable (see the FXQ007 "
-                "findings), e.g. fxquant.truncate instead of bit-plane code"))
+                PARAMETER_WITHOUT_GRADIENT.hint))

@@ -8,15 +8,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from fxquant.errors import FxquantError
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.linter.anomaly import watching_anomaly
+from fxquant.linter.recorder import Recorder
 from fxquant.linter.recording import (
     LADDER,
     Instruments,
-    Recorder,
     installed,
     instrument_failure,
     internal_failure,
@@ -25,7 +24,11 @@ from fxquant.linter.recording import (
     run_forward,
 )
 from fxquant.linter.report import Finding, LintReport
-from fxquant.linter.rules import strip_comment
+from fxquant.linter.rules import (
+    ANOMALY_MODE_IN_FORWARD,
+    FORWARD_FAILED,
+    strip_comment,
+)
 from fxquant.linter.shapes import (
     NEEDS_VALUES,
     ShapeSpec,
@@ -39,6 +42,7 @@ from fxquant.linter.shapes import (
     shapes_note,
 )
 from fxquant.linter.state import clone_inputs, restored_state
+from fxquant.linter.torch_internals import tree_leaves
 
 __all__ = ["anomaly_finding", "lint_dynamic", "plain_error"]
 
@@ -49,12 +53,11 @@ def anomaly_finding(rec: Recorder) -> Any:
     def found(where: Any) -> None:
         code = strip_comment(where.code) if where is not None and where.code \
             else "set_detect_anomaly"
-        rec.add("FXQ006", where, rec.node_name("set_detect_anomaly"),
+        rec.add(ANOMALY_MODE_IN_FORWARD.id, where, rec.node_name("set_detect_anomaly"),
                 f"`{code}` switches anomaly detection on from forward: every step runs slower, "
                 "the mode stays on for the whole process, and it names the op that saved a "
                 "tensor rather than the in-place op that modified it.",
-                "remove it from forward; to debug, wrap one step in "
-                "`with torch.autograd.detect_anomaly():` or run fxquant.check(model, *inputs)")
+                ANOMALY_MODE_IN_FORWARD.hint)
 
     return found
 
@@ -135,7 +138,7 @@ def _lint_run(model: nn.Module, example_inputs: tuple[Any, ...], report: LintRep
     if escalate and isinstance(plain, Exception):
         raise plain
     if error is not None and plain is None:
-        earlier = [f for f in found.findings if f.rule != "FXQ009"]
+        earlier = [f for f in found.findings if f.rule != FORWARD_FAILED.id]
         for tools in LADDER[1:]:
             found, again = _lint_once(model, example_inputs, tools, reraise, restore)
             if again is None or tools is LADDER[-1]:
@@ -143,7 +146,7 @@ def _lint_run(model: nn.Module, example_inputs: tuple[Any, ...], report: LintRep
         for finding in earlier:
             report.add(finding)
         report.add(instrument_failure(LADDER[0], tools, error, "forward"))
-        found.findings = [f for f in found.findings if f.rule != "FXQ009"]
+        found.findings = [f for f in found.findings if f.rule != FORWARD_FAILED.id]
     for finding in found.findings:
         report.add(finding)
     return report

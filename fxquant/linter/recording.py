@@ -1,18 +1,20 @@
-"""Watching a real forward: the recording modes behind the dynamic lint and the check.
+"""Watching a real forward: the recording behind the dynamic lint and the check.
 
 Symbolic tracing cannot see ``x *= y`` (it records an out-of-place ``mul``), ``x[idx] = v``
 (it raises), factory calls (they become constants) or ``.data`` (it looks like
-``.detach()``). Here the forward runs for real, under
+``.detach()``). Here the forward runs for real, under three instruments
+(:class:`Instruments`) that share one :class:`~fxquant.linter.recorder.Recorder`:
 
-- a :class:`~torch.overrides.TorchFunctionMode`, which sees each call as written (keyword
-  arguments, ``.data`` access, the legacy ``torch.Tensor([...])`` constructor) and takes the
-  user's source line from the Python stack, including frames of helper functions;
-- a :class:`~torch.utils._python_dispatch.TorchDispatchMode`, which sees every ATen op and
-  recognizes writes from the op schema (``alias_info.is_write``), and follows where each
-  tensor came from (inputs, parameters, device-less factories, zero-derivative ops);
-- :func:`torch.autograd.graph.saved_tensors_hooks`, which record every tensor autograd saves,
-  with its version counter and the op and line that saved it. Which op saves what is
-  therefore observed, never guessed.
+- a torch-function mode (:class:`~fxquant.linter.torch_modes.FunctionMode`), which sees
+  each call as written (keyword arguments, ``.data`` access, the legacy
+  ``torch.Tensor([...])`` constructor) and takes the user's source line from the Python
+  stack, including frames of helper functions;
+- a dispatch mode (:class:`~fxquant.linter.torch_modes.DispatchMode`), which sees every ATen
+  op and recognizes writes from the op schema (``alias_info.is_write``), and follows where
+  each tensor came from (inputs, parameters, device-less factories, zero-derivative ops);
+- saved-tensor hooks (:meth:`~fxquant.linter.recorder.Recorder.pack`), which record every
+  tensor autograd saves, with its version counter and the op and line that saved it.
+  Which op saves what is therefore observed, never guessed.
 
 An in-place op is the culprit when a saved tensor's version changes during it; the op
 that saved the tensor is the victim (the one ``set_detect_anomaly`` would name). A write
@@ -22,1142 +24,76 @@ culprit: backward will run with the changed value.
 A *hidden* write changes a tensor that requires grad where autograd cannot see it: through
 ``.data`` (also ``w.data = ...``), through a ``.detach()``ed alias, or under
 ``torch.no_grad()``. When a differentiable op then computes with that tensor, backward runs
-but its gradient skips the change (FXQ012, at the write, naming the reading line). Writes
-PyTorch itself makes (``nn.Embedding(max_norm=...)`` renormalizing its weight) are its
-documented behaviour and are not reported. In-place writes into a view autograd forbids
-writing (one of the outputs of ``split``/``chunk``/``unbind``) raise in forward (FXQ013).
+but its gradient skips the change (a silently wrong gradient, at the write, naming the
+reading line). Writes PyTorch itself makes (``nn.Embedding(max_norm=...)`` renormalizing
+its weight) are its documented behaviour and are not reported. In-place writes into a view
+autograd forbids writing (one of the outputs of ``split``/``chunk``/``unbind``) raise in
+forward and are reported as refused there.
 
 :func:`installed` pushes the three and pops exactly them again (by identity), whatever the
-forward pushed or left behind.
+forward pushed or left behind. Where fxquant's own recording fails on a forward that runs
+without it, fewer instruments are tried (:data:`LADDER`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
-import threading
 import traceback
-import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from types import FrameType
-from typing import Any, Final, NamedTuple
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
 
 import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule, Interpreter, Node
-from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
-from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
+from torch.overrides import TorchFunctionMode
 
-from fxquant._ops.calls import op_call
-from fxquant.fx.locations import (
-    Location,
-    caller_location,
-    is_internal,
-    stack_trace_location,
-    traceback_location,
-)
-from fxquant.linter.backward import (
-    GradientWrite,
-    custom_functions,
-    gradient_hint,
-    gradient_writes,
-)
+from fxquant.fx.locations import traceback_location
+from fxquant.linter.recorder import Recorder
 from fxquant.linter.report import Finding, LintReport
-from fxquant.linter.rules import hint_for_inplace, strip_comment
-from fxquant.linter.sites import ModuleSite, container_site
+from fxquant.linter.rules import (
+    DATA_ATTRIBUTE,
+    FACTORY_WITHOUT_DEVICE,
+    FORWARD_FAILED,
+    HIDDEN_WRITE_THEN_READ,
+    INPLACE_MODIFIES_SAVED_TENSOR,
+    INPLACE_OVERWRITES_GRAD_TENSOR,
+    NOT_VISIBLE,
+    SILENTLY_WRONG_GRADIENT,
+    ZERO_GRADIENT_OP,
+)
 from fxquant.linter.state import held_tensors, named_buffers, pop_saved_tensors_hooks_until
+from fxquant.linter.torch_internals import (
+    TorchDispatchMode,
+    custom_function_apply_watched,
+    dispatch_mode_stack,
+    function_mode_stack,
+    instruments_available,
+    pop_dispatch_mode,
+    pop_function_mode,
+    pop_saved_tensors_hooks,
+    push_saved_tensors_hooks,
+    reentrant_checkpoint_replaced,
+    saved_tensors_hooks_pushes_wrapped,
+    top_saved_tensors_hooks,
+    tree_leaves,
+    warn_missing,
+)
+from fxquant.linter.torch_modes import DispatchMode, FunctionMode
 
 __all__ = [
     "LADDER",
-    "OVERWRITING_OPS",
-    "ZERO_DERIVATIVE_OPS",
     "GraphRunner",
-    "HiddenWrite",
-    "InplaceCall",
     "Instruments",
-    "Recorder",
-    "SavedTensor",
     "installed",
     "instrument_failure",
     "internal_failure",
     "model_tensors",
     "report_exception",
     "run_forward",
-    "same_values",
 ]
-
-#: ATen ops (packet names) with a float output whose derivative is zero almost everywhere.
-ZERO_DERIVATIVE_OPS: Final = frozenset(
-    {"floor", "ceil", "round", "trunc", "fix", "sign", "sgn", "floor_divide", "heaviside"}
-)
-#: In-place ATen ops (packet names) that overwrite values rather than update them.
-OVERWRITING_OPS: Final = frozenset({
-    "fill_", "zero_", "copy_", "index_put_", "_index_put_impl_", "masked_fill_",
-    "masked_scatter_", "index_fill_", "index_copy_", "scatter_", "set_", "uniform_",
-    "normal_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_",
-    "log_normal_", "fill_diagonal_",
-})
-_FACTORIES = frozenset({
-    torch.arange, torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.full,
-    torch.empty, torch.rand, torch.randn, torch.randint, torch.randperm, torch.linspace,
-    torch.logspace, torch.eye,
-})
-_LEAF_ERRORS = (
-    "a leaf Variable that requires grad is being used in an in-place operation",
-    "a view of a leaf Variable that requires grad is being used in an in-place operation",
-)
-#: Writes autograd refuses in forward that are not about leaves (FXQ013).
-_VIEW_ERRORS = (
-    "is a view and is being modified inplace",
-    "functions with out=... arguments don't support automatic differentiation",
-    "more than one element of the written-to tensor refers to a single memory location",
-)
-_OVERLAP_ERROR = ("unsupported operation: more than one element of the written-to tensor "
-                  "refers to a single memory location. Please clone() the tensor before "
-                  "performing the operation.")
-#: What reading a sibling of such a view raises after fxquant let the write go on.
-_AFTER_VIEW_ERROR = "its base or another view of its base has been modified inplace"
-_OWN_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
-              os.path.abspath(torch.overrides.__file__))
-
-
-@dataclass(frozen=True)
-class _Prov:
-    """Where a tensor's value came from, as far as the checks care."""
-
-    input_dep: bool = False  # derived from example inputs, parameters or buffers
-    param_dep: bool = False  # a parameter reaches it through ops that keep gradient
-    factories: frozenset[int] = frozenset()  # device-less factory calls it derives from
-    zero_grad: frozenset[int] = frozenset()  # zero-derivative ops between params and it
-    cut: frozenset[int] = frozenset()  # float -> int/bool steps (comparisons, bit views)
-
-
-_EMPTY = _Prov()
-
-
-@dataclass
-class SavedTensor:
-    """A tensor autograd saved, with the version it had then."""
-
-    tensor: Tensor
-    pack_version: int
-    seen_version: int
-    op: str
-    where: Location | None
-    #: ``(code, location, node, aten op)`` of each in-place write that changed its version.
-    culprits: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
-    #: The same, for writes into its storage that left its version alone (``.data``).
-    silent: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
-    #: check: its value when saved (what backward is handed)
-    copy: Tensor | None = field(default=None, repr=False)
-    #: what the autograd node holds for it (dead once the node is freed)
-    held: Callable[[], Any] | None = field(default=None, repr=False)
-    #: ``"ctx.x"``: a custom Function keeps it as an attribute of its context instead of
-    #: through save_for_backward (autograd checks no write into it)
-    kept_as: str = ""
-    #: the tensor autograd was handed (``tensor`` is a detached alias of it)
-    origin: Callable[[], Tensor | None] | None = field(default=None, repr=False)
-    #: an output of the op that saved it (autograd re-attaches a saved output to its own
-    #: node, so ``detach_()`` of it is legal)
-    output: bool = False
-
-    @property
-    def in_graph(self) -> bool:
-        """Whether an autograd node still holds it (backward may read it)."""
-        return self.held is None or self.held() is not None
-
-    def changed_unseen(self) -> bool:
-        """Whether its values differ from those saved while its version is the same: a
-        write no instrument saw (NumPy, a C extension, a kernel writing into it)."""
-        if self.copy is None or self.tensor._version != self.pack_version:
-            return False
-        return not same_values(self.tensor, self.copy)
-
-
-@dataclass
-class Checkpoint:
-    """A reentrant ``torch.utils.checkpoint`` segment the forward ran."""
-
-    where: Location | None
-    preserve_rng_state: bool
-    input_requires_grad: bool
-    #: its tensor inputs that require grad (backward re-runs it on leaf copies of them)
-    inputs: list[Tensor] = field(default_factory=list, repr=False)
-
-
-class _UserPacked:
-    """What the user's pack hook returned for a tensor it passes through, with its entry."""
-
-    __slots__ = ("__weakref__", "entry", "value")
-
-    def __init__(self, entry: SavedTensor, value: Any) -> None:
-        self.entry, self.value = entry, value
-
-
-class _Packed:
-    """What autograd stores for a saved tensor: its entry and the value backward gets."""
-
-    __slots__ = ("__weakref__", "entry", "value")
-
-    def __init__(self, entry: SavedTensor, value: Tensor) -> None:
-        self.entry, self.value = entry, value
-
-
-def same_values(a: Tensor, b: Tensor) -> bool:
-    """Equal element for element, NaN equal to NaN (fake and meta tensors: always)."""
-    if a.shape != b.shape or a.dtype != b.dtype or a.layout != torch.strided \
-            or a.device.type == "meta" or isinstance(a, torch._subclasses.FakeTensor):
-        return a.shape == b.shape
-    try:
-        return bool(torch.equal(a, b) or (a.is_floating_point() and bool(
-            ((a == b) | (a.isnan() & b.isnan())).all())))
-    except RuntimeError:
-        return True
-
-
-_HIDDEN_HINT = ("compute the new value out of place with autograd on and use it, e.g. "
-                "`w = F.normalize(self.weight, dim=1)` then `F.linear(x, w)` (or "
-                "torch.nn.utils.parametrize); a straight-through change on purpose: "
-                "`y = y + (f(y) - y).detach()`")
-
-
-def _grad_where_changed(owner: Tensor, changed: Tensor | None) -> bool:
-    grad = owner.grad
-    if grad is None or grad.shape != owner.shape:
-        return False
-    if changed is None or changed.shape != grad.shape:
-        return bool(grad.ne(0).any())
-    return bool(grad[changed].ne(0).any())
-
-
-def _on_owner(alias: Tensor, changed: Tensor, owner: Tensor) -> Tensor | None:
-    """``changed`` (a mask over the written alias) as a mask over ``owner``, another view
-    of the same memory: the owner's elements whose storage positions the alias changed
-    (None where the two do not share memory or have no strides to compare)."""
-    if alias.shape == owner.shape and alias.stride() == owner.stride() \
-            and alias.storage_offset() == owner.storage_offset():
-        return changed
-    if alias.layout != torch.strided or owner.layout != torch.strided \
-            or alias.device.type == "meta" or changed.shape != alias.shape:
-        return None
-    hit = _offsets(alias)[changed]
-    return torch.isin(_offsets(owner), hit)
-
-
-def _offsets(t: Tensor) -> Tensor:
-    """The storage position of each element of the strided tensor ``t``."""
-    pos = torch.full(t.shape, int(t.storage_offset()), dtype=torch.long, device=t.device)
-    for dim, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
-        shape = [1] * t.dim()
-        shape[dim] = size
-        pos = pos + (torch.arange(size, device=t.device) * stride).view(shape)
-    return pos
-
-
-def _in_custom_function() -> bool:
-    """Whether the running code is a custom ``torch.autograd.Function``'s forward (its
-    ``ctx`` is a local of a frame on the stack)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if any(isinstance(v, torch.autograd.function.FunctionCtx)
-               for v in frame.f_locals.values()):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-@dataclass(frozen=True)
-class _Origin:
-    op: str
-    where: Location | None
-    node: str
-
-
-class InplaceCall(NamedTuple):
-    """A Python-level call that wrote in place: where, its name (``add_`` also for
-    ``x += y``), and whether torch's own code made it (BatchNorm's running statistics)."""
-
-    where: Location | None
-    name: str
-    by_library: bool
-    #: torch made the call because the user asked for it (``F.relu(x, inplace=True)``,
-    #: ``nn.ReLU(inplace=True)``), not for its own bookkeeping
-    requested: bool = False
-
-
-@dataclass(eq=False)
-class HiddenWrite:
-    """A change autograd does not see, made to a tensor that requires grad.
-
-    Whether it makes gradients wrong shows in backward: it does when the gradient reaching
-    the changed tensor is non-zero where the values changed (backward then treats the new
-    values as if they had been computed by the ops before the write). It does not when
-    that gradient is zero there (``attn.data.masked_fill_(mask, -inf)`` before a softmax,
-    whose gradient is zero at the filled places): :meth:`Recorder.confirm_hidden`.
-    """
-
-    code: str
-    where: Location | None
-    node: str
-    how: str  # "through `.data`", "under torch.no_grad()", "through a `.detach()`ed alias"
-    target: str  # "parameter 'lin.weight'" or "a tensor that requires grad"
-    owners: list[Tensor] = field(default_factory=list, repr=False)
-    #: per owner, a mask of the elements the write changed (None: unknown)
-    changed: list[Tensor | None] = field(default_factory=list, repr=False)
-    reader: str = ""
-    read_at: Location | None = None
-
-
-class Recorder:
-    """State shared by the function mode, the dispatch mode and the saved-tensor hooks."""
-
-    def __init__(self, report: LintReport, *, scan_saved: bool, copy_saved: bool) -> None:
-        self.report = report
-        self.scan_saved = scan_saved  # lint: report FXQ001 when the write happens
-        self.copy_saved = copy_saved  # check: keep copies so backward can finish
-        self.prov: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self.saved: list[SavedTensor] = []
-        #: the reentrant checkpoint segments the forward ran (directly, while recording)
-        self.checkpoints: list[Checkpoint] = []
-        #: those running now (nested ones last)
-        self.segments: list[Checkpoint] = []
-        self.origins: dict[int, _Origin] = {}
-        self.reported_factories: set[int] = set()
-        self.writes: list[tuple[str, Tensor, bool]] = []  # (aten op, tensor, was requires_grad)
-        self.last_op = "?"
-        self.node: Node | None = None  # the FX node being run, for GraphModules
-        self.boundary: FrameType | None = None  # frames outside this are not the model's
-        self.cut_at: set[int] = set()  # zero-derivative origins between params and output
-        #: storage pointer -> weak references to the tensors on it that require grad
-        self.grad_tensors: dict[int, list[weakref.ref[Tensor]]] = {}
-        self.hidden: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> HiddenWrite
-        self.reported_hidden: set[int] = set()
-        self.hidden_writes: list[HiddenWrite] = []  # every hidden write, in order
-        self.changes: dict[int, Tensor] = {}  # id(written alias) -> where one call changed it
-        self.names: dict[int, str] = {}  # id(parameter) -> its name
-        #: every call that wrote in place, in order
-        self.inplace_calls: list[InplaceCall] = []
-        #: how many calls the function mode is running (0: an ATen op without one is
-        #: TorchScript's, whose writes are attributed right away)
-        self.calls_open = 0
-        #: tensor hooks that wrote into the gradient they were handed (check)
-        self.hook_writes: list[GradientWrite] = []
-        #: the tensors the ATen ops of the current call wrote, with their version before
-        self.write_versions: list[tuple[Tensor, int]] = []
-        #: lines where torch calls ran with autograd off, and with it on
-        self.lines_without_grad: set[Location] = set()
-        self.lines_with_grad: set[Location] = set()
-        self.module_names: dict[int, str] = {}  # id(module) -> its qualified name
-        self.modules: dict[str, nn.Module] = {}
-        #: construction lines of library modules run by containers -> what ran there
-        self.sites: dict[Location, ModuleSite] = {}
-        #: the same for modules whose construction line is unknown, by (call, node)
-        self.unlocated: dict[tuple[str, str], ModuleSite] = {}
-
-    # where ------------------------------------------------------------------------------
-
-    @property
-    def no_grad_lines(self) -> set[Location]:
-        """Lines whose torch calls all ran with autograd off (``with torch.no_grad():`` in
-        the user's code; check: what a rewrite detaches). A line calling a module whose
-        library code turns autograd off for a while (a custom Function's forward, a full
-        backward hook's) also ran calls with autograd on, and is not one."""
-        return self.lines_without_grad - self.lines_with_grad
-
-    def here(self, default: str) -> tuple[Location | None, str]:
-        """The user's line running now, and its code without comment (``default`` where
-        no line of the user's is on the stack)."""
-        where = self.where()
-        return where, strip_comment(where.code) if where else default
-
-    def where(self) -> Location | None:
-        """The user's line for what runs now: the innermost user frame, or, for a library
-        module a container runs (``nn.Sequential``), the line that built the module."""
-        if self.module_names:
-            site = container_site(self.boundary, self.module_names, self.modules)
-            if site is not None and site.line is not None:
-                self.sites[site.line] = site  # latest: one line may build many
-                return site.line
-        found = caller_location(self.boundary)
-        if found is not None:
-            return found
-        if self.node is not None:
-            return stack_trace_location(self.node.meta.get("stack_trace"))
-        return None
-
-    def node_name(self, fallback: str) -> str:
-        return self.node.name if self.node is not None else fallback
-
-    def add(self, rule: str, where: Location | None, node: str, message: str, hint: str,
-            related: str = "", related_location: Location | None = None) -> None:
-        self.report.add(Finding(rule, node, where, message, hint, related, related_location))
-
-    # provenance -------------------------------------------------------------------------
-
-    def get(self, t: Tensor) -> _Prov:
-        return self.prov.get(t, _EMPTY)
-
-    def mark_inputs(self, tensors: list[Tensor], model: nn.Module) -> None:
-        """Mark the tensors a forward starts from (see :func:`model_tensors`)."""
-        self.names = {id(p): name for name, p in model.named_parameters()}
-        self.modules = dict(model.named_modules())
-        self.module_names = {id(m): name for name, m in self.modules.items()}
-        for t in tensors:
-            is_param = id(t) in self.names and t.requires_grad
-            self.prov[t] = _Prov(input_dep=True, param_dep=is_param)
-            self.track_grad(t)
-
-    # writes autograd does not see -------------------------------------------------------
-
-    def track_grad(self, t: Tensor) -> None:
-        """Remember ``t`` if it requires grad, to recognize hidden writes into its memory."""
-        if not t.requires_grad:
-            return
-        ptr = _storage_ptr(t)
-        if ptr:
-            refs = self.grad_tensors.setdefault(ptr, [])
-            refs[:] = [r for r in refs if r() is not None]
-            refs.append(weakref.ref(t))
-
-    def grad_owners(self, t: Tensor) -> list[Tensor]:
-        """The live tensors that require grad and share ``t``'s storage."""
-        return self._grad_owners(t)
-
-    def _grad_owners(self, t: Tensor) -> list[Tensor]:
-        ptr = _storage_ptr(t)
-        owners = [r() for r in self.grad_tensors.get(ptr, ())] if ptr else []
-        return [o for o in owners
-                if o is not None and o.requires_grad and _storage_ptr(o) == ptr]
-
-    def hide(self, owners: list[Tensor], code: str, where: Location | None, node: str,
-             how: str, changed: Tensor | None = None, alias: Tensor | None = None) -> None:
-        """Remember a hidden write into ``owners`` through ``alias`` (one of them when
-        None); ``changed`` masks the alias's elements it changed (None: unknown)."""
-        if _in_custom_function():
-            return  # a custom autograd.Function's forward: its author states the gradient
-        names = [self.names[id(o)] for o in owners if id(o) in self.names]
-        target = f"parameter {names[0]!r}" if names else "a tensor that requires grad"
-        written = owners[0] if alias is None else alias
-        masks = [None if changed is None else _on_owner(written, changed, o) for o in owners]
-        write = HiddenWrite(code, where, node, how, target, list(owners), masks)
-        self.hidden_writes.append(write)
-        for owner in owners:
-            self.hidden[owner] = write
-            if self.copy_saved and not owner.is_leaf:
-                owner.retain_grad()  # check: the gradient reaching it decides (confirm_hidden)
-
-    def on_read(self, inputs: list[Tensor]) -> None:
-        """A differentiable op computes with a tensor changed by a hidden write: the lint
-        warns (FXQ014); the check decides after backward (:meth:`confirm_hidden`)."""
-        for t in inputs:
-            write = self.hidden.get(t) if t.requires_grad else None
-            if write is None or id(write) in self.reported_hidden:
-                continue
-            self.reported_hidden.add(id(write))
-            reader = self.where()
-            write.reader = reader.code if reader and reader.code else self.last_op
-            write.read_at = reader
-            if self.scan_saved:
-                self.add("FXQ014", write.where, write.node,
-                         f"`{write.code}` changes {write.target} {write.how}, which autograd "
-                         f"does not see, and `{write.reader}` then computes with it: the "
-                         "gradient may skip this change (fxquant.check runs backward and "
-                         "tells whether it does).", _HIDDEN_HINT,
-                         related=write.reader, related_location=reader)
-
-    def confirm_hidden(self) -> list[HiddenWrite]:
-        """After backward: the hidden writes that make gradients wrong. Each is an FXQ012,
-        except where the lint has a finding for the same line already: an FXQ001 (a
-        ``.detach()`` alias bumped a saved value's version) or a write into a saved value
-        (the check's gradient comparison names the op that saved it)."""
-        confirmed = []
-        crashing = {f.location for f in self.report.by_rule("FXQ001")}
-        # writes into saved values: the check compares gradients and names the saving op
-        saved = {w[1] for entry in self.saved for w in entry.silent}
-        for write in self.hidden_writes:
-            if not any(_grad_where_changed(o, c)
-                       for o, c in zip(write.owners, write.changed, strict=True)):
-                continue
-            confirmed.append(write)
-            if write.where is not None and (write.where in crashing or write.where in saved):
-                continue
-            then = (f", and `{write.reader}` then computes with it" if write.reader
-                    else ", and the gradient reaches it")
-            self.add("FXQ012", write.where, write.node,
-                     f"`{write.code}` changes {write.target} {write.how}, which autograd does "
-                     f"not see{then}: backward runs, but the gradient skips this change (it "
-                     "treats the new values as if the ops before had computed them).",
-                     _HIDDEN_HINT, related=write.reader, related_location=write.read_at)
-        return confirmed
-
-    def origin(self, op: str, where: Location | None, node: str) -> int:
-        key = len(self.origins)
-        self.origins[key] = _Origin(op, where, node)
-        return key
-
-    def on_aten(self, func: Any, args: tuple, kwargs: dict, out: Any,
-                written: list[tuple[Tensor, bool]]) -> None:
-        name = func.overloadpacket.__name__
-        self.last_op = name
-        for t, grad_before in written:
-            self.writes.append((name, t, grad_before))
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
-        outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
-        if not outputs:
-            return
-        provs = [self.get(t) for t in inputs]
-        input_dep = any(p.input_dep for p in provs)
-        param_dep = torch.is_grad_enabled() and name != "detach" and any(p.param_dep for p in provs)
-        factories = frozenset().union(*(p.factories for p in provs))
-        if factories and input_dep:
-            self._report_factories(factories)
-            factories = frozenset()
-        if name in ("_to_copy", "to") and kwargs.get("device") is not None:
-            factories = frozenset()
-        float_in = [(t, p) for t, p in zip(inputs, provs, strict=True) if t.is_floating_point()]
-        float_param_dep = any(p.param_dep for _, p in float_in)
-        zero_grad = frozenset().union(*(p.zero_grad for _, p in float_in))
-        cut = frozenset().union(*(p.cut for p in provs))
-        for t in outputs:
-            if t.is_floating_point():
-                zg = zero_grad
-                if not float_in:  # int/bool -> float conversion: cuts become values
-                    zg = zg | cut
-                if float_param_dep and torch.is_grad_enabled() and _zero_derivative(func, args, kwargs):
-                    zg = zg | {self.origin(name, self.where(), self.node_name(name))}
-                new = _Prov(input_dep, param_dep, factories, zg, cut)
-            else:
-                c = cut | zero_grad
-                if float_param_dep and torch.is_grad_enabled():
-                    c = c | {self.origin(name, self.where(), self.node_name(name))}
-                new = _Prov(input_dep, False, factories, frozenset(), c)
-            old = self.prov.get(t)
-            if old is not None and any(t is w for w, _ in written):
-                new = _Prov(old.input_dep or new.input_dep, old.param_dep or new.param_dep,
-                            old.factories | new.factories, old.zero_grad | new.zero_grad,
-                            old.cut | new.cut)
-            self.prov[t] = new
-
-    def report_gradient_writes(self, out: Any) -> None:
-        """FXQ015 for each line of a custom Function's backward, behind ``out``, that
-        writes in place into its incoming gradient (read from its source)."""
-        for node in custom_functions(out):
-            function = getattr(node, "_forward_cls", None)
-            for write in gradient_writes(function) if function is not None else ():
-                self.add("FXQ015", write.where, write.function,
-                         f"`{write.code}` in the backward of `{write.function}` writes in "
-                         "place into the gradient it receives: autograd may hand the same "
-                         "tensor to other branches, whose gradients then change silently "
-                         "(fxquant.check runs backward and tells whether they do).",
-                         gradient_hint(write.code))
-
-    def report_zero_grad(self, out: Any) -> set[int]:
-        """FXQ007 for each zero-derivative op between parameters and ``out``; their keys."""
-        origins: set[int] = set()
-        for t in tree_leaves(out):
-            if isinstance(t, Tensor):
-                origins |= self.get(t).zero_grad
-        for key in sorted(origins):
-            o = self.origins[key]
-            code = strip_comment(o.where.code) if o.where else o.op
-            self.add("FXQ007", o.where, o.node,
-                     f"`{code}` ({o.op}) has zero derivative almost everywhere and lies between "
-                     "parameters and the output: parameters upstream receive zero gradient "
-                     "through it.",
-                     "simulate precision with fxquant.truncate (straight-through gradient), or "
-                     "use a straight-through estimator: x + (f(x) - x).detach()")
-        return origins
-
-    def _report_factories(self, factories: frozenset[int]) -> None:
-        meet = self.where()
-        for key in factories - self.reported_factories:
-            self.reported_factories.add(key)
-            o = self.origins[key]
-            code = strip_comment(o.where.code) if o.where else o.op
-            self.add("FXQ005", o.where, o.node,
-                     f"`{code}` creates a tensor without device= ({o.op}); it meets data "
-                     f"derived from the inputs{f' at {meet}' if meet else ''} and stays on "
-                     "the CPU when the model moves to a GPU.",
-                     "pass device=x.device, dtype=x.dtype (x: the tensor it meets)")
-
-    # saved tensors ----------------------------------------------------------------------
-
-    def pack(self, t: Tensor) -> Any:
-        # a detached alias (the same memory and version counter) holds no autograd node: a
-        # saved output would otherwise keep its own node alive through what pack returns
-        alias = t.detach()
-        entry = SavedTensor(alias, t._version, t._version, self.last_op, self.where(),
-                            origin=weakref.ref(t))
-        self.saved.append(entry)
-        if self.copy_saved:
-            entry.copy = t.detach().clone()
-        # (autograd gives the unpacked value the node's history again)
-        packed = _Packed(entry, alias if entry.copy is None else entry.copy)
-        # the autograd node holds what pack returns: once the node is freed (its output
-        # dropped, e.g. ``h.norm().item()``), backward cannot use the value any more
-        entry.held = weakref.ref(packed)
-        return packed
-
-    def name_victims(self, first: int, out: Any) -> None:
-        """Name the op behind tensors saved during one call after its autograd node.
-
-        Inputs are saved before the ATen op runs, so the dispatch mode cannot name it then;
-        the output's ``grad_fn`` (``PowBackward1`` -> ``pow``) is what PyTorch's own error
-        message names.
-        """
-        grad_fn = next((t.grad_fn for t in tree_leaves(out)
-                        if isinstance(t, Tensor) and t.grad_fn is not None), None)
-        if grad_fn is None:
-            return
-        name = re.sub(r"Backward\d*$", "", grad_fn.name())
-        name = name[:1].lower() + name[1:]
-        outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
-        for entry in self.saved[first:]:
-            entry.op = name
-            origin = entry.origin() if entry.origin is not None else None
-            entry.output = origin is not None and any(origin is o for o in outputs)
-
-    def kept_in_context(self, function: type, out: Any) -> None:
-        """After a custom Function ran: track the tensors its ``ctx`` keeps as attributes
-        (``ctx.x = x``), which autograd neither saves nor checks; the check's protected run
-        hands its backward their values as they were now."""
-        node = next((t.grad_fn for t in tree_leaves(out)
-                     if isinstance(t, Tensor) and t.grad_fn is not None), None)
-        if not isinstance(node, torch.autograd.function.BackwardCFunction):
-            return
-        for key, value in list(vars(node).items()):
-            if not isinstance(value, Tensor) or key.startswith("_") or value.is_inference():
-                continue  # (an inference tensor has no version counter to watch)
-            entry = SavedTensor(value.detach(), value._version, value._version,
-                                function.__name__, self.where(), kept_as=f"ctx.{key}")
-            entry.held = weakref.ref(node)
-            self.saved.append(entry)
-            if self.copy_saved:
-                entry.copy = value.detach().clone()
-                # a clone keeps the value's history (a backward that differentiates
-                # through it, for second derivatives, still can), not its later writes
-                with torch.enable_grad():
-                    setattr(node, key, value.clone() if value.requires_grad else entry.copy)
-
-    def user_hooks(self, pack: Callable[[Tensor], Any],
-                   unpack: Callable[[Any], Tensor]) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        """The user's saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``,
-        pushed above fxquant's in forward), watched: autograd checks no version of what
-        goes through them, so a value the pack hook passes through as it is (the same
-        memory) and a later in-place write changes what backward computes with, silently.
-        Such a value gets an entry like a custom Function's ``ctx`` attribute; check's
-        protected run hands backward its value when saved."""
-
-        def packed(t: Tensor) -> Any:
-            value = pack(t)
-            if not any(_same_storage(v, t) for v in _tensors_within(value)):
-                return value  # a copy (offloaded, compressed): later writes do not reach it
-            entry = SavedTensor(t.detach(), t._version, t._version, self.last_op, self.where(),
-                                kept_as="saved_tensors_hooks", origin=weakref.ref(t))
-            if self.copy_saved:
-                entry.copy = t.detach().clone()
-            self.saved.append(entry)
-            holder = _UserPacked(entry, value)
-            entry.held = weakref.ref(holder)
-            return holder
-
-        def unpacked(holder: Any) -> Tensor:
-            if not isinstance(holder, _UserPacked):
-                return unpack(holder)
-            entry, value = holder.entry, unpack(holder.value)
-            if entry.copy is not None and entry.tensor._version != entry.pack_version:
-                return entry.copy  # (check: the value the forward's ops computed with)
-            return value
-
-        return packed, unpacked
-
-    def _report_kept(self, entry: SavedTensor, code: str, where: Location | None,
-                     node: str) -> None:
-        if entry.kept_as == "saved_tensors_hooks":
-            self.add("FXQ014", where, node,
-                     f"`{code}` writes in place into a tensor that `{entry.op}` saved through "
-                     "your saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks), whose "
-                     "pack hook keeps it as it is: autograd checks no version through hooks, so "
-                     "backward computes with the changed value (fxquant.check runs backward and "
-                     "tells whether the gradients change).",
-                     "write out of place (`y = y + 1`), or have the pack hook keep a copy "
-                     "(`x.clone()`)", related=entry.op, related_location=entry.where)
-            return
-        self.add("FXQ014", where, node,
-                 f"`{code}` writes in place into a tensor that the custom Function "
-                 f"`{entry.op}` keeps as `{entry.kept_as}` (not through save_for_backward, so "
-                 "autograd does not check it): its backward computes with the changed value "
-                 "(fxquant.check runs backward and tells whether the gradients change).",
-                 "save it with ctx.save_for_backward (autograd then refuses the write), or "
-                 "write into a copy (`y = y * 3`)",
-                 related=entry.op, related_location=entry.where)
-
-    def unpack(self, packed: Any) -> Tensor:
-        if not self.copy_saved:
-            return packed.value
-        entry, copy = packed.entry, packed.value
-        if entry.tensor._version != entry.pack_version:
-            culprits = entry.culprits or [("an in-place op", None, "?", "")]
-            for code, where, node, op in culprits:
-                self._report_saved(entry, code, where, node, op)
-        return copy
-
-    def report_checkpoint_writes(self, report: LintReport) -> None:
-        """FXQ001, into ``report``, for each write into an input a reentrant checkpoint
-        saved (no unpack sees those: the recording runs the segment directly)."""
-        before, self.report = self.report, report
-        try:
-            for entry in self.saved:
-                if entry.op == "checkpoint":
-                    for code, where, node, op in entry.culprits:
-                        self._report_saved(entry, code, where, node, op)
-        finally:
-            self.report = before
-
-    def report_modified(self) -> None:
-        """FXQ001 for every saved tensor modified so far (when backward will not run)."""
-        for entry in self.saved:
-            for code, where, node, op in entry.culprits:
-                self._report_saved(entry, code, where, node, op)
-
-    def after_call(self, func_name: str, where: Location | None, grad_enabled: bool = True,
-                   by_library: bool = False, requested: bool = False,
-                   bump_pending: bool = False) -> None:
-        """Attribute the writes of one Python-level call: saved tensors, overwrites, and
-        writes autograd does not see (``grad_enabled``: the grad mode of the call;
-        ``by_library``: torch itself made the call; ``bump_pending``: called from within
-        the ATen op, before autograd bumps the written tensors' versions)."""
-        writes, self.writes = self.writes, []
-        code = strip_comment(where.code) if where else func_name
-        node = self.node_name(func_name)
-        op = writes[0][0] if writes else ""
-        if where is None and self.module_names:  # a module a container runs, built unseen
-            site = container_site(self.boundary, self.module_names, self.modules)
-            if site is not None:
-                self.unlocated[(code, node)] = site
-        written = [t for _, t, _ in writes]
-        self.inplace_calls.append(InplaceCall(where, func_name, by_library, requested))
-        if self.segments and grad_enabled:  # (under no_grad the re-run writes a leaf too,
-            # but also without autograd: no error)
-            self._report_segment_input_writes(written, code, where, node, op)
-        for _, t, grad_before in writes:
-            if (grad_enabled and grad_before) or by_library:
-                continue  # autograd records it (or it is torch's documented behaviour)
-            # a write into ``t`` itself from a value that requires grad is recorded by
-            # autograd (``buf.detach_()`` then ``buf.copy_(f(w))``): ``t`` now has history
-            owners = [o for o in self._grad_owners(t)
-                      if not (o is t and grad_enabled and o.grad_fn is not None)]
-            changed = self.changes.pop(id(t), None)
-            if owners:
-                how = ("through `.data`" if ".data" in code else
-                       "under torch.no_grad()" if not grad_enabled else
-                       "through a `.detach()`ed alias")
-                self.hide(owners, code, where, node, how, changed, alias=t)
-        for entry in self.saved:
-            version = entry.tensor._version
-            if bump_pending and any(_same_storage(t, entry.tensor) for t in written):
-                version += 1  # (what it will be once the op returns)
-            if version != entry.seen_version:
-                entry.seen_version = version
-                if not entry.in_graph:
-                    continue  # its autograd node is gone: backward will not read it
-                if entry.op == "checkpoint" and any(
-                        _same_storage(entry.tensor, i) for s in self.segments for i in s.inputs):
-                    continue  # the segment writing its own input: FXQ003 above says it
-                if entry.kept_as:  # autograd will not notice: backward computes with it
-                    entry.silent.append((code, where, node, op))
-                    if self.scan_saved:
-                        self._report_kept(entry, code, where, node)
-                    continue
-                entry.culprits.append((code, where, node, op))
-                if self.scan_saved:
-                    self._report_saved(entry, code, where, node, op)
-            else:  # a write into its memory that moved no version counter
-                hit = next((name for name, t, _ in writes if _same_storage(t, entry.tensor)),
-                           None)
-                if hit is None:
-                    continue
-                entry.silent.append((code, where, node, hit))
-                if self.scan_saved and entry.in_graph and not entry.kept_as \
-                        and hit.startswith("_fused_"):
-                    self._report_unversioned(entry, code, where, node, hit)
-        # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there)
-        if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
-            self.add("FXQ002", where, node,
-                     f"`{code}` overwrites elements of a tensor that requires grad; legal, but "
-                     "those elements pass no gradient to what computed them.",
-                     "if they should train, build the result with torch.where(mask, value, x)")
-
-    def guarded_hook(self, hook: Callable[[Tensor], Any]) -> Callable[[Tensor], Any]:
-        """``hook`` (registered with ``Tensor.register_hook`` at the current line) handed a
-        copy of its gradient: autograd may hand one gradient tensor to several branches
-        (both operands of ``a + b``), and a hook that changes it in place changes theirs
-        too. The copy gives the gradients the hook means (its change on its own branch);
-        a write is listed in :attr:`hook_writes`, which check reports."""
-        where = self.where()
-        recorder = weakref.ref(self)  # (the check's report is done with it after its backward)
-
-        def guarded(grad: Tensor) -> Any:
-            rec = recorder()
-            if not isinstance(grad, Tensor) or rec is None:
-                return hook(grad)
-            fresh = grad.clone()
-            version = fresh._version
-            out = hook(fresh)
-            if fresh._version == version:
-                return out
-            if where is not None:
-                write = GradientWrite("tensor hook", where, strip_comment(where.code), hook=True)
-                if write not in rec.hook_writes:
-                    rec.hook_writes.append(write)
-            return out if out is not None else fresh
-
-        return guarded
-
-    def on_detach_(self, t: Tensor) -> None:
-        """``t.detach_()``: it bumps no version, but backward refuses a saved tensor that
-        was detached in place ("Trying to use a saved tensor that has been detached
-        in-place"); named at its line when an autograd node still holds ``t``."""
-        if t.grad_fn is None:
-            return
-        for entry in self.saved:  # (a saved output, or a value saved through hooks, is
-            # re-attached or handed back by them: autograd raises for neither)
-            if entry.origin is not None and entry.origin() is t and entry.in_graph \
-                    and not entry.output and not entry.kept_as:
-                where, code = self.here("detach_()")
-                self.add("FXQ001", where, self.node_name("detach_"),
-                         f"`{code}` detaches in place a tensor that `{entry.op}` saved for "
-                         "backward: backward fails with 'Trying to use a saved tensor that has "
-                         "been detached in-place'.",
-                         "detach out of place, `x = x.detach()`: the saved tensor keeps its "
-                         "history", related=entry.op, related_location=entry.where)
-                return
-
-    def _write_site(self, code: str, where: Location | None, node: str,
-                    op: str) -> tuple[str, str]:
-        """What wrote (the module a container ran, or the code) and how to fix it."""
-        site = self.sites.get(where) if where is not None else self.unlocated.get((code, node))
-        what = site.describe() if site is not None else f"`{code}`"
-        hint = hint_for_inplace(code, op)
-        if site is not None and site.switched_at is not None:
-            hint = (f"`{site.switched_at.code}` makes this {site.kind} write in place: leave "
-                    f"{site.kind} out of it (inplace=False), so the container passes a new "
-                    "tensor on")
-        elif site is not None and site.fixed:
-            hint = (f"build it with inplace=False: `{site.fixed}` (the container then passes "
-                    "a new tensor on)")
-        return what[:1].upper() + what[1:], hint
-
-    def _report_segment_input_writes(self, written: list[Tensor], code: str,
-                                     where: Location | None, node: str, op: str) -> None:
-        """A write into an input of a reentrant checkpoint segment that requires grad:
-        backward re-runs the segment on detached copies of its inputs, leaves that require
-        grad, and refuses the write (the forward, run as a plain call here, does not)."""
-        for segment in self.segments:
-            if any(_same_storage(t, i) for t in written for i in segment.inputs):
-                what, hint = self._write_site(code, where, node, op)
-                called = f" called at {segment.where}" if segment.where is not None else ""
-                self.add("FXQ003", where, node,
-                         f"{what} writes in place into an input of the reentrant "
-                         f"torch.utils.checkpoint segment{called}: backward re-runs the segment "
-                         "on detached copies of its inputs, leaves that require grad, and "
-                         "fails with 'a leaf Variable that requires grad is being used in an "
-                         "in-place operation'.",
-                         f"{hint}; or pass use_reentrant=False to checkpoint",
-                         related="checkpoint", related_location=segment.where)
-                return
-
-    def _report_saved(self, entry: SavedTensor, code: str, where: Location | None, node: str,
-                      op: str = "") -> None:
-        what, hint = self._write_site(code, where, node, op)
-        self.add("FXQ001", where, node,
-                 f"{what} writes in place into a tensor that `{entry.op}` "
-                 "saved for backward: backward fails with 'modified by an inplace operation' "
-                 "(anomaly mode names the saving line instead of this one).",
-                 hint, related=entry.op, related_location=entry.where)
-
-    def _report_unversioned(self, entry: SavedTensor, code: str, where: Location | None,
-                            node: str, op: str) -> None:
-        """FXQ001 for a write through a fused kernel (``torch._fused_adam_``: the fused
-        optimizers' step), which moves no version counter, so backward does not refuse it."""
-        what, hint = self._write_site(code, where, node, op)
-        self.add("FXQ001", where, node,
-                 f"{what} writes in place into a tensor that `{entry.op}` saved for "
-                 f"backward, through `{op}`, a fused kernel that moves no version counter: "
-                 "backward does not fail but computes with the changed value, so the "
-                 "gradients are wrong, silently.",
-                 hint, related=entry.op, related_location=entry.where)
-
-
-def _tensors_within(value: Any, depth: int = 2) -> Iterator[Tensor]:
-    """The tensors in ``value``: its pytree leaves, and those kept as attributes of the
-    objects among them (a holder a pack hook returns), ``depth`` levels down."""
-    for leaf in tree_leaves(value):
-        if isinstance(leaf, Tensor):
-            yield leaf
-        elif depth and hasattr(leaf, "__dict__") and not isinstance(leaf, (nn.Module, type)):
-            yield from _tensors_within(list(vars(leaf).values()), depth - 1)
-
-
-def _storage_ptr(t: Tensor) -> int:
-    """Which storage ``t`` views (its StorageImpl; also for meta and fake tensors)."""
-    try:
-        return int(t.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError):  # tensors without storage (functional)
-        return 0
-
-
-def _library_call() -> tuple[bool, bool]:
-    """Whether the torch call being handled was made by torch's own Python code, and
-    whether that code was asked to write in place (an ``inplace=True`` argument:
-    ``F.relu``, ``F.dropout``, ...); one walk of the stack for both."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:
-        return False, False
-    by_library = is_internal(frame.f_code.co_filename) \
-        and not frame.f_code.co_filename.startswith("<")
-    return by_library, by_library and frame.f_locals.get("inplace") is True
-
-
-def _is_data_setter(func: Any) -> bool:
-    owner = getattr(func, "__self__", None)
-    return _call_name(func) == "__set__" and getattr(owner, "__name__", "") == "data"
-
-
-def _same_storage(a: Tensor, b: Tensor) -> bool:
-    return _storage_ptr(a) == _storage_ptr(b) != 0
-
-
-def _zero_derivative(func: Any, args: tuple, kwargs: dict) -> bool:
-    call = op_call(func, args, kwargs)
-    if call is not None:
-        return call.zero_gradient
-    return bool(func.overloadpacket.__name__ in ZERO_DERIVATIVE_OPS)
-
-
-def _call_name(func: Any) -> str:
-    name = getattr(func, "__name__", None) or str(func)
-    return str(name)
-
-
-def _is_data_getter(func: Any) -> bool:
-    owner = getattr(func, "__self__", None)
-    return _call_name(func) == "__get__" and getattr(owner, "__name__", "") == "data"
-
-
-class _FunctionMode(TorchFunctionMode):
-    def __init__(self, rec: Recorder) -> None:
-        super().__init__()
-        self.rec = rec
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        rec = self.rec
-        if _is_data_getter(func):
-            t = args[0]
-            out = func(*args, **kwargs)
-            if isinstance(t, Tensor) and t.requires_grad:
-                where, code = rec.here(".data")
-                rec.add("FXQ004", where, rec.node_name("data"),
-                        f"`{code}` uses `.data` of a tensor that requires grad: in-place writes "
-                        "through it bypass autograd's version check and give silently wrong "
-                        "gradients.",
-                        "use .detach() (autograd still checks writes) or `with torch.no_grad():`")
-                rec.prov[out] = _Prov(rec.get(t).input_dep)
-            return out
-        if _is_data_setter(func):  # w.data = value: w changes, autograd does not see it
-            t, new = args[0], args[1] if len(args) > 1 else None
-            if isinstance(t, Tensor) and t.requires_grad and not _library_call()[0]:
-                where, code = rec.here(".data = ...")
-                changed = None
-                if rec.copy_saved and isinstance(new, Tensor) and new.shape == t.shape:
-                    changed = new.detach() != t.detach()
-                rec.hide([t], code, where, rec.node_name("data"), "through `.data =`", changed)
-            return func(*args, **kwargs)
-        if _call_name(func) == "detach_" and args and isinstance(args[0], Tensor):
-            rec.on_detach_(args[0])
-        if rec.copy_saved and _call_name(func) == "register_hook" and len(args) == 2 \
-                and isinstance(args[0], Tensor) and not args[0].is_leaf \
-                and callable(args[1]):  # check: a tensor hook gets a gradient of its own
-            args = (args[0], rec.guarded_hook(args[1]))  # (dies with the forward's graph)
-        rec.writes = []
-        rec.write_versions = []
-        first_saved = len(rec.saved)
-        grad_enabled = torch.is_grad_enabled()
-        if rec.copy_saved:
-            line = rec.where()
-            if line is not None:
-                (rec.lines_with_grad if grad_enabled else rec.lines_without_grad).add(line)
-        reachable = {_storage_ptr(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
-        rec.calls_open += 1
-        try:
-            out = func(*args, **kwargs)
-        except RuntimeError as e:
-            if _AFTER_VIEW_ERROR in str(e) and rec.report.by_rule("FXQ013"):
-                out = self._go_on(func, args, kwargs)  # a consequence of the write reported
-            elif any(m in str(e) for m in (*_LEAF_ERRORS, *_VIEW_ERRORS)):
-                self._report_refused_write(func, e)
-                out = self._go_on(func, args, kwargs,
-                                  view=any(m in str(e) for m in _VIEW_ERRORS))
-            else:
-                raise
-        finally:
-            rec.calls_open -= 1
-        # Under a dispatch mode torch's foreach ops (`torch._foreach_mul_`, the optimizers'
-        # multi-tensor step) write without bumping the version counters: backward would not
-        # notice a saved value changed, which it does without fxquant's tools
-        for t, version in rec.write_versions:
-            if t._version == version and not t.is_inference():
-                torch.autograd.graph.increment_version(t)
-        rec.write_versions = []
-        if len(rec.saved) > first_saved:
-            rec.name_victims(first_saved, out)
-        # writes into the call's own temporaries (inside gru_cell, say) are not the user's
-        rec.writes = [w for w in rec.writes if _storage_ptr(w[1]) in reachable]
-        if rec.writes:
-            by_library, requested = _library_call()
-            rec.after_call(_call_name(func), rec.where(), grad_enabled, by_library, requested)
-        if grad_enabled:
-            outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor) and t.requires_grad]
-            if outputs:
-                if len(rec.hidden):
-                    rec.on_read([t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)])
-                for t in outputs:
-                    rec.track_grad(t)
-        if self._is_device_less_factory(func, args, kwargs) and isinstance(out, Tensor) and out.dim() > 0:
-            where = rec.where()
-            op = "torch.Tensor(...)" if func is _LIFT_FRESH else f"torch.{_call_name(func)}"
-            key = rec.origin(op, where, rec.node_name(op.split("(")[0]))
-            rec.prov[out] = _Prov(factories=frozenset({key}))
-        return out
-
-    def _go_on(self, func: Any, args: tuple, kwargs: dict, view: bool = False) -> Any:
-        """Run a write autograd refused so that the forward goes on: a refused view write
-        out of place (its result keeps the gradient path), others without autograd."""
-        rec = self.rec
-        rec.writes = []
-        name = _call_name(func)
-        augmented = re.fullmatch(r"__i(\w+)__", name)
-        plain = f"__{augmented.group(1)}__" if augmented else name[:-1] if name.endswith("_") else ""
-        out_of_place = getattr(Tensor, plain, None) if (plain and not plain.startswith("_")) or \
-            augmented else None
-        if view and out_of_place is not None:
-            out = out_of_place(*args, **kwargs)
-            rec.writes = []
-            return out
-        if view and kwargs.get("inplace") is True:  # F.relu(x, inplace=True), nn.ReLU's call
-            out = func(*args, **{**kwargs, "inplace": False})
-            rec.writes = []
-            return out
-        try:
-            with torch.no_grad():
-                out = func(*args, **kwargs)
-        except RuntimeError:  # views of split/chunk refuse writes even under no_grad
-            detached = torch.utils._pytree.tree_map_only(Tensor, Tensor.detach, (args, kwargs))
-            out = func(*detached[0], **detached[1])
-            if detached[0] and out is detached[0][0]:  # an in-place op returns its target
-                out = args[0]
-        rec.writes = []
-        return out
-
-    def _report_refused_write(self, func: Any, e: RuntimeError) -> None:
-        rec = self.rec
-        where, code = rec.here(_call_name(func))
-        first = str(e).splitlines()[0]
-        rec.inplace_calls.append(InplaceCall(where, _call_name(func), False))
-        if any(m in str(e) for m in _VIEW_ERRORS):
-            hint = "drop out= and use the returned tensor" if "out=" in first \
-                else hint_for_inplace(code, _call_name(func))
-            if "out=" in first:
-                what = "passes out= with inputs that require grad"
-            elif "BackwardHookFunction" in first:  # what a full backward hook returns
-                what = ("writes in place into the output (or input) of a module with a full "
-                        "backward hook (register_full_backward_hook), which autograd does not "
-                        "let you modify")
-                hint += ("; or get the gradient from a forward hook that calls "
-                         "output.register_hook(...), which allows in-place ops after it")
-            elif "custom Function" in str(e):
-                what = ("writes in place into a view a custom autograd Function returned (or "
-                        "an input it returned as-is), which autograd does not let you modify")
-            else:
-                what = ("writes in place into a view autograd does not let you modify (one of "
-                        "several views returned by split/chunk/unbind, or a view made under "
-                        "no_grad)")
-            rec.add("FXQ013", where, rec.node_name(_call_name(func)),
-                    f"`{code}` {what}; forward raises: {first}", hint)
-            return
-        rec.add("FXQ003", where, rec.node_name(_call_name(func)),
-                f"`{code}` writes in place (or through out=) into a leaf tensor that "
-                f"requires grad; autograd raises: {first}",
-                "initialize or modify parameters under `with torch.no_grad():` (or with "
-                "torch.nn.init), or compute out of place")
-
-    @staticmethod
-    def _is_device_less_factory(func: Any, args: tuple, kwargs: dict) -> bool:
-        if func is _LIFT_FRESH:  # the legacy constructor: torch.Tensor([...])
-            return True
-        if func not in _FACTORIES or kwargs.get("device") is not None:
-            return False
-        return not (func in (torch.tensor, torch.as_tensor) and args and isinstance(args[0], Tensor))
-
-
-_LIFT_FRESH = torch.ops.aten.lift_fresh.default
-
-
-class _DispatchMode(TorchDispatchMode):
-    def __init__(self, rec: Recorder) -> None:
-        super().__init__()
-        self.rec = rec
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        rec = self.rec
-        written = []
-        for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
-                for t in tree_leaves(value):
-                    if isinstance(t, Tensor):
-                        written.append((t, t.requires_grad))
-        before = {}
-        for t, _ in written:
-            if torch._debug_has_internal_overlap(t) == 1:  # fake tensors do not check it
-                raise RuntimeError(_OVERLAP_ERROR)
-            if rec.copy_saved and not (torch.is_grad_enabled() and t.requires_grad) \
-                    and rec.grad_owners(t):
-                before[id(t)] = (t, t.detach().clone())  # check: which values it changes
-        # (only foreach ops: RReLU's noise, say, is written without a bump on purpose)
-        versions = [(t, t._version) for t, _ in written if not t.is_inference()] \
-            if func.overloadpacket.__name__.startswith("_foreach_") else []
-        out = func(*args, **kwargs)
-        rec.write_versions.extend(versions)
-        for key, (t, old) in before.items():
-            changed = ~((old == t) | (old.isnan() & t.isnan())) if old.is_floating_point() \
-                else old != t
-            prior = rec.changes.get(key)
-            rec.changes[key] = changed if prior is None else prior | changed
-        if rec.calls_open or torch._C._current_autograd_node() is not None:
-            rec.on_aten(func, args, kwargs, out, written)  # (or autograd's backward ops)
-            return out
-        # No Python call is open: TorchScript code (a scripted function or module) runs.
-        # The function mode is not paused as within its own calls: fxquant's bookkeeping
-        # runs without it, and a write is attributed right away to the line that called
-        # the scripted code.
-        with torch._C.DisableTorchFunction():
-            rec.on_aten(func, args, kwargs, out, written)
-            if rec.writes:
-                rec.after_call(func.overloadpacket.__name__, rec.where(),
-                               torch.is_grad_enabled(), bump_pending=True)
-        return out
 
 
 class GraphRunner(Interpreter):
@@ -1168,11 +104,11 @@ class GraphRunner(Interpreter):
         self.rec = rec
 
     def run_node(self, n: Node) -> Any:
-        self.rec.node = n
+        self.rec.locator.node = n
         try:
             return super().run_node(n)
         finally:
-            self.rec.node = None
+            self.rec.locator.node = None
 
 
 @dataclass(frozen=True)
@@ -1190,15 +126,25 @@ class Instruments:
         lost = []
         if not self.hooks:
             lost.append("which op saved which tensor, so in-place writes into saved values "
-                        "(FXQ001) and silent changes to them (FXQ012) are found only as far "
-                        "as the gradients show them")
+                        f"({INPLACE_MODIFIES_SAVED_TENSOR.id}) and silent changes to them "
+                        f"({SILENTLY_WRONG_GRADIENT.id}) are found only as far as the "
+                        "gradients show them")
         if not self.dispatch:
-            lost.append("the ATen ops: writes autograd does not see (FXQ012, FXQ014), "
-                        "overwrites (FXQ002), device-less factories (FXQ005) and "
-                        "zero-derivative ops (FXQ007)")
+            lost.append("the ATen ops: writes autograd does not see "
+                        f"({SILENTLY_WRONG_GRADIENT.id}, {HIDDEN_WRITE_THEN_READ.id}), "
+                        f"overwrites ({INPLACE_OVERWRITES_GRAD_TENSOR.id}), device-less "
+                        f"factories ({FACTORY_WITHOUT_DEVICE.id}) and zero-derivative ops "
+                        f"({ZERO_GRADIENT_OP.id})")
         if not self.functions:
-            lost.append("the Python calls: `.data` (FXQ004) and the lines of in-place calls")
+            lost.append(f"the Python calls: `.data` ({DATA_ATTRIBUTE.id}) and the lines of "
+                        "in-place calls")
         return "; ".join(lost)
+
+    def within(self, available: set[str]) -> Instruments:
+        """These tools, less those not ``available`` (by field name)."""
+        return Instruments(self.functions and "functions" in available,
+                           self.dispatch and "dispatch" in available,
+                           self.hooks and "hooks" in available)
 
     def describe(self) -> str:
         """The tools that are on, in words."""
@@ -1218,22 +164,31 @@ LADDER: Final = (Instruments(), Instruments(hooks=False), Instruments(dispatch=F
 @contextlib.contextmanager
 def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[None]:
     """Grad mode on, the saved-tensor hooks and both modes pushed (those ``tools`` asks
-    for); popped by identity.
+    for, and this torch has: :func:`~fxquant.linter.torch_internals.instruments_available`);
+    popped by identity.
+
+    While the hooks record, reentrant ``torch.utils.checkpoint`` segments run as plain
+    calls (``Recorder.run_segment``), each custom Function's ``ctx`` is read after it ran
+    (``Recorder.kept_in_context``), and saved-tensor hooks the forward pushes are pushed
+    watched (``Recorder.user_hooks``).
 
     Entries the forward pushed above fxquant's and left there are popped first, so that
     fxquant's own entries come off, and the user's stack is as it was before.
     """
-    function_mode, dispatch_mode = _FunctionMode(rec), _DispatchMode(rec)
+    warn_missing()
+    available = instruments_available()
+    tools = tools.within(available)
+    function_mode, dispatch_mode = FunctionMode(rec), DispatchMode(rec)
     with torch.enable_grad():
-        below = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        below = top_saved_tensors_hooks() if "hooks" in available else None
         if tools.hooks:
-            torch._C._autograd._push_saved_tensors_default_hooks(rec.pack, rec.unpack)
+            push_saved_tensors_hooks(rec.pack, rec.unpack)
         try:
             with contextlib.ExitStack() as stack:
                 if tools.hooks:  # (these record saved values: part of the hooks' work)
-                    stack.enter_context(_checkpoints_run_directly(rec))
-                    stack.enter_context(_custom_functions_watched(rec))
-                    stack.enter_context(_user_saved_tensor_hooks_watched(rec))
+                    stack.enter_context(reentrant_checkpoint_replaced(rec.run_segment))
+                    stack.enter_context(custom_function_apply_watched(rec.kept_in_context))
+                    stack.enter_context(saved_tensors_hooks_pushes_wrapped(rec.user_hooks))
                 if tools.functions:
                     function_mode.__enter__()
                     stack.callback(_pop_function_mode, function_mode)
@@ -1244,98 +199,11 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
         finally:
             if tools.hooks:
                 pop_saved_tensors_hooks_until((rec.pack, rec.unpack))
-                top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+                top = top_saved_tensors_hooks()
                 if top is not None and top[0] is rec.pack:
-                    torch._C._autograd._pop_saved_tensors_default_hooks()
-            else:
+                    pop_saved_tensors_hooks()
+            elif "hooks" in available:
                 pop_saved_tensors_hooks_until(below)
-
-
-@contextlib.contextmanager
-def _checkpoints_run_directly(rec: Recorder) -> Iterator[None]:
-    """Reentrant ``torch.utils.checkpoint`` segments (PyG's ``DeepGCNLayer(ckpt_grad=True)``)
-    run as plain calls while recording: a reentrant segment runs its forward without
-    autograd and again inside backward, where no instrument sees it, so an in-place bug in
-    it would go unseen. Checkpointing saves memory and changes no value. Restored by
-    identity."""
-    owner = torch.utils.checkpoint.CheckpointFunction
-    before = vars(owner).get("apply")
-    thread = threading.get_ident()  # (other threads checkpoint as before)
-
-    def run_segment(function: Any, preserve_rng_state: bool, *args: Any) -> Any:
-        if threading.get_ident() == thread:
-            inputs = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
-            segment = Checkpoint(rec.where(), preserve_rng_state, bool(inputs), inputs)
-            rec.checkpoints.append(segment)
-            for a in args:  # (it saves its tensor inputs for the re-run in backward)
-                if isinstance(a, Tensor) and not a.is_inference():
-                    rec.saved.append(SavedTensor(a.detach(), a._version, a._version,
-                                                 "checkpoint", segment.where,
-                                                 origin=weakref.ref(a)))
-            rec.segments.append(segment)
-            try:
-                return function(*args)
-            finally:
-                rec.segments.pop()
-        if before is not None:  # (a torch whose CheckpointFunction defines its own apply)
-            return before.__get__(None, owner)(function, preserve_rng_state, *args)
-        apply: Any = torch.autograd.Function.apply  # (bound to Function: its function)
-        return apply.__func__(owner, function, preserve_rng_state, *args)
-
-    patch = staticmethod(run_segment)
-    owner.apply = patch  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        if vars(owner).get("apply") is patch:
-            if before is None:
-                delattr(owner, "apply")
-            else:
-                owner.apply = before  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def _user_saved_tensor_hooks_watched(rec: Recorder) -> Iterator[None]:
-    """Saved-tensor hooks the forward pushes (``saved_tensors_hooks``) are pushed watched
-    (:meth:`Recorder.user_hooks`) while recording; restored by identity."""
-    owner = torch._C._autograd
-    before = owner._push_saved_tensors_default_hooks
-    thread = threading.get_ident()  # (another thread's hooks are not the forward's)
-
-    def push(pack: Callable[[Tensor], Any], unpack: Callable[[Any], Tensor]) -> None:
-        if threading.get_ident() == thread:
-            pack, unpack = rec.user_hooks(pack, unpack)
-        before(pack, unpack)
-
-    owner._push_saved_tensors_default_hooks = push  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if owner._push_saved_tensors_default_hooks is push:
-            owner._push_saved_tensors_default_hooks = before
-
-
-@contextlib.contextmanager
-def _custom_functions_watched(rec: Recorder) -> Iterator[None]:
-    """``torch.autograd.Function.apply`` tells ``rec`` what each custom Function's context
-    keeps (:meth:`Recorder.kept_in_context`) while recording; restored by identity."""
-    owner = torch.autograd.Function
-    before = vars(owner)["apply"]
-    thread = threading.get_ident()  # (another thread's Functions are not the forward's)
-
-    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
-        out = before.__func__(cls, *args, **kwargs)
-        if threading.get_ident() == thread and not torch.compiler.is_compiling():
-            rec.kept_in_context(cls, out)
-        return out
-
-    patch: Any = classmethod(apply)
-    owner.apply = patch  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        if vars(owner).get("apply") is patch:
-            owner.apply = before  # type: ignore[method-assign]
 
 
 def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseException,
@@ -1345,7 +213,7 @@ def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseExc
     first = str(error).splitlines()[0] if str(error) else ""
     lost = fallback.lost()
     return Finding(
-        "FXQ010", "instruments", traceback_location(error),
+        NOT_VISIBLE.id, "instruments", traceback_location(error),
         f"fxquant's recording ({tools.describe()}) failed on this model's {phase} "
         f"({type(error).__name__}: {first[:200]}), which runs without it: a limit of "
         f"fxquant, not an error in the model. It was checked again with "
@@ -1355,26 +223,24 @@ def instrument_failure(tools: Instruments, fallback: Instruments, error: BaseExc
 
 
 def _pop_function_mode(mode: TorchFunctionMode) -> None:
-    stack = _get_current_function_mode_stack()
-    if not any(m is mode for m in stack):
+    if not any(m is mode for m in function_mode_stack()):
         return
-    while _get_current_function_mode_stack()[-1] is not mode:
-        torch._C._pop_torch_function_stack()
+    while function_mode_stack()[-1] is not mode:
+        pop_function_mode()
     mode.__exit__(None, None, None)
 
 
 def _pop_dispatch_mode(mode: TorchDispatchMode) -> None:
-    stack = _get_current_dispatch_mode_stack()
-    if not any(m is mode for m in stack):
+    if not any(m is mode for m in dispatch_mode_stack()):
         return
-    while _get_current_dispatch_mode_stack()[-1] is not mode:
-        torch._C._pop_torch_dispatch_stack()
+    while dispatch_mode_stack()[-1] is not mode:
+        pop_dispatch_mode()
     mode.__exit__(None, None, None)
 
 
 def run_forward(model: nn.Module, inputs: tuple, rec: Recorder) -> Any:
     """Call the model (node by node for a GraphModule), findings bounded to its frames."""
-    rec.boundary = sys._getframe()
+    rec.locator.boundary = sys._getframe()
     if isinstance(model, GraphModule):
         return GraphRunner(model, rec).run(*inputs)
     return model(*inputs)
@@ -1395,12 +261,12 @@ def internal_failure(error: BaseException, what: str) -> Finding:
     """FXQ010: fxquant's own analysis raised (never the model's error); what it found
     before is kept."""
     first = str(error).splitlines()[0] if str(error) else ""
-    package = os.path.dirname(_OWN_FILES[0].rstrip(os.sep)) + os.sep
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     where = next((f"{os.path.relpath(f.filename, os.path.dirname(package.rstrip(os.sep)))}:"
                   f"{f.lineno}" for f in reversed(traceback.extract_tb(error.__traceback__))
                   if f.filename.startswith(package)), "")
     return Finding(
-        "FXQ010", "fxquant", None,
+        NOT_VISIBLE.id, "fxquant", None,
         f"fxquant's {what} stopped on an error of its own ({type(error).__name__}: "
         f"{first[:200]}{f' at {where}' if where else ''}); the findings listed were made "
         "before it, and what it had still to check was not checked. This is not an error "
@@ -1411,6 +277,6 @@ def internal_failure(error: BaseException, what: str) -> Finding:
 def report_exception(report: LintReport, phase: str, e: BaseException) -> None:
     """FXQ009 at the user's line that raised."""
     first = str(e).splitlines()[0] if str(e) else ""
-    report.add(Finding("FXQ009", phase, traceback_location(e),
+    report.add(Finding(FORWARD_FAILED.id, phase, traceback_location(e),
                        f"{phase} raised {type(e).__name__}: {first}",
-                       "fix the exception first; findings before it are listed"))
+                       FORWARD_FAILED.hint))

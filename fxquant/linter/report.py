@@ -198,7 +198,9 @@ class LintReport:
                     "rules": [{
                         "id": RULES[r].id,
                         "name": RULES[r].name,
-                        "shortDescription": {"text": RULES[r].description},
+                        "shortDescription": {"text": RULES[r].summary},
+                        "fullDescription": {"text": RULES[r].description},
+                        "help": {"text": RULES[r].hint},
                         "defaultConfiguration": {"level": level[RULES[r].severity]},
                     } for r in used],
                 }},

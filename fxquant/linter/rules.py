@@ -14,76 +14,191 @@ import tokenize
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["RULES", "Rule", "Severity", "hint_for_inplace", "out_of_place", "severity_of",
-           "split_augmented", "strip_comment"]
+__all__ = [
+    "ANOMALY_MODE_IN_FORWARD",
+    "BACKWARD_WRITES_GRADIENT",
+    "DATA_ATTRIBUTE",
+    "FACTORY_WITHOUT_DEVICE",
+    "FORWARD_FAILED",
+    "HIDDEN_WRITE_THEN_READ",
+    "INPLACE_MAYBE_SAVED",
+    "INPLACE_MODIFIES_SAVED_TENSOR",
+    "INPLACE_ON_LEAF",
+    "INPLACE_OVERWRITES_GRAD_TENSOR",
+    "INPLACE_REFUSED_IN_FORWARD",
+    "NOT_VISIBLE",
+    "PARAMETER_WITHOUT_GRADIENT",
+    "RULES",
+    "SILENTLY_WRONG_GRADIENT",
+    "ZERO_GRADIENT_OP",
+    "Rule",
+    "Severity",
+    "hint_for_inplace",
+    "out_of_place",
+    "rules_table",
+    "severity_of",
+    "split_augmented",
+    "strip_comment",
+]
 
 Severity = Literal["error", "warning", "info"]
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A lint rule: stable id, short name, severity and what it means."""
+    """A lint rule: its stable id, short name, severity, what it finds (one line, for
+    tables), what it means, and how to fix it in general (a finding's own hint fits the
+    line it names).
+
+    Each rule is a constant of this module named after it (``INPLACE_ON_LEAF`` is
+    ``inplace-on-leaf``); code refers to a rule through it, never by its id written out.
+
+    Example:
+        >>> INPLACE_ON_LEAF.id, INPLACE_ON_LEAF.severity
+        ('FXQ003', 'error')
+        >>> RULES["FXQ003"] is INPLACE_ON_LEAF
+        True
+    """
 
     id: str
     name: str
     severity: Severity
+    summary: str
     description: str
+    hint: str
 
+
+INPLACE_MODIFIES_SAVED_TENSOR: Final = Rule(
+    "FXQ001", "inplace-modifies-saved-tensor", "error",
+    "an in-place write into a tensor (or a view of its base) that an earlier op saved for "
+    "backward: backward fails",
+    "An in-place op writes into a tensor (or a view of its base) that an earlier op saved for "
+    "backward; backward fails with 'modified by an inplace operation'.",
+    "write it out of place (`y = y * 2` for `y *= 2`), or write into a `.clone()`; "
+    "fxquant.functionalize_inplace rewrites such writes")
+INPLACE_OVERWRITES_GRAD_TENSOR: Final = Rule(
+    "FXQ002", "inplace-overwrites-grad-tensor", "warning",
+    "an in-place overwrite of a tensor that requires grad (legal; those elements get no "
+    "gradient)",
+    "An in-place write overwrites elements of a tensor that requires grad; legal, but the "
+    "overwritten elements no longer pass gradient to what computed them.",
+    "if they should train, build the result with torch.where(mask, value, x)")
+INPLACE_ON_LEAF: Final = Rule(
+    "FXQ003", "inplace-on-leaf", "error",
+    "an in-place write into a leaf that requires grad (a parameter)",
+    "An in-place op (or out=) writes into a leaf tensor that requires grad (e.g. a "
+    "parameter); autograd refuses it.",
+    "initialize or modify parameters under `with torch.no_grad():` (or with torch.nn.init), "
+    "or compute out of place")
+DATA_ATTRIBUTE: Final = Rule(
+    "FXQ004", "data-attribute", "warning",
+    "`.data` on a tensor that requires grad",
+    "`.data` on a tensor that requires grad: writes through it are invisible to autograd and "
+    "give silently wrong gradients.",
+    "use .detach() (autograd still checks writes) or `with torch.no_grad():`")
+FACTORY_WITHOUT_DEVICE: Final = Rule(
+    "FXQ005", "factory-without-device", "warning",
+    "a tensor created without `device=` that meets input-derived data",
+    "A tensor is created without device= and then meets data derived from the inputs or "
+    "parameters; it stays on the CPU when the model moves to a GPU.",
+    "pass device=x.device, dtype=x.dtype (x: the tensor it meets)")
+ANOMALY_MODE_IN_FORWARD: Final = Rule(
+    "FXQ006", "anomaly-mode-in-forward", "warning",
+    "`set_detect_anomaly` / `detect_anomaly` called from forward",
+    "torch.autograd.set_detect_anomaly / detect_anomaly is called from forward: it slows "
+    "every step and stays on for the whole process.",
+    "remove it from forward; to debug, wrap one step in "
+    "`with torch.autograd.detect_anomaly():` or run fxquant.check(model, *inputs)")
+ZERO_GRADIENT_OP: Final = Rule(
+    "FXQ007", "zero-gradient-op", "warning",
+    "an op with zero derivative almost everywhere between parameters and the output",
+    "An op whose derivative is zero almost everywhere (floor, round, sign, comparisons, "
+    "reinterpreted bits, argmax, ...) lies between parameters and the output: parameters "
+    "upstream receive zero gradient through it.",
+    "simulate precision with fxquant.truncate (straight-through gradient), or use a "
+    "straight-through estimator: x + (f(x) - x).detach()")
+PARAMETER_WITHOUT_GRADIENT: Final = Rule(
+    "FXQ008", "parameter-without-gradient", "warning",
+    "(check) a parameter whose gradient is None or all zero",
+    "After one backward, a parameter's gradient is None or exactly zero.",
+    f"make the ops between it and the loss differentiable (see the {ZERO_GRADIENT_OP.id} "
+    "findings), e.g. fxquant.truncate instead of bit-plane code")
+FORWARD_FAILED: Final = Rule(
+    "FXQ009", "forward-failed", "error",
+    "the forward or backward raised",
+    "Running the model (forward or backward) raised an exception.",
+    "fix the exception first; findings before it are listed")
+NOT_VISIBLE: Final = Rule(
+    "FXQ010", "not-visible", "info",
+    "what this mode could not see (symbolic graph, shapes only, a fallback instrument)",
+    "Something the linter could not see in this mode.",
+    "nothing to fix in the model: the note says what was not checked and how to check it")
+INPLACE_MAYBE_SAVED: Final = Rule(
+    "FXQ011", "inplace-maybe-saved", "warning",
+    "(symbolic) an in-place write into a value an earlier op may have saved",
+    "An in-place op writes into a value an earlier op may have saved for backward; the "
+    "symbolic graph cannot tell. Lint with example inputs to know.",
+    "lint with example inputs (fxquant.lint(model, *inputs)), or write out of place")
+SILENTLY_WRONG_GRADIENT: Final = Rule(
+    "FXQ012", "silently-wrong-gradient", "error",
+    "(check) backward runs but gives wrong gradients: a write autograd does not see",
+    "Backward runs but gives wrong gradients: a write autograd does not see (through "
+    "`.data`, a `.detach()`ed alias, or under no_grad) changed a value autograd saved, or "
+    "changed a tensor that requires grad where backward then sends it gradient (found by "
+    "fxquant.check).",
+    "compute the new value out of place with autograd on and use it (`w = f(w)`); a "
+    "straight-through change on purpose: `y = y + (f(y) - y).detach()`")
+INPLACE_REFUSED_IN_FORWARD: Final = Rule(
+    "FXQ013", "inplace-refused-in-forward", "error",
+    "a write autograd refuses in forward (a view of `split`/`chunk`, `out=` with grad, an "
+    "`expand`ed tensor)",
+    "A write autograd refuses already in forward: into one of the views split/chunk/unbind "
+    "return, into a view made under no_grad, or through out= with inputs that require grad.",
+    "write out of place (a new tensor), or write into a `.clone()` of the view")
+HIDDEN_WRITE_THEN_READ: Final = Rule(
+    "FXQ014", "hidden-write-then-read", "warning",
+    "a write autograd does not see, then computed with (check tells whether it matters)",
+    "A write autograd does not see changes a tensor that requires grad, and a "
+    "differentiable op then computes with it: the gradient may skip the change; "
+    f"fxquant.check runs backward and tells ({SILENTLY_WRONG_GRADIENT.id}).",
+    "compute the new value out of place with autograd on and use it, e.g. "
+    "`w = F.normalize(self.weight, dim=1)` then `F.linear(x, w)` (or "
+    "torch.nn.utils.parametrize); a straight-through change on purpose: "
+    "`y = y + (f(y) - y).detach()`")
+BACKWARD_WRITES_GRADIENT: Final = Rule(
+    "FXQ015", "backward-writes-gradient", "warning",
+    "a custom `autograd.Function`'s backward writes into the gradient it receives",
+    "A custom autograd.Function's backward writes in place into the gradient it receives; "
+    "autograd may hand that tensor to other branches too, whose gradients then change "
+    f"(fxquant.check tells whether they do: {SILENTLY_WRONG_GRADIENT.id}).",
+    "compute a new tensor instead of changing the gradient received (`grad = grad * 2` for "
+    "`grad *= 2`)")
 
 #: Every rule the linter and the autograd check report, by stable id.
 RULES: Final[dict[str, Rule]] = {
     r.id: r
     for r in (
-        Rule("FXQ001", "inplace-modifies-saved-tensor", "error",
-             "An in-place op writes into a tensor (or a view of its base) that an earlier op "
-             "saved for backward; backward fails with 'modified by an inplace operation'."),
-        Rule("FXQ002", "inplace-overwrites-grad-tensor", "warning",
-             "An in-place write overwrites elements of a tensor that requires grad; legal, "
-             "but the overwritten elements no longer pass gradient to what computed them."),
-        Rule("FXQ003", "inplace-on-leaf", "error",
-             "An in-place op (or out=) writes into a leaf tensor that requires grad "
-             "(e.g. a parameter); autograd refuses it."),
-        Rule("FXQ004", "data-attribute", "warning",
-             "`.data` on a tensor that requires grad: writes through it are invisible to "
-             "autograd and give silently wrong gradients."),
-        Rule("FXQ005", "factory-without-device", "warning",
-             "A tensor is created without device= and then meets data derived from the "
-             "inputs or parameters; it stays on the CPU when the model moves to a GPU."),
-        Rule("FXQ006", "anomaly-mode-in-forward", "warning",
-             "torch.autograd.set_detect_anomaly / detect_anomaly is called from forward: it "
-             "slows every step and stays on for the whole process."),
-        Rule("FXQ007", "zero-gradient-op", "warning",
-             "An op whose derivative is zero almost everywhere (floor, round, sign, "
-             "comparisons, reinterpreted bits, argmax, ...) lies between parameters and the "
-             "output: parameters upstream receive zero gradient through it."),
-        Rule("FXQ008", "parameter-without-gradient", "warning",
-             "After one backward, a parameter's gradient is None or exactly zero."),
-        Rule("FXQ009", "forward-failed", "error",
-             "Running the model (forward or backward) raised an exception."),
-        Rule("FXQ010", "not-visible", "info",
-             "Something the linter could not see in this mode."),
-        Rule("FXQ011", "inplace-maybe-saved", "warning",
-             "An in-place op writes into a value an earlier op may have saved for backward; "
-             "the symbolic graph cannot tell. Lint with example inputs to know."),
-        Rule("FXQ012", "silently-wrong-gradient", "error",
-             "Backward runs but gives wrong gradients: a write autograd does not see "
-             "(through `.data`, a `.detach()`ed alias, or under no_grad) changed a value "
-             "autograd saved, or changed a tensor that requires grad where backward then "
-             "sends it gradient (found by fxquant.check)."),
-        Rule("FXQ013", "inplace-refused-in-forward", "error",
-             "A write autograd refuses already in forward: into one of the views "
-             "split/chunk/unbind return, into a view made under no_grad, or through out= "
-             "with inputs that require grad."),
-        Rule("FXQ014", "hidden-write-then-read", "warning",
-             "A write autograd does not see changes a tensor that requires grad, and a "
-             "differentiable op then computes with it: the gradient may skip the change; "
-             "fxquant.check runs backward and tells (FXQ012)."),
-        Rule("FXQ015", "backward-writes-gradient", "warning",
-             "A custom autograd.Function's backward writes in place into the gradient it "
-             "receives; autograd may hand that tensor to other branches too, whose "
-             "gradients then change (fxquant.check tells whether they do: FXQ012)."),
+        INPLACE_MODIFIES_SAVED_TENSOR, INPLACE_OVERWRITES_GRAD_TENSOR, INPLACE_ON_LEAF,
+        DATA_ATTRIBUTE, FACTORY_WITHOUT_DEVICE, ANOMALY_MODE_IN_FORWARD, ZERO_GRADIENT_OP,
+        PARAMETER_WITHOUT_GRADIENT, FORWARD_FAILED, NOT_VISIBLE, INPLACE_MAYBE_SAVED,
+        SILENTLY_WRONG_GRADIENT, INPLACE_REFUSED_IN_FORWARD, HIDDEN_WRITE_THEN_READ,
+        BACKWARD_WRITES_GRADIENT,
     )
 }
+
+
+def rules_table() -> str:
+    """The rule table of the documentation, in Markdown: one row per rule with its id,
+    name, severity, what it finds and how to fix it (the docs' page holds this text).
+
+    Example:
+        >>> print(rules_table().splitlines()[2][:60])
+        | FXQ001 | inplace-modifies-saved-tensor | error | an in-pla
+    """
+    rows = ["| rule | name | severity | finds | fix |", "| --- | --- | --- | --- | --- |"]
+    rows += [f"| {r.id} | {r.name} | {r.severity} | {r.summary} | {r.hint} |"
+             for r in RULES.values()]
+    return "\n".join(rows)
 
 
 def severity_of(rule: str) -> Severity:

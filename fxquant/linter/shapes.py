@@ -1,7 +1,7 @@
 """Lint from shapes alone: the dynamic lint on fake tensors, without data and compute.
 
 Inputs given as :class:`ShapeSpec` or as ``meta`` tensors become fake tensors
-(:class:`torch._subclasses.fake_tensor.FakeTensorMode` with a
+(torch's ``FakeTensorMode`` with a
 :class:`~torch.fx.experimental.symbolic_shapes.ShapeEnv`, so data-dependent output sizes
 such as ``nonzero`` in PyG's self-loop handling become symbolic sizes); the model's
 parameters and buffers are faked on a copy. The forward then runs under the same recording
@@ -27,27 +27,29 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-    UnsupportedFakeTensorException,
-    UnsupportedOperatorException,
-)
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
-from torch.utils._pytree import tree_leaves, tree_map
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.linter.report import Finding
+from fxquant.linter.rules import (
+    NOT_VISIBLE,
+)
 from fxquant.linter.state import copy_model
+from fxquant.linter.torch_internals import (
+    FAKE_TENSOR_LOGGER,
+    NEEDS_VALUES,
+    FakeTensorMode,
+    fake_from_tensor,
+    is_fake,
+    module_buffers,
+    module_parameters,
+    new_fake_mode,
+    tree_leaves,
+    tree_map,
+)
 
 __all__ = ["NEEDS_VALUES", "ShapeSpec", "fake_copy", "from_shapes", "new_mode", "quiet",
            "random_like", "shape_only"]
 
-#: What a forward that needs values raises on fake tensors.
-NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException,
-                UnsupportedOperatorException, UnsupportedFakeTensorException,
-                GuardOnDataDependentSymNode, NotImplementedError)
 
 
 @dataclass(frozen=True)
@@ -133,13 +135,14 @@ def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
     fake = copy_model(model)
     swapped: dict[int, nn.Parameter] = {}
     for module in fake.modules():
-        for name, p in list(module._parameters.items()):
+        parameters, buffers = module_parameters(module), module_buffers(module)
+        for name, p in list(parameters.items()):
             if p is not None:
-                module._parameters[name] = swapped[id(p)] = nn.Parameter(
-                    mode.from_tensor(p.detach(), static_shapes=True), requires_grad=p.requires_grad)
-        for name, b in list(module._buffers.items()):
+                parameters[name] = swapped[id(p)] = nn.Parameter(
+                    fake_from_tensor(mode, p.detach()), requires_grad=p.requires_grad)
+        for name, b in list(buffers.items()):
             if isinstance(b, Tensor):
-                module._buffers[name] = mode.from_tensor(b, static_shapes=True)
+                buffers[name] = fake_from_tensor(mode, b)
             elif b is not None:  # an object holding tensors (a SparseTensor): its copy's
                 _fake_attributes(b, mode, depth=3)
     for module in fake.modules():  # an optimizer the model holds (stepped in its forward)
@@ -158,7 +161,7 @@ def _fake_attributes(obj: Any, mode: FakeTensorMode, depth: int) -> None:
         return
     for key, value in list(vars(obj).items()):
         if isinstance(value, Tensor):
-            setattr(obj, key, mode.from_tensor(value, static_shapes=True))
+            setattr(obj, key, fake_from_tensor(mode, value))
         elif value is not None:
             _fake_attributes(value, mode, depth - 1)
 
@@ -172,33 +175,33 @@ def from_shapes(inputs: tuple[Any, ...], mode: FakeTensorMode) -> tuple[Any, ...
         return t.requires_grad_(spec.requires_grad) if spec.requires_grad else t
 
     converted = _convert(inputs, make)
-    return tuple(tree_map(lambda x: mode.from_tensor(x, static_shapes=True) if isinstance(x, Tensor)
-                          and not isinstance(x, torch._subclasses.FakeTensor) else x, c)
+    return tuple(tree_map(lambda x: fake_from_tensor(mode, x) if isinstance(x, Tensor)
+                          and not is_fake(x) else x, c)
                  for c in converted)
 
 
 def new_mode() -> FakeTensorMode:
-    return FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    """A fake-tensor mode for one lint."""
+    return new_fake_mode()
 
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """Silence the fake-tensor logger, which logs every failed meta kernel with a traceback
     (the failure itself is reported as a finding)."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    level = FAKE_TENSOR_LOGGER.level
+    FAKE_TENSOR_LOGGER.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        FAKE_TENSOR_LOGGER.setLevel(level)
 
 
 def needs_values_note(e: BaseException,
                       why: str = "the forward needs values, not only shapes") -> Finding:
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     return Finding(
-        "FXQ010", "shapes", None,
+        NOT_VISIBLE.id, "shapes", None,
         f"{why} ({type(e).__name__}: {first[:160]}); "
         "it was linted on random data instead (floats from a normal distribution, "
         "integers 0)",
@@ -207,7 +210,7 @@ def needs_values_note(e: BaseException,
 
 def shapes_note() -> Finding:
     return Finding(
-        "FXQ010", "shapes", None,
+        NOT_VISIBLE.id, "shapes", None,
         "linted from shapes alone, on fake tensors: no data was read and nothing was "
         "computed; findings that depend on values (an all-zero gradient) need real inputs",
         "fxquant.check(model, *inputs) with real inputs runs backward too")

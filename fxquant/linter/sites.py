@@ -28,11 +28,11 @@ import torch_geometric.nn
 from torch import nn
 
 from fxquant.fx.locations import Location, is_internal
+from fxquant.linter.torch_internals import MODULE_CALL_FILE
 
 __all__ = ["ModuleSite", "built_at", "container_site"]
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, torch_geometric.nn.Sequential)
-_MODULE_PY = nn.Module.__call__.__code__.co_filename
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def container_site(boundary: FrameType | None, names: Mapping[int, str],
             continue
         if not is_internal(f.f_code.co_filename) or id(module) not in names:
             return None  # the write is in the user's own forward, or outside the model
-        rest = [g for g in frames[i + 1:] if g.f_code.co_filename != _MODULE_PY]
+        rest = [g for g in frames[i + 1:] if g.f_code.co_filename != MODULE_CALL_FILE]
         if not rest:
             return None
         caller = rest[0]

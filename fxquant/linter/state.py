@@ -34,10 +34,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.modules.module as module_globals
 from torch import Tensor, nn
-from torch.overrides import _get_current_function_mode_stack
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from fxquant.linter.torch_internals import (
+    coo_parts,
+    dispatch_mode_stack,
+    function_mode_stack,
+    global_module_hooks,
+    module_buffers,
+    module_parameters,
+    pop_dispatch_mode,
+    pop_function_mode,
+    pop_saved_tensors_hooks,
+    top_saved_tensors_hooks,
+)
 
 __all__ = ["clone_inputs", "components", "copy_model", "held_tensors", "mode_stacks_restored",
            "named_buffers", "restored_state", "snapshot"]
@@ -76,35 +86,30 @@ def _same_contents(a: Any, b: Any) -> bool:
     return {id(x) for x in a} == {id(x) for x in b}
 
 
-def _global_hook_dicts() -> dict[str, dict]:
-    return {k: v for k, v in vars(module_globals).items()
-            if k.startswith("_global_") and isinstance(v, dict)}
-
-
 @contextlib.contextmanager
 def mode_stacks_restored() -> Iterator[None]:
     """Pop what a forward pushed onto the thread's mode and saved-tensor-hook stacks and
     left there; fxquant's own entries are handled by whoever pushed them."""
-    function_modes = list(_get_current_function_mode_stack())
-    dispatch_modes = list(_get_current_dispatch_mode_stack())
-    hooks_top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    function_modes = function_mode_stack()
+    dispatch_modes = dispatch_mode_stack()
+    hooks_top = top_saved_tensors_hooks()
     try:
         yield
     finally:
         pop_saved_tensors_hooks_until(hooks_top)
-        while len(_get_current_function_mode_stack()) > len(function_modes):
-            torch._C._pop_torch_function_stack()
-        while len(_get_current_dispatch_mode_stack()) > len(dispatch_modes):
-            torch._C._pop_torch_dispatch_stack()
+        while len(function_mode_stack()) > len(function_modes):
+            pop_function_mode()
+        while len(dispatch_mode_stack()) > len(dispatch_modes):
+            pop_dispatch_mode()
 
 
 def pop_saved_tensors_hooks_until(top: Any, limit: int = 10_000) -> None:
     """Pop saved-tensor hooks until the pair on top is ``top`` (by identity of its hooks)."""
     for _ in range(limit):
-        current = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        current = top_saved_tensors_hooks()
         if current is None or _same_hooks(current, top):
             return
-        torch._C._autograd._pop_saved_tensors_default_hooks()
+        pop_saved_tensors_hooks()
 
 
 def _same_hooks(a: Any, b: Any) -> bool:
@@ -123,14 +128,15 @@ def restored_state(model: nn.Module) -> Iterator[None]:
                      torch.is_deterministic_algorithms_warn_only_enabled())
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    global_hooks = {k: dict(v) for k, v in _global_hook_dicts().items()}
+    global_hooks = {k: dict(v) for k, v in global_module_hooks().items()}
     modules = list(model.modules())
     attributes = [(m, _snapshot_attributes(m)) for m in modules]
     tensors: dict[int, tuple[Tensor, Tensor, Tensor, bool, dict[str, Any]]] = {}
     grads: dict[int, tuple[Tensor, Tensor | None, Tensor | None]] = {}
     held: list[Any] = []  # tensors kept inside other objects (a SparseTensor's storage)
     for m in modules:
-        members = [*m._parameters.values(), *m._buffers.values(), *vars(m).values()]
+        members = [*module_parameters(m).values(), *module_buffers(m).values(),
+                   *vars(m).values()]
         found = [v for v in members if isinstance(v, Tensor)]
         for obj in members:
             if not isinstance(obj, (Tensor, nn.Module)):
@@ -139,7 +145,7 @@ def restored_state(model: nn.Module) -> Iterator[None]:
             if id(t) not in tensors:
                 tensors[id(t)] = (t, t.data, t.detach().clone(), t.requires_grad,
                                   dict(vars(t)))
-        for p in m._parameters.values():
+        for p in module_parameters(m).values():
             if p is not None and id(p) not in grads:
                 grad = p.grad
                 grads[id(p)] = (p, grad, grad.detach().clone() if grad is not None else None)
@@ -164,7 +170,7 @@ def restored_state(model: nn.Module) -> Iterator[None]:
         torch.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-        for key, hooks in _global_hook_dicts().items():
+        for key, hooks in global_module_hooks().items():
             if key in global_hooks and hooks != global_hooks[key]:
                 hooks.clear()
                 hooks.update(global_hooks[key])
@@ -227,7 +233,7 @@ def components(t: Tensor) -> tuple[Tensor, ...]:
     """
     layout = t.layout
     if layout == torch.sparse_coo:
-        return (t._indices(), t._values())
+        return coo_parts(t)
     if layout in (torch.sparse_csr, torch.sparse_bsr):
         return (t.crow_indices(), t.col_indices(), t.values())
     if layout in (torch.sparse_csc, torch.sparse_bsc):
@@ -289,7 +295,7 @@ def named_buffers(model: nn.Module) -> list[tuple[str, Any]]:
     seen: set[int] = set()
     found = []
     for prefix, module in model.named_modules():
-        for name, value in module._buffers.items():
+        for name, value in module_buffers(module).items():
             if value is None or id(value) in seen:
                 continue
             seen.add(id(value))
@@ -333,7 +339,8 @@ def copy_model(model: nn.Module) -> nn.Module:
     memo: dict[int, Any] = {}
     held: list[Any] = []
     for m in model.modules():
-        values = [*m._parameters.values(), *m._buffers.values(), *vars(m).values()]
+        values = [*module_parameters(m).values(), *module_buffers(m).values(),
+                  *vars(m).values()]
         found = [v for v in values if isinstance(v, Tensor)]
         for obj in values:
             if not isinstance(obj, (Tensor, nn.Module)):

@@ -30,22 +30,31 @@ from typing import Any, Final
 import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule, Node
-from torch.utils._pytree import tree_leaves
 from torch_geometric.nn import MessagePassing
 
 from fxquant._ops.calls import OpCall, op_call
 from fxquant.fx.graph_utils import attr_of
 from fxquant.fx.locations import Location, stack_trace_location
-from fxquant.linter.recording import ZERO_DERIVATIVE_OPS
+from fxquant.linter.records import ZERO_DERIVATIVE_OPS
 from fxquant.linter.report import Finding, LintReport
-from fxquant.linter.rules import hint_for_inplace
+from fxquant.linter.rules import (
+    DATA_ATTRIBUTE,
+    FACTORY_WITHOUT_DEVICE,
+    INPLACE_MAYBE_SAVED,
+    INPLACE_MODIFIES_SAVED_TENSOR,
+    INPLACE_ON_LEAF,
+    NOT_VISIBLE,
+    ZERO_GRADIENT_OP,
+    hint_for_inplace,
+)
 from fxquant.linter.sites import built_at
 from fxquant.linter.state import copy_model, restored_state
+from fxquant.linter.torch_internals import tree_leaves, writes_first_argument
 
 __all__ = [
     "ALIASING",
-    "NOT_VISIBLE",
     "ORIGINAL_KEY",
+    "SYMBOLIC_NOTE",
     "aliases",
     "inplace_name",
     "lint_graph",
@@ -57,8 +66,8 @@ __all__ = [
 #: ``gm.meta`` key of the model a graph was traced from (its classes' source names the
 #: lines that built the modules a container runs).
 ORIGINAL_KEY: Final = "fxquant_traced_from"
-#: The FXQ010 note of a symbolic report.
-NOT_VISIBLE: Final = (
+#: The note (NOT_VISIBLE) of a symbolic report.
+SYMBOLIC_NOTE: Final = (
     "Linted the symbolic FX graph only: symbolic tracing records `x *= y` as an out-of-place "
     "mul, cannot trace `x[idx] = v`, turns factory calls such as `torch.arange` into "
     "constants and `.data` into a plain attribute, and does not know which values require "
@@ -86,14 +95,14 @@ def lint_graph(gm: GraphModule, *, note: bool = True) -> LintReport:
     order = {n: i for i, n in enumerate(nodes)}
     for node in nodes:
         if _is_data_access(node):
-            _add(report, "FXQ004", node,
+            _add(report, DATA_ATTRIBUTE.id, node,
                  f"`{_code(node)}` reads `.data`; if the tensor requires grad, in-place writes "
                  "through it bypass autograd and give silently wrong gradients.",
-                 "use .detach() (autograd still checks writes) or `with torch.no_grad():`")
+                 DATA_ATTRIBUTE.hint)
         elif node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
             value = attr_of(gm, str(node.target))
             if isinstance(value, Tensor) and value.dim() > 0:
-                _add(report, "FXQ005", node,
+                _add(report, FACTORY_WITHOUT_DEVICE.id, node,
                      f"a {tuple(value.shape)} tensor created in forward was frozen into the "
                      f"graph as a constant on {value.device}; it will not follow .to(device).",
                      "create it with device=x.device, dtype=x.dtype from a tensor it meets, or "
@@ -103,7 +112,7 @@ def lint_graph(gm: GraphModule, *, note: bool = True) -> LintReport:
             _check_inplace(gm, report, node, written, order)
     _check_zero_derivative(gm, report, nodes)
     if note:
-        report.add(Finding("FXQ010", "graph", None, NOT_VISIBLE,
+        report.add(Finding(NOT_VISIBLE.id, "graph", None, SYMBOLIC_NOTE,
                            "pass example inputs, or only their shapes: fxquant.lint(model, "
                            "fxquant.ShapeSpec((N, F))); in the CLI, --input x=N,F"))
     return report
@@ -157,13 +166,7 @@ def inplace_name(name: str) -> bool:
     if not name.endswith("_") or name.startswith("_") or name in _NOT_VALUE_WRITES:
         return False
     op = getattr(torch.ops.aten, name, None)
-    if op is None:
-        return False
-    for overload in op.overloads():
-        arguments = getattr(op, overload)._schema.arguments
-        if arguments and arguments[0].alias_info is not None and arguments[0].alias_info.is_write:
-            return True
-    return False
+    return op is not None and writes_first_argument(op)
 
 
 def written_value(gm: GraphModule, node: Node) -> Node | None:
@@ -206,7 +209,7 @@ def aliases(value: Node) -> set[Node]:
 def _check_inplace(gm: GraphModule, report: LintReport, node: Node, written: Node,
                    order: dict[Node, int]) -> None:
     if written.op == "get_attr" and isinstance(attr_of(gm, str(written.target)), nn.Parameter):
-        _add(report, "FXQ003", node,
+        _add(report, INPLACE_ON_LEAF.id, node,
              f"`{_code(node)}` writes in place into the parameter {written.target!r}, a leaf "
              "that requires grad; autograd raises.",
              "modify parameters under `with torch.no_grad():`, or compute out of place")
@@ -225,7 +228,7 @@ def _check_inplace(gm: GraphModule, report: LintReport, node: Node, written: Nod
                 continue
             saved = saves(gm, op, alias if role == "input" else None)
             if saved:
-                _add(report, "FXQ001", node,
+                _add(report, INPLACE_MODIFIES_SAVED_TENSOR.id, node,
                      f"`{_code(node)}` writes in place into a value that `{op.name}` saved "
                      f"for backward (its {role}); backward fails with 'modified by an inplace "
                      "operation'.",
@@ -237,10 +240,9 @@ def _check_inplace(gm: GraphModule, report: LintReport, node: Node, written: Nod
                 unknown.append(op)
     if unknown:
         names = ", ".join(sorted({u.name for u in unknown}))
-        _add(report, "FXQ011", node,
+        _add(report, INPLACE_MAYBE_SAVED.id, node,
              f"`{_code(node)}` writes in place into a value that {names} may have saved for "
-             "backward; the symbolic graph cannot tell.",
-             "lint with example inputs (fxquant.lint(model, *inputs)), or write out of place")
+             "backward; the symbolic graph cannot tell.", INPLACE_MAYBE_SAVED.hint)
 
 
 def _module_op(gm: GraphModule, node: Node) -> str:
@@ -387,17 +389,15 @@ def _check_zero_derivative(gm: GraphModule, report: LintReport, nodes: list[Node
         if point is not None:
             if point.zero_gradient:
                 name = point.arguments.get("name") or n.name
-                _add(report, "FXQ007", n,
+                _add(report, ZERO_GRADIENT_OP.id, n,
                      f"the fxquant {point.op} at {name} uses grad='zero' (the true derivative "
                      "of rounding): parameters upstream receive zero gradient through it.",
                      "use grad='ste' (straight-through) to train through rounding")
         elif _zero_derivative(n):
-            _add(report, "FXQ007", n,
+            _add(report, ZERO_GRADIENT_OP.id, n,
                  f"`{_code(n)}` ({node_op_name(n) or n.target}) has zero derivative almost everywhere "
                  "and lies between parameters and the output: parameters upstream receive zero "
-                 "gradient through it.",
-                 "simulate precision with fxquant.truncate (straight-through gradient), or "
-                 "use a straight-through estimator: x + (f(x) - x).detach()")
+                 "gradient through it.", ZERO_GRADIENT_OP.hint)
 
 
 def _fxquant_call(gm: GraphModule, node: Node) -> OpCall | None:

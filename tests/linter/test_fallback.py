@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fxquant
-from fxquant.linter import recording
+from fxquant.linter import recorder, torch_modes
 from tests.support.lint_models import NoHooksBlock, Raises
 
 TOOLS = [fxquant.lint, fxquant.check]
@@ -43,7 +43,7 @@ def test_a_failing_instrument_is_dropped(monkeypatch, tool):
     def broken(self, func, types, args=(), kwargs=None):
         raise RuntimeError("an instrument of fxquant failed")
 
-    monkeypatch.setattr(recording._DispatchMode, "__torch_dispatch__", broken)
+    monkeypatch.setattr(torch_modes.DispatchMode, "__torch_dispatch__", broken)
     report = tool(torch.nn.Linear(3, 3), torch.randn(2, 3))
     assert not report.errors
     note = _note(report)
@@ -55,7 +55,7 @@ def test_an_error_in_the_analysis_is_a_note(monkeypatch, tool):
     def broken(self, out):
         raise TypeError("analysis bug")
 
-    monkeypatch.setattr(recording.Recorder, "report_zero_grad", broken)
+    monkeypatch.setattr(recorder.Recorder, "report_zero_grad", broken)
     report = tool(torch.nn.Linear(3, 3), torch.randn(2, 3))
     assert not report.errors
     (note,) = report.findings

@@ -400,26 +400,28 @@ def test_hidden_write_is_refused_naming_the_line():
 def test_a_rewrite_that_differs_is_never_returned(monkeypatch):
     """Break the rewriter (drop every write-back): verification catches it, the captured
     forward is used instead; break that too: FunctionalizeError, not a wrong model."""
-    from fxquant.linter import functionalize as fz
+    import fxquant.linter.functionalize.capture as capturing
+    import fxquant.linter.functionalize.rewrite as rewriting
 
     x = torch.randn(5, 4)
     make = lambda: _seeded(Lin(slice_write_read_through_base))  # noqa: E731
-    monkeypatch.setattr(fz, "scatter_view", lambda base, index, value: base)
+    monkeypatch.setattr(rewriting, "scatter_view", lambda base, index, value: base)
     gm = fxquant.functionalize_inplace(make(), x)
     assert gm.meta[HOW_KEY] == "captured"
-    monkeypatch.setattr(fz, "_copy_functional", lambda self, src: self)
+    monkeypatch.setattr(capturing, "copy_functional", lambda self, src: self)
     monkeypatch.setattr(torch.func, "functionalize", lambda f, remove: f)
     with pytest.raises(FunctionalizeError, match="does not match the original"):
         fxquant.functionalize_inplace(make(), x)
 
 
 def test_outputs_that_lose_requires_grad_are_caught(monkeypatch):
-    from fxquant.linter import functionalize as fz
+    import fxquant.linter.functionalize.inplace as steps
+    import fxquant.linter.functionalize.rewrite as rewriting
 
     x = torch.randn(5, 4)
-    real = fz.keep_dtype
-    monkeypatch.setattr(fz, "keep_dtype", lambda new, old: real(new, old).detach())
-    monkeypatch.setattr(fz, "_capture", lambda *a: (_ for _ in ()).throw(RuntimeError("off")))
+    real = rewriting.keep_dtype
+    monkeypatch.setattr(rewriting, "keep_dtype", lambda new, old: real(new, old).detach())
+    monkeypatch.setattr(steps, "capture", lambda *a: (_ for _ in ()).throw(RuntimeError("off")))
     with pytest.raises(FunctionalizeError, match="requires_grad"):
         fxquant.functionalize_inplace(_seeded(Lin(masked_fill_saved)), x)
 
@@ -711,3 +713,14 @@ def test_captured_rewrites_keep_the_in_place_writes_the_user_asked_for():
     written = [r.location.code for r in gm.meta[REWRITES_KEY]]
     assert "return F.relu(self.act(y), inplace=True)" in written
     assert all("inplace=True" in code for code in written), written
+
+
+def test_models_saved_before_the_steps_had_modules_of_their_own_still_load():
+    """A pickled GraphModule imports what its graph calls from the module that defined it
+    when it was saved, ``fxquant.linter.functionalize``: every such name is still there."""
+    names = ("setitem_on_copy", "inplace_on_copy", "call_on_copy", "keep_dtype", "view_index",
+             "scatter_view", "gather_view", "without_grad", "_copy_functional", "CapturedMode")
+    namespace: dict = {}
+    exec("\n".join(f"from fxquant.linter.functionalize import {n} as {n}" for n in names),
+         namespace)
+    assert all(callable(namespace[n]) for n in names)

@@ -79,7 +79,7 @@ def test_check_leaves_no_wrapper_on_a_parameters_hook():
     import gc
     import weakref
 
-    from fxquant.linter import recording
+    from fxquant.linter import recorder
 
     class Hooked(nn.Module):
         def __init__(self):
@@ -94,18 +94,18 @@ def test_check_leaves_no_wrapper_on_a_parameters_hook():
             return self.lin(x)
 
     alive = []
-    init = recording.Recorder.__init__
+    init = recorder.Recorder.__init__
 
     def tracked(self, *args, **kwargs):
         alive.append(weakref.ref(self))
         init(self, *args, **kwargs)
 
     model = Hooked()
-    recording.Recorder.__init__ = tracked
+    recorder.Recorder.__init__ = tracked
     try:
         fxquant.check(model, torch.randn(3, 4))
     finally:
-        recording.Recorder.__init__ = init
+        recorder.Recorder.__init__ = init
     gc.collect()
     assert alive and not [r for r in alive if r() is not None]
     assert all("guarded" not in getattr(h, "__qualname__", "")

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import fxquant
 from tests.support.lint_models import DataScale, DetachAdd, FillLeaf, LegalInplace, Raises
@@ -64,6 +65,32 @@ def test_leaked_function_mode_is_popped(run):
     stack = list(_get_current_function_mode_stack())
     run(_LeavesModeAndRaises(), torch.ones(3, 2))
     assert list(_get_current_function_mode_stack()) == stack
+
+
+class _PassThrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _LeavesDispatchMode(nn.Module):
+    """A forward that enters a dispatch mode and never leaves it (it runs on)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        _PassThrough().__enter__()
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_leaked_dispatch_mode_is_popped(run):
+    """The mode is popped, and the forward (which runs) is clean: no note of fxquant's own
+    failure, no exception."""
+    stack = list(_get_current_dispatch_mode_stack())
+    assert not run(_LeavesDispatchMode(), torch.ones(3, 2)).findings
+    assert list(_get_current_dispatch_mode_stack()) == stack
 
 
 class _Mutates(nn.Module):
