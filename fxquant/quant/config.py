@@ -43,9 +43,9 @@ from torch_geometric.nn import MessagePassing
 
 from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind, warn_renamed
 from fxquant.formats import Format, IntFormat, Number, TopN, parse
+from fxquant.fx.degree import in_degree
 from fxquant.fx.selectors import layer_name, layer_names, matches, unknown_layer
 from fxquant.modes import Grad, Rounding, Scale
-from fxquant.quant.nodes import as_index
 
 __all__ = [
     "NodeBits",
@@ -467,8 +467,7 @@ class NodeBits:
                 or not all(isinstance(b, int) and not isinstance(b, bool) for b in bits):
             raise FxquantValueError("NodeBits.by_degree: give increasing quantiles in (0, 1) and one "
                              f"more bit-width (an int) than quantiles; got {quantiles!r}, {bits!r}")
-        degree = torch.zeros(num_nodes).index_add_(
-            0, as_index(edge_index[1].cpu()), torch.ones(edge_index.shape[1]))
+        degree = in_degree(edge_index.cpu(), num_nodes)
         cuts = torch.quantile(degree, torch.tensor(list(quantiles), dtype=torch.float32))
         bucket = torch.bucketize(degree, cuts)  # above a quantile: strictly greater
         return cls(torch.tensor(list(bits), dtype=torch.float32)[bucket], False, min_bits,

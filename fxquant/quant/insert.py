@@ -125,7 +125,7 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
             parts = list(first) if isinstance(first, (tuple, list)) else [first]
             rounded: list[Any] = []
             moved: set[Node] = set()
-            for part in parts:
+            for i, part in enumerate(parts):
                 if not isinstance(part, Node):
                     rounded.append(part)
                     continue
@@ -133,10 +133,14 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
                 if part in moved:  # the same tensor twice, e.g. (x, x)
                     rounded.append(part)
                     continue
-                source = _dropout_source(gm, part, node, extra)
+                # in-degrees are the target nodes': the source side of a bipartite pair
+                # aggregates nothing in this layer, so protection has no degree to draw from
+                # there and rounds every source row (as evaluation does)
+                degrees = () if len(parts) == 2 and i == 0 and parts[1] is not part else extra
+                source = _dropout_source(gm, part, node, degrees)
                 with graph.inserting_before(part if source is not None else node):
                     new = graph.call_module(name, (source if source is not None else part,
-                                                   *extra))
+                                                   *degrees))
                 _annotate(new, node, layer, p.site)
                 if source is not None:  # rounds what the dropout receives
                     part.args = (new, *part.args[1:])

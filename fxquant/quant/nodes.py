@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch_geometric.utils import degree
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.fx.degree import in_degree
 
 __all__ = ["LayerMasks", "NodeIds", "as_index", "lookup", "new_masks", "set_node_ids",
            "top_degree_nodes"]
@@ -164,7 +164,7 @@ def top_degree_nodes(
                          f"{num_nodes}")
     if num_nodes == 0:
         return torch.empty(0, dtype=torch.long, device=edge_index.device)
-    deg = degree(as_index(edge_index[1]), num_nodes, dtype=torch.long)
+    deg = in_degree(edge_index, num_nodes, dtype=torch.long)
     k = max(1, round(fraction * num_nodes))
     # A stable sort on -degree keeps lower ids first among equal degrees.
     order = torch.sort(-deg, stable=True).indices

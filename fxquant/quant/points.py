@@ -24,6 +24,7 @@ from fxquant._ops.quantize import int_scale
 from fxquant._ops.version import NUMERICS
 from fxquant.errors import FxquantIndexError, FxquantTypeError, FxquantValueError
 from fxquant.formats import IntFormat, TopN
+from fxquant.fx.degree import in_degree
 from fxquant.modes import Grad, Rounding
 from fxquant.quant._last import LastInput
 from fxquant.quant._probe import PROBING
@@ -32,20 +33,11 @@ from fxquant.quant.lsq import lsq_round, lsq_round_features, lsq_round_stochasti
 from fxquant.quant.nodes import LayerMasks, NodeIds, lookup
 from fxquant.quant.observers import RangeObserver
 
-__all__ = ["QuantPoint", "in_degree", "refit_steps", "share_bits", "share_step"]
+__all__ = ["QuantPoint", "refit_steps", "share_bits", "share_step"]
 
 #: values (a strided sample) and candidate steps the learned step starts from
 INIT_SAMPLE = 1 << 16
 INIT_CANDIDATES = 64
-
-
-def in_degree(edge_index: Tensor, num_nodes: int, like: Tensor) -> Tensor:
-    """In-degree of each node (``edge_index[1]`` counts), as floats on ``like``'s device;
-    a fixed-size scatter, so it compiles without data-dependent shapes."""
-    target = edge_index[1]
-    ones = torch.ones(target.shape[0], dtype=torch.float32, device=like.device)
-    return torch.zeros(num_nodes, dtype=torch.float32, device=like.device).index_add(
-        0, target, ones)
 
 
 class _ClampInward(torch.autograd.Function):
@@ -346,7 +338,7 @@ class QuantPoint(nn.Module):
             self._warn_unfitted()
         num_nodes = x.shape[0] if x.dim() else 1
         if node_degree is None and edge_index is not None and self.config.protect is not None:
-            node_degree = in_degree(edge_index, num_nodes, x)
+            node_degree = in_degree(edge_index, num_nodes)
         if node_degree is not None:
             num_nodes = node_degree.shape[0]
         context = self.__dict__["_node_ids"]

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.fx import GraphModule, Node
 
 from fxquant.errors import FxquantValueError
+from fxquant.fx.degree import in_degree
 from fxquant.fx.selectors import layer_name
 from fxquant.fx.tracer import trace
 from fxquant.quant import NodeBits, QuantConfig, QuantMapping, bit_report, quantize, share_bits
@@ -478,8 +479,7 @@ class BudgetBits(_BitsRecipe):
         # a spread of half a bit orders the nodes, so that the projection can fill the
         # budget between two whole widths (equal widths would all round alike)
         if self.init == "degree" and message:  # messages into hubs lowest
-            degree = torch.zeros(n).index_add_(0, data.edge_index[1].cpu(),
-                                               torch.ones(data.edge_index.shape[1]))
+            degree = in_degree(data.edge_index.cpu(), n)
             order = degree.argsort(stable=True).argsort().float() / max(n - 1, 1)
         else:
             order = torch.rand(n, generator=torch.Generator().manual_seed(n))
