@@ -1,6 +1,6 @@
 """Round to a number format, with optional scaling: the ``fxquant::quantize`` op.
 
-Numbers (:mod:`fxquant.formats`): minifloats (:class:`~fxquant.formats.Format`), integers
+AnyFormats (:mod:`fxquant.formats`): minifloats (:class:`~fxquant.formats.Format`), integers
 (:class:`~fxquant.formats.IntFormat`) and top-N truncation (:class:`~fxquant.formats.TopN`,
 which calls the truncation kernels). float32, float16 and bfloat16 inputs are computed in
 float32, float64 inputs in float64; nothing is ever widened beyond that.
@@ -27,6 +27,12 @@ along the last dim, ``factor = 2**(emax - floor(log2 amax_block))`` (an E8M0 sca
 exponent clamped to [-127, 127]) and overflow saturates. A result past the input dtype's
 range (float16: a scaled value rounded up, then divided back) saturates at the dtype's
 largest finite value for formats without inf, and is inf for formats with inf.
+
+**Formats and scales of one's own** (:class:`~fxquant.formats.CustomFormat`,
+:class:`~fxquant.modes.ScaleKind`, registered): a custom format rounds where a minifloat
+does (its own ``round``, with the same scaling, infinite inputs saturating unless it has
+inf, NaN kept); a custom scale's ``bounds`` give each group's range, turned into scales
+as for the built-in kinds. Both take the whole-tensor path (no chunks).
 
 **Integers** (``y`` read as ``round(x / scale)`` clamped to ``[qmin, qmax]``, times
 ``scale``), as ``torch.fake_quantize_per_tensor_affine`` computes them (which eager
@@ -59,8 +65,8 @@ from fxquant._ops.layouts import FloatLayout, layout_of
 from fxquant._ops.rows import row_mask
 from fxquant._ops.truncate import check_bits, truncate_values
 from fxquant.errors import FxquantValueError, same_kind
-from fxquant.formats import PRESETS, Format, IntFormat, Number, TopN, parse
-from fxquant.modes import Grad, Rounding, Scale, op_grad
+from fxquant.formats import PRESETS, AnyFormat, CustomFormat, Format, IntFormat, TopN, parse
+from fxquant.modes import AnyScale, Grad, Rounding, Scale, ScaleKind, op_grad
 
 __all__ = [
     "ARGS",
@@ -305,7 +311,7 @@ def _exponent(t: Tensor) -> Tensor:
     return (t.view(layout.int_dtype) >> layout.man_bits) - _BIAS[layout.width]
 
 
-def _format_factor(amax: Tensor, fmt: Format, mode: Scale) -> Tensor:
+def _format_factor(amax: Tensor, fmt: Format | CustomFormat, mode: AnyScale) -> Tensor:
     """``max_finite / amax`` where amax is positive and finite, else 1; capped at the largest
     power of two of the dtype; floored to a power of two for ``-pow2`` modes."""
     dtype = amax.dtype
@@ -333,7 +339,7 @@ def _mx_factor(amax: Tensor, emax: int) -> Tensor:
     return _pow2(h1, layout, amax.dtype) * _pow2(-shared - h1, layout, amax.dtype)
 
 
-def int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tensor | None]:
+def int_scale(bounds: Tensor, fmt: IntFormat, mode: AnyScale) -> tuple[Tensor, Tensor | None]:
     """``(scale, zero_point)`` of an integer format from ``(lo, hi)`` bounds."""
     lo, hi = bounds[..., 0], bounds[..., 1]
     zero_point = None
@@ -364,18 +370,18 @@ def int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tens
 # -- the whole op, on one chunk or one tensor -------------------------------------------------
 
 
-def _scaled(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+def _scaled(x: Tensor, fmt: Format | IntFormat | CustomFormat, rounding: str, mode: AnyScale,
             bounds: Tensor | None, noise: Tensor | None) -> Tensor:
     """Quantize ``x`` (compute dtype) whose rows or blocks line up with ``bounds``."""
-    if isinstance(fmt, Format):
+    if isinstance(fmt, (Format, CustomFormat)):
         if mode is Scale.NONE:
-            return round_float(x, fmt, rounding, noise)
+            return _round_values(x, fmt, rounding, noise)
         assert bounds is not None
         amax = _amax(bounds)
         factor = _mx_factor(amax, fmt.emax) if mode.per_block else _format_factor(amax, fmt, mode)
         factor = _broadcast(factor, x, mode)
-        target = _saturating(fmt) if mode.per_block else fmt  # MX saturates
-        return round_float(x * factor, target, rounding, noise) / factor
+        target = _saturating(fmt) if mode.per_block and isinstance(fmt, Format) else fmt
+        return _round_values(x * factor, target, rounding, noise) / factor
     if mode is Scale.NONE:
         return torch.where(_isnan(x), x, round_int(x, fmt, rounding, noise))
     assert bounds is not None
@@ -388,8 +394,23 @@ def _scaled(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
     return torch.where(_isnan(x), x, out)
 
 
-def _broadcast(per: Tensor, x: Tensor, mode: Scale) -> Tensor:
-    """A per-tensor, per-row or per-block value shaped to broadcast against ``x``."""
+def _round_values(y: Tensor, fmt: Format | CustomFormat, rounding: str,
+                  noise: Tensor | None) -> Tensor:
+    """:func:`round_float`, or a custom format's own ``round`` with the rules every format
+    keeps: NaN stays NaN, an infinity saturates where the format has none (MX blocks
+    saturate every format)."""
+    if isinstance(fmt, Format):
+        return round_float(y, fmt, rounding, noise)
+    r = fmt.round(y, rounding, noise)
+    if not fmt.has_inf:
+        big = torch.full_like(y, _finite(fmt.max_finite, y.dtype))
+        r = torch.where(y.abs() == math.inf, torch.copysign(big, y), r)
+    return torch.where(_isnan(y), y, r)
+
+
+def _broadcast(per: Tensor, x: Tensor, mode: AnyScale) -> Tensor:
+    """A per-tensor, per-row or per-block value shaped to broadcast against ``x`` (a
+    registered scale kind's already is)."""
     if mode.per_row:
         return per.view((x.shape[0],) + (1,) * (x.dim() - 1))
     if mode.per_block:
@@ -420,7 +441,7 @@ def _noise(shape: torch.Size, dtype: torch.dtype, device: torch.device,
     return torch.rand(shape, dtype=dtype, device=device, generator=generator)
 
 
-def _whole(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+def _whole(x: Tensor, fmt: Format | IntFormat | CustomFormat, rounding: str, mode: AnyScale,
            bounds: Tensor | None, generator: torch.Generator | None, sync: bool = True) -> Tensor:
     """The op on the whole tensor at once: what the decomposition compiles (``sync=False``:
     no value is read back to the host)."""
@@ -436,13 +457,16 @@ def _whole(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
         out = _unblock(_scaled(blocks, fmt, rounding, mode,
                                block_bounds if bounds is None else bounds, noise), xc)
     else:
-        if mode is not Scale.NONE and bounds is None:
+        if isinstance(mode, ScaleKind):
+            bounds = mode.bounds(xc).to(compute)
+        elif mode is not Scale.NONE and bounds is None:
             bounds = bounds_of(xc, mode.per_row, sync)
         out = _scaled(xc, fmt, rounding, mode, bounds, noise)
     return _to_dtype(out, fmt, x.dtype, mode is not Scale.NONE, x, sync)
 
 
-def _to_dtype(out: Tensor, fmt: Format | IntFormat, dtype: torch.dtype, scaled: bool,
+def _to_dtype(out: Tensor, fmt: Format | IntFormat | CustomFormat, dtype: torch.dtype,
+              scaled: bool,
               x: Tensor, sync: bool = True) -> Tensor:
     """``out`` in the input's dtype ``x.dtype``, never inf from a finite input by accident.
 
@@ -452,7 +476,8 @@ def _to_dtype(out: Tensor, fmt: Format | IntFormat, dtype: torch.dtype, scaled: 
     narrower input dtype may not hold the format's largest value: formats without inf
     saturate there, formats with inf overflow to it (as a cast does).
     """
-    ieee = isinstance(fmt, Format) and fmt.special == "ieee"
+    ieee = (isinstance(fmt, Format) and fmt.special == "ieee") or (
+        isinstance(fmt, CustomFormat) and fmt.has_inf)
     if scaled or (not ieee and out.dtype != dtype):
         big = torch.finfo(dtype).max
         # In place on the fresh output in eager; out of place where the compiler traces.
@@ -604,12 +629,13 @@ def _fp8_table(dtype: torch.dtype, device: torch.device) -> Tensor | None:
     return torch.arange(256, dtype=torch.uint8, device=device).view(dtype).to(torch.float32)
 
 
-def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+def _eager(x: Tensor, fmt: Format | IntFormat | CustomFormat, rounding: str, mode: AnyScale,
            bounds: Tensor | None, generator: torch.Generator | None) -> Tensor:
     """The same values as :func:`_whole`, computed into one output buffer: the scaling and
     integer steps in place on it, the float rounding in chunks (so temporaries stay small
     and the allocator reuses them). Extra memory: the output and a few chunks."""
-    if x.device.type == "meta":
+    if x.device.type == "meta" or isinstance(fmt, CustomFormat) \
+            or isinstance(mode, ScaleKind):
         return _whole(x, fmt, rounding, mode, bounds, generator)
     compute = _COMPUTE[x.dtype]
     xc = (x if x.dtype == compute else x.to(compute)).contiguous()
@@ -716,7 +742,7 @@ def _finish_codes(out: Tensor, fmt: IntFormat, scale: Tensor | None,
         out.mul_(scale)
 
 
-def quantize_values(x: Tensor, fmt: Number, rounding: str, scale: str = "none",
+def quantize_values(x: Tensor, fmt: AnyFormat, rounding: str, scale: str = "none",
                     bounds: Tensor | None = None,
                     generator: torch.Generator | None = None) -> Tensor:
     """The eager numerics without checks or autograd (arguments already validated)."""
@@ -737,8 +763,8 @@ def _where(name: str) -> str:
     return f"fxquant.quantize (quantization point {name!r})" if name else "fxquant.quantize"
 
 
-def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_format: str,
-           grad_format: str, name: str, bounds: Tensor | None = None) -> tuple[Number, Number | None]:
+def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, override_format: str,
+           grad_format: str, name: str, bounds: Tensor | None = None) -> tuple[AnyFormat, AnyFormat | None]:
     where = _where(name)
     what = f"the input of quantization point {name!r}" if name else "x"
     layout = layout_of(x.dtype, what)
@@ -752,7 +778,7 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
             "scale='tensor' for a 1-D tensor."
         )
     numbers = []
-    for arg, spec in (("format", format), ("rows_format", rows_format),
+    for arg, spec in (("format", format), ("override_format", override_format),
                       ("grad_format", grad_format)):
         if not spec:
             continue
@@ -773,18 +799,20 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
                          f"truncation ({main.spec()})")
     if bounds is not None:
         expected = (x.shape[0], 2) if mode.per_row else (2,)
-        if mode is Scale.NONE or mode.per_block or tuple(bounds.shape) != expected:
-            raise FxquantValueError(f"{where}: bounds must have shape {expected} for scale={scale!r} "
-                             f"(got {tuple(bounds.shape)}); block scales come from the data")
-    return main, parse(rows_format) if rows_format else None
+        if mode is Scale.NONE or mode.per_block or isinstance(mode, ScaleKind) \
+                or tuple(bounds.shape) != expected:
+            raise FxquantValueError(
+                f"{where}: bounds must have shape {expected} for scale={scale!r} (got "
+                f"{tuple(bounds.shape)}); block scales and registered scales come from the data")
+    return main, parse(override_format) if override_format else None
 
 
 # -- the registered op ------------------------------------------------------------------------
 
 _SCHEMA: Final = (
     "(Tensor x, str format, str rounding='nearest', str scale='none', str grad='ste', "
-    "Generator? generator=None, Tensor? bounds=None, Tensor? rows=None, str rows_format='', "
-    "str grad_format='', str name='', str numerics='') -> Tensor"
+    "Generator? generator=None, Tensor? bounds=None, Tensor? override_rows=None, "
+    "str override_format='', str grad_format='', str name='', str numerics='') -> Tensor"
 )
 
 
@@ -796,17 +824,19 @@ def _quantize_impl(
     grad: str = "ste",
     generator: torch.Generator | None = None,
     bounds: Tensor | None = None,
-    rows: Tensor | None = None,
-    rows_format: str = "",
+    override_rows: Tensor | None = None,
+    override_format: str = "",
     grad_format: str = "",
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
-    fmt, rows_fmt = _check(x, format, rounding, scale, grad, rows_format, grad_format, name, bounds)
+    fmt, override_fmt = _check(x, format, rounding, scale, grad, override_format, grad_format,
+                               name, bounds)
     y = quantize_values(x, fmt, rounding, scale, bounds, generator)
-    if rows is not None and rows_fmt is not None:
-        mask = row_mask(rows, x, _where(name))
-        y = torch.where(mask, quantize_values(x, rows_fmt, rounding, scale, bounds, generator), y)
+    if override_rows is not None and override_fmt is not None:
+        mask = row_mask(override_rows, x, _where(name))
+        y = torch.where(mask, quantize_values(x, override_fmt, rounding, scale, bounds,
+                                              generator), y)
     return y
 
 
@@ -825,15 +855,15 @@ def _(
     grad: str = "ste",
     generator: torch.Generator | None = None,
     bounds: Tensor | None = None,
-    rows: Tensor | None = None,
-    rows_format: str = "",
+    override_rows: Tensor | None = None,
+    override_format: str = "",
     grad_format: str = "",
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
-    _check(x, format, rounding, scale, grad, rows_format, grad_format, name, bounds)
-    if rows is not None:
-        row_mask(rows, x, _where(name))
+    _check(x, format, rounding, scale, grad, override_format, grad_format, name, bounds)
+    if override_rows is not None:
+        row_mask(override_rows, x, _where(name))
     return torch.empty_like(x)
 
 
@@ -870,45 +900,45 @@ def _decomposed(
     grad: str = "ste",
     generator: torch.Generator | None = None,
     bounds: Tensor | None = None,
-    rows: Tensor | None = None,
-    rows_format: str = "",
+    override_rows: Tensor | None = None,
+    override_format: str = "",
     grad_format: str = "",
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
     """What inductor compiles: the per-element functions on the whole tensor, fused."""
-    fmt, rows_fmt = parse(format), parse(rows_format) if rows_format else None
+    fmt, override_fmt = parse(format), parse(override_format) if override_format else None
     if rounding == Rounding.STOCHASTIC:
-        return torch.ops.fxquant._stochastic_quantize(x, format, scale, bounds, rows,
-                                                       rows_format, name)
+        return torch.ops.fxquant._stochastic_quantize(x, format, scale, bounds, override_rows,
+                                                       override_format, name)
 
-    def one(number: Number) -> Tensor:
+    def one(number: AnyFormat) -> Tensor:
         if isinstance(number, TopN):
             return torch.ops.fxquant.truncate.default(x, number.bits, rounding)
         given = None if bounds is None else bounds.to(_COMPUTE[x.dtype])
         return _whole(x, number, rounding, Scale.parse(scale), given, None, sync=False)
 
     y = one(fmt)
-    if rows is not None and rows_fmt is not None:
-        y = torch.where(row_mask(rows, x, _where(name)), one(rows_fmt), y)
+    if override_rows is not None and override_fmt is not None:
+        y = torch.where(row_mask(override_rows, x, _where(name)), one(override_fmt), y)
     return y
 
 
 @torch.library.custom_op(
     "fxquant::_stochastic_quantize", mutates_args=(),
-    schema="(Tensor x, str format, str scale, Tensor? bounds, Tensor? rows, str rows_format, "
-           "str name) -> Tensor",
+    schema="(Tensor x, str format, str scale, Tensor? bounds, Tensor? override_rows, "
+           "str override_format, str name) -> Tensor",
 )
 def _stochastic_quantize(x: Tensor, format: str, scale: str, bounds: Tensor | None,
-                         rows: Tensor | None, rows_format: str, name: str) -> Tensor:
+                         override_rows: Tensor | None, override_format: str, name: str) -> Tensor:
     """The eager stochastic kernel as an op without a decomposition, for compiled graphs."""
-    return _quantize_impl(x, format, "stochastic", scale, "ste", None, bounds, rows, rows_format,
-                          "", name)
+    return _quantize_impl(x, format, "stochastic", scale, "ste", None, bounds, override_rows,
+                          override_format, "", name)
 
 
 @_stochastic_quantize.register_fake
-def _(x: Tensor, format: str, scale: str, bounds: Tensor | None, rows: Tensor | None,
-      rows_format: str, name: str) -> Tensor:
+def _(x: Tensor, format: str, scale: str, bounds: Tensor | None, override_rows: Tensor | None,
+      override_format: str, name: str) -> Tensor:
     return torch.empty_like(x)
 
 

@@ -293,14 +293,14 @@ class QuantPoint(nn.Module):
             assert isinstance(c.format, TopN)
             args.update(bits=c.format.bits, grad=c.grad.value, name=self.name)
             if extra is not None:
-                args["rows_bits"] = extra.bits
+                args["override_bits"] = extra.bits
             if c.grad_format is not None:
                 args["grad_bits"] = c.grad_format.bits
             return "truncate", args
         scale = "none" if c.range == "lsq" else c.scale.value
         grad = Grad.STE.value if c.grad is Grad.CLIPPED else c.grad.value  # see _round
         args.update(format=c.format.spec(), scale=scale, grad=grad,
-                    rows_format=_spec(extra), grad_format=_spec(c.grad_format), name=self.name)
+                    override_format=_spec(extra), grad_format=_spec(c.grad_format), name=self.name)
         return "quantize", args
 
     def op_call(self) -> OpCall:
@@ -385,11 +385,11 @@ class QuantPoint(nn.Module):
 
     def _round(self, x: Tensor, rows: Tensor | None, exclude: Tensor | None = None) -> Tensor:
         if self._op == "truncate":
-            return torch.ops.fxquant.truncate.default(x, rows=rows, numerics=NUMERICS, **self._args)
+            return torch.ops.fxquant.truncate.default(x, override_rows=rows, numerics=NUMERICS, **self._args)
         if self.log_step is not None:
             return self._lsq(x, rows)
         bounds = self.observer(x, exclude) if self.observer is not None else None
-        y = torch.ops.fxquant.quantize.default(x, bounds=bounds, rows=rows, numerics=NUMERICS,
+        y = torch.ops.fxquant.quantize.default(x, bounds=bounds, override_rows=rows, numerics=NUMERICS,
                                                **self._args)
         if self.config.grad is Grad.CLIPPED and bounds is not None and x.requires_grad:
             y = torch.where(self._clipped(x.detach(), bounds), y.detach(), y)
@@ -460,7 +460,7 @@ class QuantPoint(nn.Module):
                                    number.qmax, gain, number.offset)
         s = self._scaled_step(gain, x.dtype, self._top())
         y = torch.clamp(x / s, number.level(number.qmin), number.max_finite)
-        codes = torch.ops.fxquant.quantize.default(y, rows=rows, numerics=NUMERICS, **self._args)
+        codes = torch.ops.fxquant.quantize.default(y, override_rows=rows, numerics=NUMERICS, **self._args)
         return codes * s
 
     def _lsq_round(self, x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
