@@ -577,7 +577,7 @@ def as_format(value: object, arg: str = "format", max_bits: int = 64) -> AnyForm
         bits = value
     else:
         try:
-            parsed = parse(value)  # type: ignore[arg-type]
+            parsed = parse(value)
         except (ValueError, TypeError) as e:
             raise same_kind(e, f"{arg}: {e}") from e
         if not isinstance(parsed, TopN):

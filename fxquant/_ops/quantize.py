@@ -73,6 +73,7 @@ __all__ = [
     "SIGNATURE",
     "bounds_of",
     "finite_bounds",
+    "int_grid_scale",
     "int_scale",
     "quantize_values",
     "round_float",
@@ -365,6 +366,37 @@ def int_scale(bounds: Tensor, fmt: IntFormat, mode: AnyScale) -> tuple[Tensor, T
     if fmt.asymmetric:
         zero_point = torch.clamp(fmt.qmin - torch.round(lo / scale), fmt.qmin, fmt.qmax)
     return scale, zero_point
+
+
+def int_grid_scale(x: Tensor, fmt: IntFormat, scale: str | AnyScale,
+                   bounds: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """``(scale, zero_point)`` the op rounds ``x`` with on ``fmt``'s grid, shaped to
+    broadcast against ``x`` (per block: expanded to ``x``'s shape), in the compute dtype
+    (float32 for half-precision inputs); ``bounds`` as the op takes them (else from ``x``).
+
+    Example:
+        >>> int_grid_scale(torch.tensor([[1.0, -2.0], [0.5, 0.25]]), parse("int4"), "row")
+        (tensor([[0.2857],
+                [0.0714]]), None)
+    """
+    mode = Scale.parse(scale)
+    compute = _COMPUTE[x.dtype]
+    xc = x.to(compute)
+    if mode is Scale.NONE:
+        return torch.ones((), dtype=compute, device=x.device), None
+    if mode.per_block:
+        blocks = _blocks(xc)
+        step, zero_point = int_scale(_block_bounds(blocks, sync=True), fmt, mode)
+        def expand(t: Tensor) -> Tensor:
+            return _unblock(_broadcast(t, blocks, mode).expand_as(blocks), xc)
+        return expand(step), None if zero_point is None else expand(zero_point)
+    if isinstance(mode, ScaleKind):
+        bounds = mode.bounds(xc)
+    elif bounds is None:
+        bounds = bounds_of(xc, mode.per_row)
+    step, zero_point = int_scale(bounds.to(compute), fmt, mode)
+    return _broadcast(step, xc, mode), None if zero_point is None else \
+        _broadcast(zero_point, xc, mode)
 
 
 # -- the whole op, on one chunk or one tensor -------------------------------------------------

@@ -24,9 +24,12 @@ from torch.fx import GraphModule
 from fxquant.errors import FxquantFileNotFoundError, FxquantTypeError, FxquantValueError
 from fxquant.fx.tracer import LeafSpec
 from fxquant.quant.api import TRACE_KEY, transform
-from fxquant.quant.config import QuantConfig, QuantMapping
+from fxquant.quant.config import QuantConfig
 from fxquant.quant.describe import quantization_points
-from fxquant.quant.points import QuantPoint, share_bits, share_step
+from fxquant.quant.legacy import upgrade_point_keys
+from fxquant.quant.mapping import QuantMapping
+from fxquant.quant.points import QuantPoint
+from fxquant.quant.sharing import share_bits, share_step
 
 __all__ = ["FORMAT", "load", "save"]
 
@@ -63,7 +66,7 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
     calls = _layer_calls(gm)
     points = [{"name": name, "layer": p.layer, "site": p.site.value,
                "config": p.config.to_dict(),
-               "override": None if p.override_number is None else p.override_number.spec(),
+               "override": None if p.override is None else p.override.format.spec(),
                "step_source": p.__dict__.get("step_source"),
                "bits_source": p.__dict__.get("bits_source"),
                "node": calls.get(name)}
@@ -186,6 +189,9 @@ def load(path: str | os.PathLike[str], model: nn.Module,
             if p.get(key) is not None:
                 file.entry(p, key, str, where)
         names.append(p["name"])
+    state = dict(state)
+    for name in names:  # (files of 0.9.8 and earlier keep a point's state flat)
+        upgrade_point_keys(state, f"{name}.")
     mapping = QuantMapping()
     for p in points:
         # one call of a layer called several times: its node, as the saved model named it
@@ -200,7 +206,7 @@ def load(path: str | os.PathLike[str], model: nn.Module,
             raise FxquantValueError(f"fxquant.load: {path}: the config of point {p['name']!r} "
                                     f"cannot be read ({type(e).__name__}: {e}); {_EDITED}") from e
         if p.get("override") is not None:
-            nodes = file.entry(state, f"{p['name']}.override_nodes", torch.Tensor,
+            nodes = file.entry(state, f"{p['name']}.override.nodes", torch.Tensor,
                                "its 'state_dict' entry")
             try:
                 mapping.set_nodes(layer, nodes, p["override"], site=p["site"])

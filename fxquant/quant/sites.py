@@ -145,7 +145,8 @@ class QuantizedForward:
                 "needs one node set. Please use share='point' on this layer.")
         if isinstance(x, Tensor) and isinstance(edge_index, Tensor) and not edge_index.is_sparse \
                 and edge_index.dim() == 2:
-            self.drawer._node_mask(in_degree(edge_index, x.shape[0]))
+            assert self.drawer.protection is not None
+            self.drawer.protection.mask(in_degree(edge_index, x.shape[0]))
 
 
 class QuantizedLinear:

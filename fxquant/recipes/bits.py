@@ -149,7 +149,7 @@ def _share_tables(gm: GraphModule, shared_bits: str) -> None:
         return
     groups: dict[str, list[str]] = {}
     for name, point in points_of(gm):
-        if point.row_bits is not None:
+        if point.node_widths is not None and point.node_widths.learned:
             groups.setdefault(point.layer if shared_bits == "layer" else "", []).append(name)
     for members in groups.values():
         for name in members[1:]:
