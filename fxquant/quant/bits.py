@@ -159,12 +159,12 @@ def _table_nodes(points: list[tuple[str, QuantPoint]]) -> dict[str, int]:
 def _count(name: str, point: QuantPoint, table_nodes: int = 0, differentiable: bool = False,
            call: tuple[Any, Any] | None = None) -> tuple[SiteBits, Tensor | None]:
     """The point's bits in its last forward (or in ``call``, one of the calls
-    :func:`bit_report` logged: what ``last_rows`` and ``last_row_bits`` held then), with the
+    :func:`bit_report` logged: what ``last_rows`` and ``last_widths`` held then), with the
     storage of a per-node bit-width table for ``table_nodes`` nodes; with
     ``differentiable``, also the sum of the learned rows' bits as a tensor (for the
     penalty)."""
     last, node_bits = call if call is not None else (point.__dict__.get("last_rows"),
-                                                     point.__dict__["last_row_bits"])
+                                                     point.__dict__["last_widths"])
     assert isinstance(last, tuple)
     rows, width, _, override_rows = last
     config = point.config

@@ -77,6 +77,8 @@ def upgrade_pickled_point(point: nn.Module) -> None:
         override.nodes = nodes
         override.table = table_mask if table_mask is not None else override.table.to(nodes.device)
         override.max_index = max_index
+    state.pop("last_row_bits", None)  # (what the last forward did: not state)
+    state["last_widths"] = None
     masks = state.pop("_masks", None)
     protection = ProtectiveMask.from_config(config, state["layer"])
     if protection is not None and masks is not None:

@@ -121,7 +121,7 @@ class QuantPoint(nn.Module):
         self.__dict__["_node_ids"] = None  # the GraphModule's NodeIds, shared by all points
         #: bits of each row in the last forward (with the values per row), for the bit
         #: report and :func:`fxquant.bit_penalty`; not state
-        self.__dict__["last_row_bits"] = None
+        self.__dict__["last_widths"] = None
         self.__dict__["last_rows"] = None
         self.__dict__["raw_input"] = False  # rounds the model's own input (set by the pass)
         self._op, self._args = self._op_arguments()
@@ -129,7 +129,7 @@ class QuantPoint(nn.Module):
     #: what the last forward did (for the bit report and the penalty), not state: a copy
     #: starts without it (the bit-widths hold the autograd graph of that forward, which
     #: ``copy.deepcopy`` refuses to copy and pickling would carry along)
-    _TRANSIENT = ("last_row_bits", "last_rows")
+    _TRANSIENT = ("last_widths", "last_rows")
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -292,7 +292,7 @@ class QuantPoint(nn.Module):
             y = self._round(x, rows, keep if unprotected else None)
         calls = self.__dict__.get("calls")
         if calls is not None:  # every call of fxquant.bit_report's forward is counted
-            calls.append((self.__dict__["last_rows"], self.__dict__["last_row_bits"]))
+            calls.append((self.__dict__["last_rows"], self.__dict__["last_widths"]))
         if keep is not None:
             if torch.compiler.is_compiling() or x.dim() == 0:  # fused by inductor
                 y = torch.where(keep.view((-1,) + (1,) * (x.dim() - 1)), x, y)
@@ -417,7 +417,7 @@ class QuantPoint(nn.Module):
         qmin, qmax = code_range(bits, fmt)
         shape = (-1,) + (1,) * (x.dim() - 1)
         qmax, qmin = qmax.view(shape), qmin.view(shape)
-        self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
+        self.__dict__["last_widths"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
         step = self.learned_step
         if step is not None:  # one learned step; bits set each row's range
             if self._fits_step:  # the start, at the mean bits (the same on every rank:

@@ -165,7 +165,7 @@ def test_unseen_nodes_take_the_bits_of_the_nearest_seen_range():
     point.eval()
     context.ids = torch.tensor([9, 1])  # node 9: outside the table, never seen
     point(torch.tensor([[3.9, 0.0], [2.0, 0.0]]))
-    bits, _ = point.__dict__["last_row_bits"]
+    bits, _ = point.__dict__["last_widths"]
     assert bits.tolist() == [5.0, 3.0]
 
 
@@ -218,7 +218,7 @@ def test_learned_bits_before_any_training_take_the_table_mean():
     assert torch.isfinite(out).all()
     report = fxquant.bit_report(gm, x, edge_index)
     point = next(m for m in gm.modules() if isinstance(m, QuantPoint) and m.node_widths is not None and m.node_widths.learned)
-    bits, _ = point.__dict__["last_row_bits"]
+    bits, _ = point.__dict__["last_widths"]
     assert torch.allclose(bits, torch.full_like(bits, 5.0))
     assert report.avg_bits > 0
 

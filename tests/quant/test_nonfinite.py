@@ -212,7 +212,7 @@ def test_reported_nan_batch_keeps_node_ranges_and_eval_bits():
     assert torch.equal(point.node_widths.seen_range, torch.tensor([1.0, 2.0, 3.0, 4.0]))
     point.eval()
     point(torch.tensor([[1.0], [2.0], [3.0], [4.0]]))
-    bits, _ = point.__dict__["last_row_bits"]
+    bits, _ = point.__dict__["last_widths"]
     assert bits.tolist() == [2.0, 3.0, 5.0, 8.0]
 
 
