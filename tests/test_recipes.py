@@ -17,6 +17,11 @@ from fxquant.recipes import HubMessages, LearnedBits, LsqProtect, QuantTraining
 from tests.support.data import needs_data
 
 
+def _learned_widths(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The learned per-node bit-width tables of a model's points (a shared one per point)."""
+    return [point.node_widths.bits for _, point in fxquant.quantization_points(model)
+            if point.node_widths is not None and point.node_widths.learned]
+
 def graph(n=12, features=6, binary=True):
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(n, features, generator=g) < 0.5).float() if binary else \
@@ -330,8 +335,7 @@ def test_float_epochs_with_learned_widths_add_no_penalty_until_values_round(reci
     run = recipe(float_epochs=2, **extra).prepare(
         GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
     optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
-    widths = [m.node_widths.bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
-              if m.node_widths is not None and m.node_widths.learned]
+    widths = [w.detach().clone() for w in _learned_widths(run.model)]
     for epoch in range(4):
         run.model.train()
         run.start_epoch(epoch)
@@ -349,8 +353,7 @@ def test_float_epochs_with_learned_widths_add_no_penalty_until_values_round(reci
         with torch.no_grad():
             run.model(data.x, data.edge_index)
         run.observe(0.5)
-    after = [m.node_widths.bits.detach() for _, m in fxquant.quantization_points(run.model)
-             if m.node_widths is not None and m.node_widths.learned]
+    after = [w.detach() for w in _learned_widths(run.model)]
     assert any(not torch.equal(a, b) for a, b in zip(after, widths, strict=True))
 
 
@@ -359,8 +362,7 @@ def test_param_groups_keep_decay_off_the_quantizers_and_widths_at_their_rate():
     run = LearnedBits(bits_lr=0.05).prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(),
                                             lint="off")
     groups = run.param_groups([{"params": list(run.model.parameters()), "weight_decay": 5e-4}])
-    widths = [p for _, m in fxquant.quantization_points(run.model) if m.node_widths is not None and m.node_widths.learned
-              for p in [m.node_widths.bits]]
+    widths = _learned_widths(run.model)
     assert groups[-1]["lr"] == 0.05 and groups[-1]["weight_decay"] == 0.0
     assert {id(p) for p in groups[-1]["params"]} == {id(p) for p in widths}
     assert groups[-2]["weight_decay"] == 0.0
@@ -513,8 +515,7 @@ def test_budget_bits_land_at_or_under_the_budget(target, shared_bits):
     counted = _train_epochs(run, data, 8)
     assert all(c <= target for c in counted[1:])  # from the first projection on
     assert all(c >= target - 0.25 for c in counted[1:])
-    widths = [m.node_widths.bits for _, m in fxquant.quantization_points(run.model)
-              if m.node_widths is not None and m.node_widths.learned]
+    widths = _learned_widths(run.model)
     assert len({id(w) for w in widths}) == (1 if shared_bits == "all" else len(widths))
 
 
@@ -524,9 +525,8 @@ def test_budget_bits_hold_against_a_loss_that_wants_every_width_up():
     run, data = _budget_run(2.0, bits_lr=3.0)
 
     def every_width_up(run):
-        for _, m in fxquant.quantization_points(run.model):
-            if m.node_widths is not None and m.node_widths.learned:
-                m.node_widths.bits.grad = -torch.ones_like(m.node_widths.bits)
+        for widths in _learned_widths(run.model):
+            widths.grad = -torch.ones_like(widths)
 
     counted = _train_epochs(run, data, 5, after=every_width_up)
     assert min(counted[1:]) >= 1.75 and max(counted[1:]) <= 2.0
@@ -538,13 +538,12 @@ def test_budget_bits_step_size_is_their_own():
     moves = []
     for lr in (1e-4, 1e-1):
         run, data = _budget_run(2.0, bits_lr=0.05)
-        assert not any(p is m.node_widths.bits for g in run.param_groups() for p in g["params"]
+        assert not any(m.node_widths is not None and p is m.node_widths.bits
+                       for g in run.param_groups() for p in g["params"]
                        for _, m in fxquant.quantization_points(run.model))
-        before = [m.node_widths.bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
-                  if m.node_widths is not None and m.node_widths.learned]
+        before = [w.detach().clone() for w in _learned_widths(run.model)]
         _train_epochs(run, data, 3, lr=lr)
-        after = [m.node_widths.bits.detach() for _, m in fxquant.quantization_points(run.model)
-                 if m.node_widths is not None and m.node_widths.learned]
+        after = [w.detach() for w in _learned_widths(run.model)]
         moves.append([float((a - b).abs().max()) for a, b in zip(after, before, strict=True)])
     assert moves[0] == pytest.approx(moves[1], abs=0.2)
 
@@ -565,8 +564,7 @@ def test_an_empty_batch_leaves_the_penalty_and_the_budgeted_widths_alone():
     widths to their floor as if the budget could not be met."""
     run, data = _budget_run(2.0, bits_lr=0.05)
     _train_epochs(run, data, 2)
-    before = [m.node_widths.bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
-              if m.node_widths is not None and m.node_widths.learned]
+    before = [w.detach().clone() for w in _learned_widths(run.model)]
     optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
     run.model.train()
     out = run.model(data.x[:0], torch.empty(2, 0, dtype=torch.long))
@@ -576,8 +574,7 @@ def test_an_empty_batch_leaves_the_penalty_and_the_budgeted_widths_alone():
         run.loss(out.sum()).backward()
         optimizer.step()
         run.after_step()
-    after = [m.node_widths.bits.detach() for _, m in fxquant.quantization_points(run.model)
-             if m.node_widths is not None and m.node_widths.learned]
+    after = [w.detach() for w in _learned_widths(run.model)]
     assert all(float((a - b).abs().max()) < 0.2 for a, b in zip(after, before, strict=True))
     assert not run._budget.infeasible
 
@@ -596,8 +593,7 @@ def test_budget_annealing_and_infeasible_budgets():
     run, data = _budget_run(0.5)
     with pytest.warns(UserWarning, match="below what the narrowest widths cost"):
         _train_epochs(run, data, 2)
-    assert all(bool((m.node_widths.bits == 1).all()) for _, m in fxquant.quantization_points(run.model)
-               if m.node_widths is not None and m.node_widths.learned)
+    assert all(bool((widths == 1).all()) for widths in _learned_widths(run.model))
     with pytest.raises(fxquant.FxquantError, match="init"):
         fxquant.recipes.BudgetBits(init="hubs")
     with pytest.raises(fxquant.FxquantError, match="project=True"):

@@ -54,7 +54,7 @@ class LearnedStep(nn.Module):
         >>> part = LearnedStep.from_config(QuantConfig("int4", scale="tensor", range="lsq"))
         >>> part.fit(torch.linspace(-1, 1, 101), -8, 7)
         >>> round(float(part.step(torch.float32, 7.0)), 4), part.step_fitted
-        (0.1265, True)
+        (0.1389, True)
         >>> LearnedStep.from_config(QuantConfig("int4", scale="tensor")) is None
         True
     """

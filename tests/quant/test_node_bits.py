@@ -217,7 +217,8 @@ def test_learned_bits_before_any_training_take_the_table_mean():
     out = gm(x, edge_index)
     assert torch.isfinite(out).all()
     report = fxquant.bit_report(gm, x, edge_index)
-    point = next(m for m in gm.modules() if isinstance(m, QuantPoint) and m.node_widths is not None and m.node_widths.learned)
+    point = next(m for m in gm.modules()
+                 if isinstance(m, QuantPoint) and m.node_widths is not None and m.node_widths.learned)
     bits, _ = point.__dict__["last_widths"]
     assert torch.allclose(bits, torch.full_like(bits, 5.0))
     assert report.avg_bits > 0

@@ -113,7 +113,8 @@ def test_recorded_node_ranges_count_finite_values_only(batch, again):
         point(x)
         expected = torch.maximum(expected, _expected_ranges(x, bad))
     assert torch.equal(point.node_widths.seen_range, expected)
-    assert not bool(torch.isnan(point.node_widths.seen_range).any() | (point.node_widths.seen_range == math.inf).any())
+    seen = point.node_widths.seen_range
+    assert not bool(torch.isnan(seen).any() | (seen == math.inf).any())
 
 
 @settings(max_examples=30)
