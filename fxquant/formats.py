@@ -32,7 +32,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeVar
 
-from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind, warn_renamed
+from fxquant.errors import (
+    FxquantTypeError,
+    FxquantValueError,
+    UnregisteredError,
+    same_kind,
+    warn_renamed,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -538,7 +544,7 @@ def _registered(spec: str, text: str) -> CustomFormat:
     cls = _REGISTERED.get(letters.group(0) if letters else "")
     if cls is None:
         registered = f" Registered formats: {sorted(_REGISTERED)}." if _REGISTERED else ""
-        raise FxquantValueError(
+        raise UnregisteredError(
             f"unknown format {spec!r}; presets: {sorted(PRESETS)}, or 'eXmY' for X exponent "
             "and Y mantissa bits (e.g. 'e3m0'), 'intN' / 'uintN' / 'intN:asym' / "
             f"'intN:midrise' for integers, or 'topN' for top-N truncation.{registered} A "

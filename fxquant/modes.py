@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from enum import Enum
 from typing import TYPE_CHECKING, TypeVar
 
-from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.errors import FxquantTypeError, FxquantValueError, UnregisteredError
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -128,7 +128,7 @@ class Scale(_Vocabulary):
             return super().parse(value, arg)
         except FxquantValueError:
             allowed = [m.value for m in cls] + sorted(_REGISTERED)
-            raise FxquantValueError(
+            raise UnregisteredError(
                 f"{arg or 'scale'}={value!r} is not one of {allowed}; a scale of one's own "
                 "must be registered first, in this process: fxquant.register_scale("
                 "<a fxquant.ScaleKind>)") from None

@@ -22,6 +22,7 @@ def _learned_widths(model: torch.nn.Module) -> list[torch.Tensor]:
     return [point.node_widths.bits for _, point in fxquant.quantization_points(model)
             if point.node_widths is not None and point.node_widths.learned]
 
+
 def graph(n=12, features=6, binary=True):
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(n, features, generator=g) < 0.5).float() if binary else \

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
-from fxquant.formats import AnyFormat, Format, IntFormat, TopN, as_format
+from fxquant.formats import AnyFormat, IntFormat, TopN, as_format
 from fxquant.modes import AnyScale, Grad, Rounding, Scale, ScaleKind
 from fxquant.quant.node_bits import NodeBits
 from fxquant.quant.override import NodeOverride, describe_nodes
@@ -292,7 +292,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
     @property
     def op(self) -> str:
         """The registered op that implements it: ``"truncate"`` where kept bits say it all."""
-        pure = isinstance(self.format, TopN) and not isinstance(self.grad_format, Format)
+        pure = isinstance(self.format, TopN) and isinstance(self.grad_format, TopN | None)
         return "truncate" if pure else "quantize"
 
     def describe(self) -> str:

@@ -21,7 +21,12 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
-from fxquant.errors import FxquantFileNotFoundError, FxquantTypeError, FxquantValueError
+from fxquant.errors import (
+    FxquantFileNotFoundError,
+    FxquantTypeError,
+    FxquantValueError,
+    UnregisteredError,
+)
 from fxquant.fx.tracer import LeafSpec
 from fxquant.quant.api import TRACE_KEY, transform
 from fxquant.quant.config import QuantConfig
@@ -202,6 +207,10 @@ def load(path: str | os.PathLike[str], model: nn.Module,
                 mapping.set_pattern(layer, config, site=p["site"])
             else:
                 mapping.set_name(layer, config, site=p["site"])
+        except UnregisteredError as e:
+            raise UnregisteredError(f"fxquant.load: {path}: point {p['name']!r} uses a format, "
+                                    f"scale or site of one's own that this process has not "
+                                    f"registered: {e}") from e
         except (KeyError, TypeError, ValueError) as e:
             raise FxquantValueError(f"fxquant.load: {path}: the config of point {p['name']!r} "
                                     f"cannot be read ({type(e).__name__}: {e}); {_EDITED}") from e

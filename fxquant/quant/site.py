@@ -17,7 +17,7 @@ from enum import Enum
 
 from torch import nn
 
-from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.errors import FxquantTypeError, FxquantValueError, UnregisteredError
 
 __all__ = [
     "AnySite",
@@ -88,7 +88,7 @@ class Site(str, Enum):
             return cls(value)
         except ValueError:
             allowed = [s.value for s in cls] + sorted(_REGISTERED)
-            raise FxquantValueError(
+            raise UnregisteredError(
                 f"site={value!r} is not one of {allowed}; a site of one's own must be "
                 "registered first, in this process: fxquant.register_site(<a "
                 "fxquant.SiteKind>)") from None
