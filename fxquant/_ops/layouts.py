@@ -9,7 +9,7 @@ import torch
 
 from fxquant.errors import FxquantTypeError
 
-__all__ = ["FloatLayout", "bit_width", "layout_of"]
+__all__ = ["COMPUTE_DTYPE", "EXPONENT_BIAS", "FloatLayout", "bit_width", "layout_of"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +78,10 @@ def bit_width(dtype: torch.dtype) -> int:
         (32, 64, 16)
     """
     return layout_of(dtype).width
+
+
+#: The dtype each floating dtype is computed in: float32 for the half types, else itself.
+COMPUTE_DTYPE: Final = {torch.float32: torch.float32, torch.float16: torch.float32,
+                        torch.bfloat16: torch.float32, torch.float64: torch.float64}
+#: The exponent bias of the float32 and float64 patterns, by width.
+EXPONENT_BIAS: Final = {32: 127, 64: 1023}

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
-from fxquant._ops.quantize import finite_bounds
+from fxquant._ops.scales import finite_bounds
 from fxquant.errors import FxquantValueError
 from fxquant.modes import Grad
 from fxquant.quant.config import QuantConfig

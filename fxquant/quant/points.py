@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from fxquant._ops.calls import OpCall, op_call
-from fxquant._ops.quantize import int_grid_scale, int_scale
+from fxquant._ops.scales import int_grid_scale, int_scale
 from fxquant._ops.version import NUMERICS
 from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
 from fxquant.formats import AnyFormat, IntFormat, TopN
