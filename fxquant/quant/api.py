@@ -1,7 +1,7 @@
 """``transform``: trace a model and insert quantization points as a mapping says.
 
 The general form is ``transform(model, mapping)`` with a
-:class:`~fxquant.quant.config.QuantMapping`; ``bits=``, ``format=``, ``layers=``,
+:class:`~fxquant.quant.mapping.QuantMapping`; ``bits=``, ``format=``, ``layers=``,
 ``node_formats=`` and friends are sugar that builds one.
 """
 
@@ -309,7 +309,7 @@ def transform(
             a GraphModule). It is not changed: by default the pass works on a deep copy.
         mapping (QuantMapping or QuantConfig, optional): the general form. A
             :class:`~fxquant.quant.config.QuantConfig` applies to every ``MessagePassing``
-            layer (or to ``layers=``); a :class:`~fxquant.quant.config.QuantMapping` says
+            layer (or to ``layers=``); a :class:`~fxquant.quant.mapping.QuantMapping` says
             which layer and site gets which config (``layers=`` then keeps only the points
             on those layers). Either one says how values are rounded, so ``bits``,
             ``format``, ``scale``, ``momentum``, ``rounding``, ``grad``, ``grad_bits`` and
@@ -338,7 +338,7 @@ def transform(
             rows of that layer's output that belong to these nodes (global node ids, or a
             bool mask over the nodes, e.g. from :func:`fxquant.top_degree_nodes`) are rounded
             to another format (kept bits or a format). A bit-width for every node is
-            :class:`~fxquant.quant.config.NodeBits` in a QuantConfig instead.
+            :class:`~fxquant.quant.node_bits.NodeBits` in a QuantConfig instead.
         inplace (bool, optional): share parameters and buffers with ``model`` instead of
             copying them; ``model`` itself computes as before (a layer rounded inside is
             replaced by a copy sharing its tensors), except that a ``GraphModule`` passed

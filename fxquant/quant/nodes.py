@@ -9,7 +9,7 @@ nodes with the transformed model's ``node_ids`` argument (PyG's ``batch.n_id``):
 
 Node ids may have any integer dtype (``uint8`` to ``int64``); a ``bool`` mask is refused
 there (it says which nodes, not which node each row is). Per-node overrides
-(``node_formats=``, :meth:`~fxquant.quant.config.QuantMapping.set_nodes`) take ids of any
+(``node_formats=``, :meth:`~fxquant.quant.mapping.QuantMapping.set_nodes`) take ids of any
 integer dtype or a bool mask over all nodes.
 
 The argument feeds one :class:`NodeIds` module on the GraphModule, which every quantization
