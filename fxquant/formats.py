@@ -1,4 +1,4 @@
-"""Number formats fxquant can simulate: minifloats (FP8, the OCP MX element types, custom),
+"""The formats fxquant can simulate: minifloats (FP8, the OCP MX element types, custom),
 integers (fixed point with a scale: ``int8``, ``int4``, ``uint8``, ``int8:asym``) and
 top-N truncation of the input's own pattern.
 

@@ -71,7 +71,7 @@ it with `.float()` first.
 
 
 def bit_width(dtype: torch.dtype) -> int:
-    """Number of bits in the pattern of a floating ``dtype`` (the largest valid ``bits``).
+    """The bits in the pattern of a floating ``dtype`` (the largest valid ``bits``).
 
     Example:
         >>> bit_width(torch.float32), bit_width(torch.float64), bit_width(torch.bfloat16)

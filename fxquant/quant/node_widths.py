@@ -102,7 +102,7 @@ class NodeWidths(nn.Module):
 
     Example:
         >>> widths = NodeWidths(NodeBits(torch.tensor([2, 4, 8])))
-        >>> widths.row_bits(torch.ones(3, 5), 3, None, None)
+        >>> widths.for_rows(torch.ones(3, 5), 3, None, None)
         tensor([2., 4., 8.])
         >>> widths.learned, widths.table().tolist()
         (False, [2.0, 4.0, 8.0])
@@ -144,7 +144,7 @@ class NodeWidths(nn.Module):
         mean = self.bits.detach().mean().clamp(rb.min_bits, rb.max_bits)
         return mean if torch.compiler.is_compiling() else float(mean)
 
-    def row_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
+    def for_rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
                  ids: Tensor | None, keep_input: bool = False,
                  training: bool | None = None) -> Tensor:
         """Each row's bit-width (a float tensor, straight-through rounded when learned):

@@ -412,7 +412,7 @@ class QuantPoint(nn.Module):
         fmt = self.config.format
         widths = self.node_widths
         assert isinstance(fmt, IntFormat) and widths is not None
-        bits = widths.row_bits(x, num_nodes, row_nodes, ids,
+        bits = widths.for_rows(x, num_nodes, row_nodes, ids,
                                keep_input=self.site is Site.INPUT).to(x.dtype)
         qmin, qmax = code_range(bits, fmt)
         shape = (-1,) + (1,) * (x.dim() - 1)
@@ -581,7 +581,7 @@ class QuantPoint(nn.Module):
             if self.observer is not None and self.observer.stored else "data"
         if self.node_widths is not None:
             assert x is not None
-            bits = self.node_widths.row_bits(x, num_nodes, row_nodes, ids, training=False)
+            bits = self.node_widths.for_rows(x, num_nodes, row_nodes, ids, training=False)
             lo, hi = code_range(bits.to(dtype), fmt)
             lo, hi = lo.view(shape), hi.view(shape)
             if self.learned_step is not None:
