@@ -93,7 +93,7 @@ from benchmarks.dq_reference_support import (
 )
 from fxquant.datasets import PLANETOID_NAMES, load_planetoid
 from fxquant.fx.standardize import FastDropout
-from fxquant.quant.config import QuantMapping
+from fxquant.quant.mapping import QuantMapping
 
 SITES = ("input", "weight", "message", "aggregate", "output")
 

@@ -44,7 +44,7 @@ import torch
 
 import fxquant
 from fxquant.datasets import PLANETOID_NAMES
-from fxquant.quant.points import _code_range
+from fxquant.quant.node_widths import code_range
 
 from .common import ROOT
 
@@ -160,10 +160,10 @@ class StepTrace(_EvaluationHooks):
             with torch.no_grad():
                 x, y = x.detach().float(), out.detach().float()
                 qmin, qmax = number.qmin, number.qmax
-                row_bits = point.__dict__.get("last_row_bits")
-                if point.config.node_bits is not None and row_bits is not None:
-                    bits = row_bits[0].detach().float().view((-1,) + (1,) * (x.dim() - 1))
-                    qmin, qmax = _code_range(bits, number)  # each row's own grid
+                widths = point.__dict__.get("last_widths")
+                if point.config.node_bits is not None and widths is not None:
+                    bits = widths[0].detach().float().view((-1,) + (1,) * (x.dim() - 1))
+                    qmin, qmax = code_range(bits, number)  # each row's own grid
                 # in codes: more than half a step past the top level (or the lowest, signed
                 # grids), whichever way the point rounds (nearest or stochastic)
                 u = x / step - number.offset

@@ -23,8 +23,8 @@ from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignore
 # isort: split
 from fxquant import recipes
 from fxquant._version import __version__ as __version__
-from fxquant.errors import FxquantError, warn_renamed
-from fxquant.formats import Format, IntFormat, TopN
+from fxquant.errors import FxquantError
+from fxquant.formats import CustomFormat, Format, IntFormat, TopN, register_format
 from fxquant.fx import GNNTracer, TraceError, trace
 from fxquant.fx.standardize import fast_dropout
 from fxquant.linter import (
@@ -37,7 +37,7 @@ from fxquant.linter import (
     functionalize_inplace,
     lint,
 )
-from fxquant.modes import Grad, Rounding, Scale
+from fxquant.modes import Grad, Rounding, Scale, ScaleKind, register_scale
 from fxquant.pipeline import transform
 from fxquant.quant import (
     BitReport,
@@ -48,12 +48,14 @@ from fxquant.quant import (
     QuantMapping,
     QuantPoint,
     Site,
+    SiteKind,
     bit_penalty,
     bit_report,
     load,
     quantization_points,
     quantize,
     refit_steps,
+    register_site,
     save,
     share_bits,
     share_step,
@@ -64,6 +66,7 @@ from fxquant.quant import (
 
 __all__ = [
     "BitReport",
+    "CustomFormat",
     "Finding",
     "Format",
     "FunctionalizeError",
@@ -81,8 +84,10 @@ __all__ = [
     "QuantPoint",
     "Rounding",
     "Scale",
+    "ScaleKind",
     "ShapeSpec",
     "Site",
+    "SiteKind",
     "TopN",
     "TraceError",
     "bit_penalty",
@@ -96,6 +101,9 @@ __all__ = [
     "quantize",
     "recipes",
     "refit_steps",
+    "register_format",
+    "register_scale",
+    "register_site",
     "save",
     "share_bits",
     "share_step",
@@ -106,9 +114,3 @@ __all__ = [
     "truncate",
 ]
 
-
-def __getattr__(name: str) -> object:
-    if name == "RowBits":  # the name NodeBits had before
-        warn_renamed("fxquant.RowBits", "fxquant.NodeBits")
-        return NodeBits
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

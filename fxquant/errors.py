@@ -28,6 +28,7 @@ __all__ = [
     "FxquantRuntimeError",
     "FxquantTypeError",
     "FxquantValueError",
+    "UnregisteredError",
     "same_kind",
     "warn_renamed",
 ]
@@ -67,6 +68,11 @@ class BackwardSafetyError(FxquantError, AssertionError):
     """:func:`fxquant.testing.assert_backward_safe` found a finding it does not allow."""
 
 
+class UnregisteredError(FxquantValueError):
+    """A format, scale or site of one's own is named (in a config or a saved file) but not
+    registered in this process; the message names the call that registers it."""
+
+
 class FxquantKeyError(FxquantError, KeyError):
     """A saved file lacks an entry fxquant needs; the message names it."""
 
@@ -77,6 +83,8 @@ class FxquantKeyError(FxquantError, KeyError):
 def same_kind(error: BaseException, message: str) -> FxquantError:
     """An fxquant error of the same built-in kind as ``error`` (a ValueError stays a
     ValueError) carrying ``message``: for re-raising with context, ``from error``."""
+    if isinstance(error, UnregisteredError):
+        return UnregisteredError(message)
     if isinstance(error, TypeError):
         return FxquantTypeError(message)
     if isinstance(error, IndexError):

@@ -1,4 +1,4 @@
-"""Number formats fxquant can simulate: minifloats (FP8, the OCP MX element types, custom),
+"""The formats fxquant can simulate: minifloats (FP8, the OCP MX element types, custom),
 integers (fixed point with a scale: ``int8``, ``int4``, ``uint8``, ``int8:asym``) and
 top-N truncation of the input's own pattern.
 
@@ -17,6 +17,10 @@ Semantics, for every format:
   Infinite inputs become inf where the format has inf, else +-max.
 - ``subnormals``: when off, results below the smallest normal flush to zero (sign kept).
 - NaN input always gives NaN, and the sign is never changed.
+
+A format of one's own derives from :class:`CustomFormat` and is registered with
+:func:`register_format`; from then on its specs parse like the built-in ones, in configs,
+saved files and the registered op (the documentation's "Extending fxquant" page shows one).
 """
 
 from __future__ import annotations
@@ -24,12 +28,34 @@ from __future__ import annotations
 import functools
 import math
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypeVar
 
-from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.errors import (
+    FxquantTypeError,
+    FxquantValueError,
+    UnregisteredError,
+    same_kind,
+    warn_renamed,
+)
 
-__all__ = ["PRESETS", "Format", "IntFormat", "Number", "TopN", "parse"]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = [
+    "PRESETS",
+    "AnyFormat",
+    "CustomFormat",
+    "Format",
+    "IntFormat",
+    "TopN",
+    "as_format",
+    "parse",
+    "register_format",
+    "registered_formats",
+    "unregister_format",
+]
 
 Special = Literal["ieee", "nan_only", "none"]
 Overflow = Literal["saturate", "inf"]
@@ -278,8 +304,140 @@ class IntFormat:
         return self.spec()
 
 
-#: What values are rounded to: kept bits of the pattern, a float format or integers.
-Number = TopN | Format | IntFormat
+class CustomFormat(ABC):
+    """The base of a number format defined outside fxquant (see :func:`register_format`).
+
+    A subclass is a frozen dataclass (hashable, compared by value) that says how it is
+    written (:meth:`spec`, read back by :meth:`from_spec`), how many bits a value takes
+    (:attr:`bits`, for :func:`fxquant.bit_report`), its largest finite value
+    (:attr:`max_finite`: a scale maps the range's largest magnitude onto it, as for the
+    minifloats) and how a tensor is rounded to it (:meth:`round`). It is rounded where a
+    minifloat is: by ``fxquant.quantize``, in a :class:`~fxquant.QuantConfig`, with every
+    scale; ``range="lsq"`` and per-node bit-widths stay the integer formats'.
+
+    Example:
+        >>> import torch
+        >>> from dataclasses import dataclass
+        >>> @register_format
+        ... @dataclass(frozen=True)
+        ... class PowersOfTwo(CustomFormat):  # zero and +-2**-k .. +-1
+        ...     name = "pot"
+        ...     k: int
+        ...     @classmethod
+        ...     def from_spec(cls, spec):
+        ...         return cls(int(spec.removeprefix("pot")))
+        ...     def spec(self):
+        ...         return f"pot{self.k}"
+        ...     bits = property(lambda self: 1 + (self.k + 1).bit_length())  # sign, magnitude
+        ...     max_finite = 1.0
+        ...     def round(self, y, rounding, noise=None):
+        ...         a = y.abs().clamp(max=1.0)
+        ...         e = torch.round(torch.log2(a)).clamp(min=-self.k)
+        ...         return torch.where(a < 2.0 ** (-self.k - 1), 0.0, 2.0 ** e).copysign(y)
+        >>> parse("pot3"), parse("pot3").bits
+        (PowersOfTwo(k=3), 4)
+        >>> import fxquant
+        >>> fxquant.quantize(torch.tensor([0.3, -0.01, 0.9]), "pot3")
+        tensor([0.2500, -0.0000, 1.0000])
+        >>> unregister_format("pot")
+    """
+
+    #: the letters every spec of the format starts with (``"posit"`` for ``"posit8"``)
+    name: ClassVar[str] = ""
+    #: whether the format has an infinity (infinite inputs stay infinite; else they
+    #: saturate at ``max_finite``, as the built-in formats without inf do)
+    has_inf: ClassVar[bool] = False
+
+    @property
+    @abstractmethod
+    def bits(self) -> int:
+        """Bits per value (what :func:`fxquant.bit_report` counts)."""
+
+    @property
+    @abstractmethod
+    def max_finite(self) -> float:
+        """The largest finite value (positive)."""
+
+    @abstractmethod
+    def spec(self) -> str:
+        """The string :meth:`from_spec` reads back; starts with :attr:`name`."""
+
+    @classmethod
+    @abstractmethod
+    def from_spec(cls, spec: str) -> CustomFormat:
+        """The format ``spec`` (lower case, starting with :attr:`name`) writes; raises
+        :class:`ValueError` for a spec it does not know."""
+
+    @abstractmethod
+    def round(self, y: Tensor, rounding: str, noise: Tensor | None = None) -> Tensor:
+        """``y`` (float32, or float64 for float64 inputs; already scaled) rounded to the
+        format's values: ``rounding`` is ``"nearest"``, ``"toward_zero"`` or
+        ``"stochastic"`` (then ``noise`` holds ``U[0, 1)`` numbers of ``y``'s shape). Pure
+        tensor operations, so it runs in eager code and compiles; NaN stays NaN."""
+
+    @property
+    def emax(self) -> int:
+        """The exponent of :attr:`max_finite` (``floor(log2)``): where an MX block scale
+        puts a block's largest magnitude."""
+        return math.frexp(self.max_finite)[1] - 1
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+#: What values are rounded to: kept bits of the pattern, a float format, integers, or a
+#: registered format of one's own.
+AnyFormat = TopN | Format | IntFormat | CustomFormat
+
+#: the registered formats, by :attr:`CustomFormat.name`
+_REGISTERED: dict[str, type[CustomFormat]] = {}
+#: the names the built-in specs start with, which a registered format cannot take
+_BUILT_IN_NAMES: Final = frozenset({"e", "int", "uint", "top"})
+_NAME = re.compile(r"[a-z][a-z_]*")
+_F = TypeVar("_F", bound=type[CustomFormat])
+
+
+def register_format(cls: _F) -> _F:
+    """Make the :class:`CustomFormat` subclass ``cls`` known by its :attr:`~CustomFormat.name`:
+    :func:`parse` (and with it every config, saved file and the registered op) reads its
+    specs from then on. Use it as a class decorator; register in every process that uses
+    or loads the format (a file that names an unregistered format is refused, naming it).
+
+    Args:
+        cls (type): a subclass of :class:`CustomFormat` with a ``name`` of lower-case
+            letters and ``_`` that no built-in spec starts with.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, CustomFormat)):
+        raise FxquantTypeError(f"register_format expects a subclass of fxquant.CustomFormat, "
+                               f"got {cls!r}")
+    name = cls.name
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise FxquantValueError(f"register_format: {cls.__name__}.name must be lower-case "
+                                f"letters (and _), the start of its specs; got {name!r}")
+    taken = name in _BUILT_IN_NAMES or name in PRESETS or name in _ALIASES
+    if taken:
+        raise FxquantValueError(f"register_format: the name {name!r} of {cls.__name__} is a "
+                                "built-in format's; please choose another")
+    if name in _REGISTERED and _REGISTERED[name] is not cls:
+        raise FxquantValueError(f"register_format: {name!r} is registered already, by "
+                                f"{_REGISTERED[name].__qualname__}; please unregister_format"
+                                f"({name!r}) first, or choose another name")
+    _REGISTERED[name] = cls
+    parse.cache_clear()
+    return cls
+
+
+def unregister_format(name: str) -> None:
+    """Forget the registered format ``name`` (tests, notebooks that redefine one)."""
+    if _REGISTERED.pop(name, None) is None:
+        raise FxquantValueError(f"unregister_format: no format {name!r} is registered; "
+                                f"registered: {sorted(_REGISTERED)}")
+    parse.cache_clear()
+
+
+def registered_formats() -> dict[str, type[CustomFormat]]:
+    """The registered formats by name (a copy)."""
+    return dict(_REGISTERED)
 
 
 def _ldexp(mantissa: int, exponent: int) -> float:
@@ -318,10 +476,11 @@ def _int_option(spec: str, key: str, value: str) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Number:
+def parse(spec: str | AnyFormat | tuple[object, object]) -> AnyFormat:
     """A number from a preset name, ``"eXmY"``, ``(exp_bits, man_bits)``, ``"topN"``,
     ``"intN"`` / ``"uintN"`` / ``"intN:asym"`` / ``"intN:midrise"`` / ``("int", N)``, or the
-    long form :meth:`Format.spec` writes.
+    long form :meth:`Format.spec` writes; or the spec of a registered
+    :class:`CustomFormat`.
 
     Example:
         >>> parse("e3m2") == PRESETS["e3m2"], parse((3, 2)).spec(), parse("top16")
@@ -331,7 +490,7 @@ def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Numb
         ...
         fxquant.errors.FxquantValueError: Format: 1 + exp_bits + man_bits = 41 bits; ...
     """
-    if isinstance(spec, (Format, TopN, IntFormat)):
+    if isinstance(spec, (Format, TopN, IntFormat, CustomFormat)):
         return spec
     if isinstance(spec, tuple) and len(spec) == 2 and spec[0] in ("int", "uint"):
         return IntFormat(spec[1], signed=spec[0] == "int")  # type: ignore[arg-type]
@@ -358,11 +517,7 @@ def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Numb
                          asymmetric=options == ["asym"], midrise=options == ["midrise"])
     custom = _CUSTOM.fullmatch(head)
     if custom is None:
-        raise FxquantValueError(
-            f"unknown format {spec!r}; presets: {sorted(PRESETS)}, or 'eXmY' for X exponent and "
-            "Y mantissa bits (e.g. 'e3m0'), 'intN' / 'uintN' / 'intN:asym' / 'intN:midrise' "
-            "for integers, or 'topN' for top-N truncation."
-        )
+        return _registered(spec, text)
     kwargs: dict[str, object] = {}
     for option in options:
         key, _, value = option.partition("=")
@@ -380,3 +535,70 @@ def parse(spec: str | Format | TopN | IntFormat | tuple[object, object]) -> Numb
     fmt = Format(int(custom.group(1)), int(custom.group(2)), **kwargs)  # type: ignore[arg-type]
     preset = next((name for name, p in PRESETS.items() if p == fmt), "")
     return PRESETS[preset] if preset else fmt
+
+
+def _registered(spec: str, text: str) -> CustomFormat:
+    """The registered format whose name starts ``text``, or an error that says what the
+    built-in specs are and how to register a format of one's own."""
+    letters = re.match(r"[a-z_]*", text)
+    cls = _REGISTERED.get(letters.group(0) if letters else "")
+    if cls is None:
+        registered = f" Registered formats: {sorted(_REGISTERED)}." if _REGISTERED else ""
+        raise UnregisteredError(
+            f"unknown format {spec!r}; presets: {sorted(PRESETS)}, or 'eXmY' for X exponent "
+            "and Y mantissa bits (e.g. 'e3m0'), 'intN' / 'uintN' / 'intN:asym' / "
+            f"'intN:midrise' for integers, or 'topN' for top-N truncation.{registered} A "
+            "format of one's own must be registered first, in this process: "
+            "@fxquant.register_format on its fxquant.CustomFormat subclass.")
+    try:
+        fmt = cls.from_spec(text)
+    except (TypeError, ValueError) as e:
+        raise same_kind(e, f"format {spec!r} ({cls.__qualname__}): {e}") from e
+    if not isinstance(fmt, cls):
+        raise FxquantTypeError(f"{cls.__qualname__}.from_spec({text!r}) returned "
+                               f"{type(fmt).__name__}, not a {cls.__qualname__}")
+    return fmt
+
+
+def as_format(value: object, arg: str = "format", max_bits: int = 64) -> AnyFormat:
+    """A :class:`TopN` (an ``int`` of kept bits, ``"topN"``), a :class:`Format` (a preset
+    name, ``"eXmY"``, ``(exp_bits, man_bits)``), an :class:`IntFormat` (``"int8"``,
+    ``("int", 4)``) or a registered :class:`CustomFormat`, validated; errors name ``arg``.
+
+    Example:
+        >>> as_format(16), as_format("e4m3").spec()
+        (TopN(bits=16), 'e4m3')
+        >>> as_format(40, "bits", max_bits=32)
+        Traceback (most recent call last):
+        ...
+        fxquant.errors.FxquantValueError: bits=40 is out of range: it counts the kept bits of the model's \
+32-bit float pattern, so 1 <= bits <= 32.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        raise FxquantTypeError(
+            f"{arg} must be an int (kept bits) or a format ('e4m3', (3, 2), a Format), "
+            f"got {value!r}"
+        )
+    if isinstance(value, int):
+        bits = value
+    else:
+        try:
+            parsed = parse(value)
+        except (ValueError, TypeError) as e:
+            raise same_kind(e, f"{arg}: {e}") from e
+        if not isinstance(parsed, TopN):
+            return parsed
+        bits = parsed.bits
+    if not 1 <= bits <= max_bits:
+        raise FxquantValueError(
+            f"{arg}={bits} is out of range: it counts the kept bits of the model's "
+            f"{max_bits}-bit float pattern, so 1 <= {arg} <= {max_bits}."
+        )
+    return TopN(bits)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Number":  # the name AnyFormat had before
+        warn_renamed("fxquant.formats.Number", "fxquant.formats.AnyFormat")
+        return AnyFormat
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,12 +17,28 @@ Example:
 
 from __future__ import annotations
 
+import math
+import re
+from abc import ABC, abstractmethod
 from enum import Enum
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from fxquant.errors import FxquantValueError
+from fxquant.errors import FxquantTypeError, FxquantValueError, UnregisteredError
 
-__all__ = ["Grad", "Rounding", "Scale", "op_grad"]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = [
+    "AnyScale",
+    "Grad",
+    "Rounding",
+    "Scale",
+    "ScaleKind",
+    "op_grad",
+    "register_scale",
+    "registered_scales",
+    "unregister_scale",
+]
 
 _E = TypeVar("_E", bound="_Vocabulary")
 
@@ -99,9 +115,34 @@ class Scale(_Vocabulary):
     BLOCK32 = "block32"
 
     @classmethod
-    def parse(cls, value: object, arg: str | None = None) -> Scale:
-        """Like the other vocabularies, and :obj:`None` means ``NONE``."""
-        return cls.NONE if value is None else super().parse(value, arg)
+    def parse(cls, value: object, arg: str | None = None) -> AnyScale:  # type: ignore[override]
+        """Like the other vocabularies, and :obj:`None` means ``NONE``; the name of a
+        registered :class:`ScaleKind` (or the kind itself) gives that kind."""
+        if value is None:
+            return cls.NONE
+        if isinstance(value, ScaleKind):
+            return value
+        if isinstance(value, str) and value in _REGISTERED:
+            return _REGISTERED[value]
+        try:
+            return super().parse(value, arg)
+        except FxquantValueError:
+            allowed = [m.value for m in cls] + sorted(_REGISTERED)
+            raise UnregisteredError(
+                f"{arg or 'scale'}={value!r} is not one of {allowed}; a scale of one's own "
+                "must be registered first, in this process: fxquant.register_scale("
+                "<a fxquant.ScaleKind>)") from None
+
+    def storage_bits(self, rows: int, width: int) -> int:
+        """The bits the scales of one rounded tensor take (``rows``: its dim 0, ``width``:
+        values per row): a float32 per tensor or per row, an E8M0 byte per block of 32."""
+        if self is Scale.NONE:
+            return 0
+        if self.per_row:
+            return 32 * rows
+        if self.per_block:  # each row padded to blocks of 32
+            return 8 * rows * math.ceil(width / 32)
+        return 32
 
     @property
     def per_tensor(self) -> bool:
@@ -119,6 +160,115 @@ class Scale(_Vocabulary):
     def pow2(self) -> bool:
         """Scales are powers of two (exact scaling)."""
         return self.value.endswith("-pow2") or self is Scale.BLOCK32
+
+
+class ScaleKind(ABC):
+    """A scale of one's own: where a scaled format's scales come from, registered with
+    :func:`register_scale` (an instance: a kind may carry settings, such as a group size).
+
+    A kind gives the range ``(lo, hi)`` of each group of values that shares a scale
+    (:meth:`bounds`); fxquant turns it into scales as it does for the built-in per-tensor
+    and per-row kinds (``max_finite / amax`` for float formats; ``amax / qmax``, or the
+    affine grid's scale and zero point, for integers; rounded to a power of two with
+    :attr:`pow2`). The ranges come from each tensor itself: running, percentile and
+    learned ranges stay the built-in kinds'. It counts its scales' storage for
+    :func:`fxquant.bit_report` (:meth:`storage_bits`).
+
+    Example:
+        >>> import torch
+        >>> class PerColumn(ScaleKind):
+        ...     name = "column"
+        ...     def bounds(self, x):
+        ...         finite = torch.isfinite(x)
+        ...         lo = torch.where(finite, x, 0.0).amin(0, keepdim=True)
+        ...         hi = torch.where(finite, x, 0.0).amax(0, keepdim=True)
+        ...         return torch.stack([lo, hi], dim=-1)
+        ...     def storage_bits(self, rows, width):
+        ...         return 32 * width
+        >>> column = register_scale(PerColumn())
+        >>> Scale.parse("column") is column, column.value
+        (True, 'column')
+        >>> import fxquant
+        >>> fxquant.quantize(torch.tensor([[1.0, 100.0], [-2.0, 30.0]]), "int4", scale="column")
+        tensor([[  0.8571, 100.0000],
+                [ -2.0000,  28.5714]])
+        >>> unregister_scale("column")
+    """
+
+    #: the name configs, saved files and the registered op write (lower case)
+    name: str = ""
+    #: round each scale to a power of two (up for integers, so the range stays on the grid)
+    pow2: bool = False
+
+    @abstractmethod
+    def bounds(self, x: Tensor) -> Tensor:
+        """``(lo, hi)`` of the finite values of each group of ``x`` that shares a scale,
+        in the last dim: shaped so that ``bounds[..., 0]`` broadcasts against ``x``
+        (zeros for a group without finite values). Pure tensor operations (it compiles)."""
+
+    @abstractmethod
+    def storage_bits(self, rows: int, width: int) -> int:
+        """The bits the scales of one tensor with ``rows`` rows of ``width`` values take."""
+
+    @property
+    def value(self) -> str:
+        """The kind's name (as :attr:`Scale.value` is a built-in kind's)."""
+        return self.name
+
+    per_tensor = per_row = per_block = False  # (no built-in kind's machinery applies)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+#: A scale: a built-in kind or a registered one.
+AnyScale = Scale | ScaleKind
+
+_REGISTERED: dict[str, ScaleKind] = {}
+_SCALE_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+def register_scale(kind: ScaleKind) -> ScaleKind:
+    """Make ``kind`` known by its name: :meth:`Scale.parse` (and with it every config,
+    saved file and the registered op) accepts it from then on. Register it in every
+    process that uses or loads it (a file that names an unregistered scale is refused,
+    naming it). Returns ``kind``.
+
+    Args:
+        kind (ScaleKind): an instance whose ``name`` (lower case, no built-in kind's name)
+            is not registered yet.
+    """
+    if not isinstance(kind, ScaleKind):
+        raise FxquantTypeError(f"register_scale expects a fxquant.ScaleKind instance, got "
+                               f"{kind!r}")
+    name = kind.name
+    if not isinstance(name, str) or not _SCALE_NAME.fullmatch(name):
+        raise FxquantValueError(f"register_scale: the name of {type(kind).__name__} must be a "
+                                f"lower-case word (letters, digits, - and _), got {name!r}")
+    if name in [m.value for m in Scale]:
+        raise FxquantValueError(f"register_scale: {name!r} is a built-in scale; please choose "
+                                "another name")
+    if name in _REGISTERED and _REGISTERED[name] is not kind:
+        raise FxquantValueError(f"register_scale: {name!r} is registered already "
+                                f"({_REGISTERED[name]!r}); please unregister_scale({name!r}) "
+                                "first, or choose another name")
+    _REGISTERED[name] = kind
+    return kind
+
+
+def unregister_scale(name: str) -> None:
+    """Forget the registered scale ``name``."""
+    if _REGISTERED.pop(name, None) is None:
+        raise FxquantValueError(f"unregister_scale: no scale {name!r} is registered; "
+                                f"registered: {sorted(_REGISTERED)}")
+
+
+def registered_scales() -> dict[str, ScaleKind]:
+    """The registered scale kinds by name (a copy)."""
+    return dict(_REGISTERED)
 
 
 def op_grad(value: object, arg: str = "grad") -> Grad:

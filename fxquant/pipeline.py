@@ -45,7 +45,6 @@ def transform(
     concrete_args: dict[str, Any] | None = None,
     leaf_modules: Iterable[LeafSpec] = (),
     lint: str = "warn",
-    node_bits: Mapping[str, NodeFormats] | None = None,
 ) -> GraphModule:
     """Trace ``model``, round values where ``mapping`` (or the keywords) say, and lint the
     result.
@@ -93,7 +92,6 @@ def transform(
         leaf_modules (optional): module classes or qualified names traced as single calls.
         lint (str, optional): ``"warn"`` turns findings into warnings, ``"raise"`` raises
             :class:`fxquant.LintError` on errors, ``"off"`` skips it. (default: ``"warn"``)
-        node_bits (dict, optional): deprecated name of ``node_formats``.
 
     Returns:
         torch.fx.GraphModule: the model with a :class:`fxquant.QuantPoint` at each
@@ -121,7 +119,7 @@ given, and the QuantConfig already says how values are rounded; please put forma
         model, mapping, bits=bits, format=format, scale=scale, momentum=momentum, layers=layers,
         rounding=rounding, grad=grad, grad_bits=grad_bits, grad_format=grad_format,
         node_formats=node_formats, inplace=inplace, concrete_args=concrete_args,
-        leaf_modules=leaf_modules, node_bits=node_bits)
+        leaf_modules=leaf_modules)
     if lint != "off":
         report = lint_graph(gm, note=False)
         if lint == "raise" and report.errors:

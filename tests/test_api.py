@@ -78,30 +78,64 @@ def test_layers_and_node_formats_stay_legal_with_a_config_or_mapping():
                            lint="off")
     points = fxquant.quantization_points(gm)
     assert {(p.layer, p.site.value) for _, p in points} == {("conv2", "input"), ("conv2", "output")}
-    assert any(p.override_table is not None for _, p in points)
+    assert any(p.override is not None for _, p in points)
     assert len(mapping._overrides) == 0  # the user's mapping is not changed
     with pytest.raises(ValueError, match="keeps none of the mapping's"):
         fxquant.transform(GCN(), QuantMapping().set_name("conv1", QuantConfig(16)),
                           layers="conv2")
 
 
-def test_deprecated_names_warn_and_work():
-    """Renamed names stay one release, with a FutureWarning naming the new one."""
-    with pytest.warns(FutureWarning, match="NodeBits"):
-        assert fxquant.RowBits is fxquant.NodeBits
-    with pytest.warns(FutureWarning, match="format="):
-        config = QuantConfig(number="int4", scale="tensor")
-    assert config.format.spec() == "int4"
-    with pytest.warns(FutureWarning, match="node_bits="):
-        config = QuantConfig("int4", scale="tensor", range="lsq",
-                             row_bits=fxquant.NodeBits.learned_init(3))
-    with pytest.warns(FutureWarning):
-        assert config.row_bits is config.node_bits
-    with pytest.warns(FutureWarning, match="node_formats"):
-        gm = fxquant.transform(GCN(), bits=16, node_bits={"conv1": ([0], 9)}, lint="off")
-    assert gm.conv1_quant.override_table is not None
-    with pytest.raises(TypeError, match="only format="):
-        QuantConfig("int4", number="int8")
+def test_names_removed_as_announced():
+    """The names 0.3.0 deprecated "for one release" are gone; files saved with them load
+    (test below)."""
+    with pytest.raises(AttributeError):
+        fxquant.RowBits  # noqa: B018
+    with pytest.raises(AttributeError):
+        fxquant.quant.RowBits  # noqa: B018
+    for keyword in ("number", "grad_number", "row_bits"):
+        with pytest.raises(TypeError, match=keyword):
+            QuantConfig("int4", scale="tensor", **{keyword: None})
+    for name in ("number", "grad_number", "row_bits"):
+        assert not hasattr(QuantConfig(16), name)
+    with pytest.raises(TypeError, match="node_bits"):
+        fxquant.transform(GCN(), bits=16, node_bits={"conv1": ([0], 9)}, lint="off")
+
+
+def _renamed(get):
+    """The FutureWarning ``get()`` gives, checked to point at this file (the caller's line)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = get()
+    assert [w.category for w in caught] == [FutureWarning], caught
+    assert caught[0].filename == __file__, caught[0].filename
+    return value, str(caught[0].message)
+
+
+def test_renamed_names_warn_at_the_callers_line():
+    """Names renamed in this release stay one more, with a FutureWarning naming the new one
+    at the line that uses the old."""
+    import fxquant.formats
+    import fxquant.quant.config
+
+    value, message = _renamed(lambda: fxquant.formats.Number)
+    assert value is fxquant.formats.AnyFormat and "AnyFormat" in message
+    value, message = _renamed(lambda: fxquant.quant.config.Number)
+    assert value is fxquant.formats.AnyFormat
+    value, message = _renamed(lambda: fxquant.quant.config.as_number)
+    assert value is fxquant.formats.as_format and "as_format" in message
+    config = QuantConfig("int4", scale="tensor", range="lsq",
+                         node_bits=fxquant.NodeBits.learned_init(3))
+    point = fxquant.QuantPoint(config, "conv1")
+    value, message = _renamed(lambda: point.row_bits)
+    assert value is point.node_widths.bits and "node_widths.bits" in message
+    fixed = fxquant.QuantPoint(QuantConfig("int4", scale="tensor", node_bits=fxquant.NodeBits(
+        torch.tensor([2, 4]))), "conv1")
+    value, _ = _renamed(lambda: fixed.row_bits_table)
+    assert value is fixed.node_widths.bits
+    override = fxquant.QuantPoint(QuantConfig(16), "conv1",
+                                  override=fxquant.NodeOverride([0], 9))
+    value, message = _renamed(lambda: override.override_number)
+    assert value == fxquant.TopN(9) and "override.format" in message
 
 
 def test_configs_pickled_with_the_old_field_names_load():

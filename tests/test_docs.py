@@ -36,7 +36,8 @@ def test_page_code_runs(page):
                                       f"{page.name} block {i}", str(page), 0)
             assert runner.run(test).failed == 0, f"{page.name} block {i} prints something else"
         else:
-            exec(compile(block, f"{page.name} block {i}", "exec"), {"__name__": "docs"})
+            exec(compile(block, f"{page.name} block {i}", "exec", dont_inherit=True),
+                 {"__name__": "docs"})
 
 
 def test_every_public_name_is_in_the_api_reference():

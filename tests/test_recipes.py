@@ -17,6 +17,12 @@ from fxquant.recipes import HubMessages, LearnedBits, LsqProtect, QuantTraining
 from tests.support.data import needs_data
 
 
+def _learned_widths(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The learned per-node bit-width tables of a model's points (a shared one per point)."""
+    return [point.node_widths.bits for _, point in fxquant.quantization_points(model)
+            if point.node_widths is not None and point.node_widths.learned]
+
+
 def graph(n=12, features=6, binary=True):
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(n, features, generator=g) < 0.5).float() if binary else \
@@ -63,7 +69,7 @@ def test_bit_recipes_read_the_graph():
     assert points[("convs.0", "message")].config.format.spec() == "int8:midrise"
     assert ("convs.1", "output") not in points
     assert points[("convs.1", "input")].log_step is points[("convs.0", "output")].log_step
-    agg = points[("convs.1", "aggregate")].row_bits_table
+    agg = points[("convs.1", "aggregate")].node_widths.bits
     assert agg is not None and bool((agg == 4).all())  # last_aggregate_bits
 
 
@@ -72,7 +78,7 @@ def test_hub_messages_gives_hubs_messages_one_bit_fewer():
     data = graph(n=50)
     run = HubMessages(target_bits=3.0, anneal_every=0).prepare(
         GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
-    msg = dict(fxquant.quantization_points(run.model))["convs_0_message_quant"].row_bits_table
+    msg = dict(fxquant.quantization_points(run.model))["convs_0_message_quant"].node_widths.bits
     deg = torch.zeros(50).index_add_(0, data.edge_index[1], torch.ones(data.edge_index.shape[1]))
     hubs = deg > torch.quantile(deg, 0.9)
     assert bool((msg[hubs] == 2).all()) and bool((msg[~hubs] == 3).all())
@@ -97,9 +103,9 @@ def test_hub_messages_fits_its_budget_on_a_graph_without_hubs():
         run = HubMessages().prepare(model, data, lint="off")
     assert isinstance(run.recipe, HubMessages) and run.recipe.hub_quantile < 0.9
     assert _final_count(run, data) <= 2.0
-    assert not any(p.step_ready for _, p in fxquant.quantization_points(run.model)
+    assert not any(p.learned_step.step_ready for _, p in fxquant.quantization_points(run.model)
                    if p.log_step is not None)  # counted on a copy: no step fitted yet
-    msg = dict(fxquant.quantization_points(run.model))["convs_0_message_quant"].row_bits_table
+    msg = dict(fxquant.quantization_points(run.model))["convs_0_message_quant"].node_widths.bits
     deg = torch.zeros(60).index_add_(0, data.edge_index[1], torch.ones(data.edge_index.shape[1]))
     hubs = deg > torch.quantile(deg, run.recipe.hub_quantile)
     assert bool(hubs.any()) and bool((msg[hubs] == 1).all()) and bool((msg[~hubs] == 2).all())
@@ -144,7 +150,7 @@ def test_annealing_starts_above_and_drops_one_bit_every_e_epochs():
     """anneal_every=E: the fixed widths start anneal_bits above and drop by one every E."""
     run = HubMessages(anneal_every=2, anneal_bits=2).prepare(
         GCN(6, 8, num_layers=2, out_channels=3), graph(), lint="off")
-    table = dict(fxquant.quantization_points(run.model))["convs_0_aggregate_quant"].row_bits_table
+    table = dict(fxquant.quantization_points(run.model))["convs_0_aggregate_quant"].node_widths.bits
     final = table.clone()
     seen = []
     for epoch in range(6):
@@ -167,9 +173,9 @@ def test_steps_are_fitted_again_after_each_annealing_drop(recipe):
     for epoch in range(12):
         run.model.train()
         run.start_epoch(epoch)
-        refits.append(not any(p.step_ready for p in points))
+        refits.append(not any(p.learned_step.step_ready for p in points))
         run.model(data.x, data.edge_index)  # fits what was marked
-        assert all(p.step_ready for p in points)
+        assert all(p.learned_step.step_ready for p in points)
     assert [e for e, r in enumerate(refits) if r] == [0, 3, 4, 6, 7]
     assert "anneal_refit_epochs=2" in repr(run)
     with pytest.raises(ValueError, match="anneal_refit_epochs"):
@@ -225,13 +231,13 @@ def test_float_epochs_train_unrounded_then_fit_the_steps_to_the_trained_activati
     steps = [p.step.item() for p in points]
     run.model.train()
     run.start_epoch(2)
-    assert not any(p.step_ready for p in points) and not any(p.float_training for p in points)
+    assert not any(p.learned_step.step_ready for p in points) and not any(p.float_training for p in points)
     torch.manual_seed(2)
     out = run.model(data.x, data.edge_index)  # rounds, and fits the steps
     torch.manual_seed(2)
     assert not torch.equal(out, plain(data.x, data.edge_index))
     assert steps == [1.0] * len(points)  # never fitted in the float epochs (exp(0))
-    assert all(p.step_ready and p.step.item() != 1.0 for p in points)
+    assert all(p.learned_step.step_ready and p.step.item() != 1.0 for p in points)
     assert "float_epochs=2" in repr(run)
     with pytest.raises(ValueError, match="float_epochs"):
         HubMessages(float_epochs=-1)
@@ -330,8 +336,7 @@ def test_float_epochs_with_learned_widths_add_no_penalty_until_values_round(reci
     run = recipe(float_epochs=2, **extra).prepare(
         GCN(6, 8, num_layers=2, out_channels=3), data, lint="off")
     optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
-    widths = [m.row_bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
-              if m.row_bits is not None]
+    widths = [w.detach().clone() for w in _learned_widths(run.model)]
     for epoch in range(4):
         run.model.train()
         run.start_epoch(epoch)
@@ -349,8 +354,7 @@ def test_float_epochs_with_learned_widths_add_no_penalty_until_values_round(reci
         with torch.no_grad():
             run.model(data.x, data.edge_index)
         run.observe(0.5)
-    after = [m.row_bits.detach() for _, m in fxquant.quantization_points(run.model)
-             if m.row_bits is not None]
+    after = [w.detach() for w in _learned_widths(run.model)]
     assert any(not torch.equal(a, b) for a, b in zip(after, widths, strict=True))
 
 
@@ -359,8 +363,7 @@ def test_param_groups_keep_decay_off_the_quantizers_and_widths_at_their_rate():
     run = LearnedBits(bits_lr=0.05).prepare(GCN(6, 8, num_layers=2, out_channels=3), graph(),
                                             lint="off")
     groups = run.param_groups([{"params": list(run.model.parameters()), "weight_decay": 5e-4}])
-    widths = [p for _, m in fxquant.quantization_points(run.model) if m.row_bits is not None
-              for p in [m.row_bits]]
+    widths = _learned_widths(run.model)
     assert groups[-1]["lr"] == 0.05 and groups[-1]["weight_decay"] == 0.0
     assert {id(p) for p in groups[-1]["params"]} == {id(p) for p in widths}
     assert groups[-2]["weight_decay"] == 0.0
@@ -513,8 +516,7 @@ def test_budget_bits_land_at_or_under_the_budget(target, shared_bits):
     counted = _train_epochs(run, data, 8)
     assert all(c <= target for c in counted[1:])  # from the first projection on
     assert all(c >= target - 0.25 for c in counted[1:])
-    widths = [m.row_bits for _, m in fxquant.quantization_points(run.model)
-              if m.row_bits is not None]
+    widths = _learned_widths(run.model)
     assert len({id(w) for w in widths}) == (1 if shared_bits == "all" else len(widths))
 
 
@@ -524,9 +526,8 @@ def test_budget_bits_hold_against_a_loss_that_wants_every_width_up():
     run, data = _budget_run(2.0, bits_lr=3.0)
 
     def every_width_up(run):
-        for _, m in fxquant.quantization_points(run.model):
-            if m.row_bits is not None:
-                m.row_bits.grad = -torch.ones_like(m.row_bits)
+        for widths in _learned_widths(run.model):
+            widths.grad = -torch.ones_like(widths)
 
     counted = _train_epochs(run, data, 5, after=every_width_up)
     assert min(counted[1:]) >= 1.75 and max(counted[1:]) <= 2.0
@@ -538,13 +539,12 @@ def test_budget_bits_step_size_is_their_own():
     moves = []
     for lr in (1e-4, 1e-1):
         run, data = _budget_run(2.0, bits_lr=0.05)
-        assert not any(p is m.row_bits for g in run.param_groups() for p in g["params"]
+        assert not any(m.node_widths is not None and p is m.node_widths.bits
+                       for g in run.param_groups() for p in g["params"]
                        for _, m in fxquant.quantization_points(run.model))
-        before = [m.row_bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
-                  if m.row_bits is not None]
+        before = [w.detach().clone() for w in _learned_widths(run.model)]
         _train_epochs(run, data, 3, lr=lr)
-        after = [m.row_bits.detach() for _, m in fxquant.quantization_points(run.model)
-                 if m.row_bits is not None]
+        after = [w.detach() for w in _learned_widths(run.model)]
         moves.append([float((a - b).abs().max()) for a, b in zip(after, before, strict=True)])
     assert moves[0] == pytest.approx(moves[1], abs=0.2)
 
@@ -565,8 +565,7 @@ def test_an_empty_batch_leaves_the_penalty_and_the_budgeted_widths_alone():
     widths to their floor as if the budget could not be met."""
     run, data = _budget_run(2.0, bits_lr=0.05)
     _train_epochs(run, data, 2)
-    before = [m.row_bits.detach().clone() for _, m in fxquant.quantization_points(run.model)
-              if m.row_bits is not None]
+    before = [w.detach().clone() for w in _learned_widths(run.model)]
     optimizer = torch.optim.Adam(run.param_groups(), lr=0.01)
     run.model.train()
     out = run.model(data.x[:0], torch.empty(2, 0, dtype=torch.long))
@@ -576,8 +575,7 @@ def test_an_empty_batch_leaves_the_penalty_and_the_budgeted_widths_alone():
         run.loss(out.sum()).backward()
         optimizer.step()
         run.after_step()
-    after = [m.row_bits.detach() for _, m in fxquant.quantization_points(run.model)
-             if m.row_bits is not None]
+    after = [w.detach() for w in _learned_widths(run.model)]
     assert all(float((a - b).abs().max()) < 0.2 for a, b in zip(after, before, strict=True))
     assert not run._budget.infeasible
 
@@ -596,8 +594,7 @@ def test_budget_annealing_and_infeasible_budgets():
     run, data = _budget_run(0.5)
     with pytest.warns(UserWarning, match="below what the narrowest widths cost"):
         _train_epochs(run, data, 2)
-    assert all(bool((m.row_bits == 1).all()) for _, m in fxquant.quantization_points(run.model)
-               if m.row_bits is not None)
+    assert all(bool((widths == 1).all()) for widths in _learned_widths(run.model))
     with pytest.raises(fxquant.FxquantError, match="init"):
         fxquant.recipes.BudgetBits(init="hubs")
     with pytest.raises(fxquant.FxquantError, match="project=True"):

@@ -9,7 +9,7 @@ import torch
 
 from fxquant.errors import FxquantTypeError
 
-__all__ = ["FloatLayout", "bit_width", "layout_of"]
+__all__ = ["COMPUTE_DTYPE", "EXPONENT_BIAS", "FloatLayout", "bit_width", "layout_of"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,17 @@ it with `.float()` first.
 
 
 def bit_width(dtype: torch.dtype) -> int:
-    """Number of bits in the pattern of a floating ``dtype`` (the largest valid ``bits``).
+    """The bits in the pattern of a floating ``dtype`` (the largest valid ``bits``).
 
     Example:
         >>> bit_width(torch.float32), bit_width(torch.float64), bit_width(torch.bfloat16)
         (32, 64, 16)
     """
     return layout_of(dtype).width
+
+
+#: The dtype each floating dtype is computed in: float32 for the half types, else itself.
+COMPUTE_DTYPE: Final = {torch.float32: torch.float32, torch.float16: torch.float32,
+                        torch.bfloat16: torch.float32, torch.float64: torch.float64}
+#: The exponent bias of the float32 and float64 patterns, by width.
+EXPONENT_BIAS: Final = {32: 127, 64: 1023}

@@ -1,6 +1,6 @@
 """Round to a number format, with optional scaling: the ``fxquant::quantize`` op.
 
-Numbers (:mod:`fxquant.formats`): minifloats (:class:`~fxquant.formats.Format`), integers
+AnyFormats (:mod:`fxquant.formats`): minifloats (:class:`~fxquant.formats.Format`), integers
 (:class:`~fxquant.formats.IntFormat`) and top-N truncation (:class:`~fxquant.formats.TopN`,
 which calls the truncation kernels). float32, float16 and bfloat16 inputs are computed in
 float32, float64 inputs in float64; nothing is ever widened beyond that.
@@ -27,6 +27,12 @@ along the last dim, ``factor = 2**(emax - floor(log2 amax_block))`` (an E8M0 sca
 exponent clamped to [-127, 127]) and overflow saturates. A result past the input dtype's
 range (float16: a scaled value rounded up, then divided back) saturates at the dtype's
 largest finite value for formats without inf, and is inf for formats with inf.
+
+**Formats and scales of one's own** (:class:`~fxquant.formats.CustomFormat`,
+:class:`~fxquant.modes.ScaleKind`, registered): a custom format rounds where a minifloat
+does (its own ``round``, with the same scaling, infinite inputs saturating unless it has
+inf, NaN kept); a custom scale's ``bounds`` give each group's range, turned into scales
+as for the built-in kinds. Both take the whole-tensor path (no chunks).
 
 **Integers** (``y`` read as ``round(x / scale)`` clamped to ``[qmin, qmax]``, times
 ``scale``), as ``torch.fake_quantize_per_tensor_affine`` computes them (which eager
@@ -55,18 +61,35 @@ from typing import Final
 import torch
 from torch import Tensor
 
-from fxquant._ops.layouts import FloatLayout, layout_of
+from fxquant._ops.layouts import COMPUTE_DTYPE, EXPONENT_BIAS, layout_of
+from fxquant._ops.rounding import finite_value, isnan_fast, round_float, round_int
 from fxquant._ops.rows import row_mask
+from fxquant._ops.scales import (
+    amax_of,
+    block_bounds,
+    bounds_of,
+    broadcast_scale,
+    finite_bounds,
+    format_factor,
+    from_blocks,
+    int_grid_scale,
+    int_scale,
+    mx_factor,
+    row_bounds,
+    tensor_bounds,
+    to_blocks,
+)
 from fxquant._ops.truncate import check_bits, truncate_values
 from fxquant.errors import FxquantValueError, same_kind
-from fxquant.formats import PRESETS, Format, IntFormat, Number, TopN, parse
-from fxquant.modes import Grad, Rounding, Scale, op_grad
+from fxquant.formats import PRESETS, AnyFormat, CustomFormat, Format, IntFormat, TopN, parse
+from fxquant.modes import AnyScale, Grad, Rounding, Scale, ScaleKind, op_grad
 
 __all__ = [
     "ARGS",
     "SIGNATURE",
     "bounds_of",
     "finite_bounds",
+    "int_grid_scale",
     "int_scale",
     "quantize_values",
     "round_float",
@@ -77,342 +100,50 @@ __all__ = [
 #: at 4 MiB the temporaries outgrow the allocator's reuse and E2M3 ran 7.2x clone, at
 #: 1 MiB 4.0x (1,000,000 x 64 on the 2-core VM; 256 KiB chunks measured the same).
 CHUNK: Final = 1 << 18
-_COMPUTE = {torch.float32: torch.float32, torch.float16: torch.float32,
-            torch.bfloat16: torch.float32, torch.float64: torch.float64}
 #: torch's own casts from float32, each rounding to nearest even onto the format it names
 _TORCH_CASTS = {PRESETS["e4m3"]: torch.float8_e4m3fn, PRESETS["e5m2"]: torch.float8_e5m2,
                 PRESETS["fp16"]: torch.float16, PRESETS["bf16"]: torch.bfloat16}
-_BIAS = {32: 127, 64: 1023}
-
-
-# -- per-element rounding: shared by the eager chunks and the inductor decomposition ----------
-
-
-def _finite(value: float, dtype: torch.dtype) -> float:
-    """A format constant as a finite number of ``dtype`` (formats may reach beyond it)."""
-    return min(value, torch.finfo(dtype).max)
-
-
-def _pow2(k: Tensor, layout: FloatLayout, dtype: torch.dtype) -> Tensor:
-    """``2.0 ** k`` for integer tensors ``k`` in the dtype's normal exponent range, exactly."""
-    bias = _BIAS[layout.width]
-    return ((k + bias) << layout.man_bits).view(dtype)
-
-
-def round_float(y: Tensor, fmt: Format, rounding: str, noise: Tensor | None = None) -> Tensor:
-    """Every element of ``y`` (float32 or float64) rounded to a value of ``fmt``.
-
-    Example:
-        >>> round_float(torch.tensor([0.3, 5.0, 7.0, -1e9, float("nan")]), parse("e2m1"), "nearest")
-        tensor([ 0.5000,  4.0000,  6.0000, -6.0000,     nan])
-    """
-    layout = layout_of(y.dtype)
-    a = y.abs()
-    if _rounds_by_pattern(fmt, rounding, layout):
-        r = _round_pattern(a, fmt, rounding, layout)
-    else:
-        r = _round_by_spacing(a, fmt, rounding, layout, noise)
-    big = _finite(fmt.max_finite, y.dtype)
-    if fmt.overflow == "inf" and rounding != Rounding.TOWARD_ZERO:  # IEEE: toward zero saturates
-        r = torch.where(r > big, math.inf, r)
-    else:
-        r = torch.clamp(r, max=big)
-    if not fmt.subnormals:
-        r = torch.where(r < fmt.min_normal, 0.0, r)
-    r = torch.where(a == math.inf, math.inf if fmt.special == "ieee" else big, r)
-    r = torch.copysign(r, y)
-    return torch.where(_isnan(y), y, r)
-
-
-def _rounds_by_pattern(fmt: Format, rounding: str, layout: FloatLayout) -> bool:
-    """Whether :func:`_round_pattern` gives what :func:`_round_by_spacing` gives: nearest or
-    toward zero, at least one mantissa bit (the tie rule of formats without them is
-    the exponent's), fewer mantissa bits than the dtype, and normals inside the dtype's."""
-    return (rounding != Rounding.STOCHASTIC and fmt.exp_bits >= 1
-            and 1 <= fmt.man_bits < layout.man_bits and fmt.emin >= 1 - _BIAS[layout.width])
-
-
-def _round_pattern(a: Tensor, fmt: Format, rounding: str, layout: FloatLayout) -> Tensor:
-    """Magnitudes ``a`` rounded to ``fmt``'s spacing on its bit pattern (no overflow rule).
-
-    At or above the format's smallest normal the spacing is one unit in the format's last
-    mantissa bit, so rounding the pattern does it: nearest-even adds half a unit less one
-    plus the kept last bit and clears the dropped bits (a carry moves into the exponent,
-    as it should); toward zero clears them. Below it (the format's subnormals, a fixed
-    spacing ``2**(emin - man_bits)``), ``a`` is scaled by powers of two, rounded to an
-    integer and scaled back, exactly. Where the format's smallest normal is the dtype's,
-    the dtype's own subnormals have that spacing and the pattern serves them too.
-    Two bit casts and a dozen integer and float operations per element, all of which
-    inductor vectorizes (the exponent arithmetic of :func:`_round_by_spacing` takes five
-    casts and ~25 operations)."""
-    drop = layout.man_bits - fmt.man_bits
-    bits = a.view(layout.int_dtype)
-    if rounding == Rounding.NEAREST:  # NaN patterns capped first: the sum stays in range
-        bits = torch.clamp(bits, max=layout.inf)
-        bits = bits + (((bits >> drop) & 1) + ((1 << (drop - 1)) - 1))
-    r = (bits & -(1 << drop)).view(a.dtype)
-    if fmt.emin == 1 - _BIAS[layout.width]:
-        return r
-    k = fmt.emin - fmt.man_bits  # the subnormal spacing is 2**k (2**-k may pass the
-    # dtype's range: two factors, each within it)
-    up1, up2 = -k // 2, -k - (-k // 2)
-    v = a * (2.0 ** up1) * (2.0 ** up2)
-    n = torch.round(v) if rounding == Rounding.NEAREST else torch.trunc(v)
-    small = n * (2.0 ** -up1) * (2.0 ** -up2)
-    return torch.where(a < 2.0 ** fmt.emin, small, r)
-
-
-def _round_by_spacing(a: Tensor, fmt: Format, rounding: str, layout: FloatLayout,
-                      noise: Tensor | None) -> Tensor:
-    """Magnitudes ``a`` rounded to ``fmt``'s spacing, from the exponent of each value (every
-    rounding; no overflow rule)."""
-    bias = _BIAS[layout.width]
-    exponent = a.view(layout.int_dtype) >> layout.man_bits  # biased; all ones for inf and NaN
-    if fmt.emin < 1 - bias:  # normals below the dtype's: subnormal inputs need their exponent
-        _, e2 = torch.frexp(a)
-        exponent = torch.where(exponent == 0, e2.to(layout.int_dtype) - 1 + bias, exponent)
-    e = torch.clamp(exponent - bias, min=fmt.emin)
-    k = e - fmt.man_bits  # the spacing of the format around |y| is 2**k
-    h1 = k >> 1
-    h2 = k - h1
-    v = a * _pow2(-h1, layout, a.dtype) * _pow2(-h2, layout, a.dtype)  # exact
-    if rounding == Rounding.NEAREST:
-        n = torch.round(v)  # half to even
-        if fmt.man_bits == 0 and fmt.exp_bits > 0:
-            # Every normal significand is 1: "even" is the exponent field's last bit.
-            floor = torch.floor(v)
-            tie = (v - floor == 0.5) & (v >= 1)
-            n = torch.where(tie, floor + ((e + int(fmt.bias)) & 1).to(a.dtype), n)  # type: ignore[arg-type]
-    elif rounding == Rounding.TOWARD_ZERO:
-        n = torch.trunc(v)
-    else:
-        assert noise is not None
-        n = torch.floor(v + noise)
-    return n * _pow2(h1, layout, a.dtype) * _pow2(h2, layout, a.dtype)
-
-
-def _isnan(v: Tensor) -> Tensor:
-    """``v != v``: NaN test that inductor's CPU code vectorizes (its ``isnan`` is a scalar
-    loop, which made the fused kernels ~1.5x clone). Inductor compiles without
-    ``-ffinite-math-only``, so the comparison is kept."""
-    return v != v
-
-
-def round_int(y: Tensor, fmt: IntFormat, rounding: str, noise: Tensor | None = None,
-              zero_point: Tensor | None = None) -> Tensor:
-    """Codes: ``clamp(round(y) + zero_point, qmin, qmax)`` (as floats); NaN stays NaN. On a
-    mid-rise grid, the levels ``clamp(round(y - 1/2), qmin, qmax) + 1/2``.
-
-    Example:
-        >>> round_int(torch.tensor([-9.0, -2.5, 0.5, 1.5, 300.0]), parse("int4"), "nearest")
-        tensor([-8., -2.,  0.,  2.,  7.])
-        >>> round_int(torch.tensor([-9.0, -0.2, 0.1, 1.2]), parse("int2:midrise"), "nearest")
-        tensor([-1.5000, -0.5000,  0.5000,  1.5000])
-    """
-    if fmt.midrise:
-        assert rounding != Rounding.TOWARD_ZERO, "a mid-rise grid has no zero to round toward"
-        y = y - fmt.offset
-    if rounding == Rounding.NEAREST:
-        n = torch.round(y)
-    elif rounding == Rounding.TOWARD_ZERO:
-        n = torch.trunc(y)
-    else:
-        assert noise is not None
-        n = torch.floor(y + noise)
-    if zero_point is not None:
-        n = n + zero_point
-    n = torch.clamp(n, fmt.qmin, fmt.qmax)
-    if fmt.midrise:
-        return n + fmt.offset
-    # an unsigned grid has no -0: a small negative rounds to +0 like a large one clamps to it
-    # (clamp keeps -0, and inductor's clamp does not: abs makes eager and compiled agree)
-    return n.abs() if fmt.qmin >= 0 else n
-
-
-# -- ranges and scales ------------------------------------------------------------------------
-
-
-def bounds_of(x: Tensor, per_row: bool, sync: bool = True) -> Tensor:
-    """``(lo, hi)`` over the finite values of ``x`` (shape ``(2,)``) or of each row (``(n, 2)``);
-    zeros where there are none. With ``sync`` (eager, on the CPU) one read of the extremes
-    decides whether the masked pass over non-finite values is needed; off the CPU, or
-    compiled, it always runs."""
-    return finite_bounds(x, per_row, sync)[0]
-
-
-def finite_bounds(x: Tensor, per_row: bool, sync: bool = True) -> tuple[Tensor, Tensor]:
-    """:func:`bounds_of`, and whether there was any finite value (a bool, per row with
-    ``per_row``): a range fitted over time skips a batch that has none.
-
-    Example:
-        >>> finite_bounds(torch.tensor([1.0, float("nan"), -2.0]), per_row=False)
-        (tensor([-2.,  1.]), tensor(True))
-        >>> finite_bounds(torch.tensor([float("inf"), float("nan")]), per_row=False)
-        (tensor([0., 0.]), tensor(False))
-    """
-    flat = x.reshape(x.shape[0], -1) if per_row else x.reshape(1, -1)
-    if flat.shape[1] == 0:
-        out = x.new_zeros((flat.shape[0], 2))
-        found = torch.zeros(flat.shape[0], dtype=torch.bool, device=x.device)
-        return (out, found) if per_row else (out[0], found[0])
-    compute = _COMPUTE[x.dtype]
-    flat = flat.to(compute)
-    # per tensor: a whole-tensor reduction (over dim 1 of a (1, n) view, ATen's CPU
-    # reduction ran ~20x slower: one thread walks the row)
-    dims = (1,) if per_row else (0, 1)
-    if per_row:
-        lo, hi = torch.aminmax(flat, dim=1)
-    else:
-        lo, hi = (v.reshape(1) for v in torch.aminmax(flat))
-    clean = sync and x.device.type == "cpu" and not torch.compiler.is_compiling() and bool(
-        torch.isfinite(lo).all() & torch.isfinite(hi).all())
-    if not clean and not per_row and not torch.compiler.is_compiling():
-        # eager: the masked pass chunk by chunk (a whole-tensor mask and masked copy would
-        # take 1.25x the input on top of the output)
-        los, his = [], []
-        for part in _chunks(flat.contiguous()):
-            finite = torch.isfinite(part)
-            los.append(torch.where(finite, part, math.inf).amin().reshape(1))
-            his.append(torch.where(finite, part, -math.inf).amax().reshape(1))
-        lo, hi = torch.cat(los).amin().reshape(1), torch.cat(his).amax().reshape(1)
-    elif not clean:
-        finite = torch.isfinite(flat)
-        lo = torch.where(finite, flat, math.inf).amin(dim=dims).reshape(-1)
-        hi = torch.where(finite, flat, -math.inf).amax(dim=dims).reshape(-1)
-    if clean:
-        found = torch.ones(lo.shape, dtype=torch.bool, device=lo.device)
-    else:  # no finite value: lo is +inf there; the range is 0
-        found = torch.isfinite(lo)
-        lo = torch.where(found, lo, 0.0)
-        hi = torch.where(found, hi, 0.0)
-    out = torch.stack([lo, hi], dim=1)
-    return (out, found) if per_row else (out[0], found[0])
-
-
-def _amax(bounds: Tensor) -> Tensor:
-    return torch.maximum(bounds[..., 0].abs(), bounds[..., 1].abs())
-
-
-def _floor_pow2(t: Tensor) -> Tensor:
-    """Positive normal floats rounded down to a power of two (mantissa bits cleared)."""
-    layout = layout_of(t.dtype)
-    return (t.view(layout.int_dtype) & ~((1 << layout.man_bits) - 1)).view(t.dtype)
-
-
-def _exponent(t: Tensor) -> Tensor:
-    """``floor(log2 t)`` of positive normal floats, as integers."""
-    layout = layout_of(t.dtype)
-    return (t.view(layout.int_dtype) >> layout.man_bits) - _BIAS[layout.width]
-
-
-def _format_factor(amax: Tensor, fmt: Format, mode: Scale) -> Tensor:
-    """``max_finite / amax`` where amax is positive and finite, else 1; capped at the largest
-    power of two of the dtype; floored to a power of two for ``-pow2`` modes."""
-    dtype = amax.dtype
-    layout = layout_of(dtype)
-    usable = (amax > 0) & torch.isfinite(amax)
-    # torch.div on tensors: `scalar / tensor` would multiply by the reciprocal instead.
-    big = torch.full_like(amax, _finite(fmt.max_finite, dtype))
-    factor = torch.where(usable, torch.div(big, torch.where(usable, amax, 1.0)), 1.0)
-    cap = 2.0 ** (_BIAS[layout.width] - 1)
-    factor = torch.clamp(factor, max=cap)
-    if mode.pow2:
-        factor = _floor_pow2(torch.clamp(factor, min=torch.finfo(dtype).tiny))
-    return factor.to(dtype)
-
-
-def _mx_factor(amax: Tensor, emax: int) -> Tensor:
-    """OCP MX: ``1 / X`` with ``X = 2**(floor(log2 amax) - emax)``, the E8M0 exponent
-    clamped to [-127, 127] (factor 1 where amax is 0 or not finite)."""
-    layout = layout_of(amax.dtype)
-    emax = min(emax, _BIAS[layout.width])  # (8 exponent bits: the dtype's largest binade)
-    usable = (amax > 0) & torch.isfinite(amax) & (amax >= torch.finfo(amax.dtype).tiny)
-    shared = torch.clamp(_exponent(torch.where(usable, amax, 1.0)) - emax, -127, 127)
-    shared = torch.where(usable, shared, 0)
-    h1 = (-shared) >> 1
-    return _pow2(h1, layout, amax.dtype) * _pow2(-shared - h1, layout, amax.dtype)
-
-
-def int_scale(bounds: Tensor, fmt: IntFormat, mode: Scale) -> tuple[Tensor, Tensor | None]:
-    """``(scale, zero_point)`` of an integer format from ``(lo, hi)`` bounds."""
-    lo, hi = bounds[..., 0], bounds[..., 1]
-    zero_point = None
-    levels: float
-    if fmt.asymmetric:
-        lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
-        span, levels = hi - lo, fmt.qmax - fmt.qmin
-    elif fmt.signed:
-        span, levels = _amax(bounds), fmt.max_finite
-    else:
-        span, levels = torch.clamp(hi, min=0.0), fmt.qmax
-    # a tensor divisor: CUDA computes `tensor / python_number` as a product with the
-    # number's reciprocal, one ulp off the CPU's division for most spans
-    scale = torch.div(span, torch.full_like(span, float(levels)))
-    usable = (scale > 0) & torch.isfinite(scale) & (scale >= torch.finfo(scale.dtype).tiny)
-    scale = torch.where(usable, scale, 1.0)
-    if mode.pow2:  # ceil to a power of two, so the largest value stays on the grid
-        floor = _floor_pow2(scale)
-        # (but not past the dtype's largest power of two: 2x that is inf, and inf * 0 NaN;
-        # the few values above it are clipped)
-        top = _floor_pow2(torch.full_like(scale, torch.finfo(scale.dtype).max))
-        scale = torch.where((floor < scale) & (floor < top), floor * 2, floor)
-    if fmt.asymmetric:
-        zero_point = torch.clamp(fmt.qmin - torch.round(lo / scale), fmt.qmin, fmt.qmax)
-    return scale, zero_point
 
 
 # -- the whole op, on one chunk or one tensor -------------------------------------------------
 
 
-def _scaled(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+def _scaled(x: Tensor, fmt: Format | IntFormat | CustomFormat, rounding: str, mode: AnyScale,
             bounds: Tensor | None, noise: Tensor | None) -> Tensor:
     """Quantize ``x`` (compute dtype) whose rows or blocks line up with ``bounds``."""
-    if isinstance(fmt, Format):
+    if isinstance(fmt, (Format, CustomFormat)):
         if mode is Scale.NONE:
-            return round_float(x, fmt, rounding, noise)
+            return _round_values(x, fmt, rounding, noise)
         assert bounds is not None
-        amax = _amax(bounds)
-        factor = _mx_factor(amax, fmt.emax) if mode.per_block else _format_factor(amax, fmt, mode)
-        factor = _broadcast(factor, x, mode)
-        target = _saturating(fmt) if mode.per_block else fmt  # MX saturates
-        return round_float(x * factor, target, rounding, noise) / factor
+        amax = amax_of(bounds)
+        factor = mx_factor(amax, fmt.emax) if mode.per_block else format_factor(amax, fmt, mode)
+        factor = broadcast_scale(factor, x, mode)
+        target = _saturating(fmt) if mode.per_block and isinstance(fmt, Format) else fmt
+        return _round_values(x * factor, target, rounding, noise) / factor
     if mode is Scale.NONE:
-        return torch.where(_isnan(x), x, round_int(x, fmt, rounding, noise))
+        return torch.where(isnan_fast(x), x, round_int(x, fmt, rounding, noise))
     assert bounds is not None
     scale, zero_point = int_scale(bounds, fmt, mode)
-    scale = _broadcast(scale, x, mode)
+    scale = broadcast_scale(scale, x, mode)
     inv = torch.reciprocal(scale)
-    zp = None if zero_point is None else _broadcast(zero_point, x, mode)
+    zp = None if zero_point is None else broadcast_scale(zero_point, x, mode)
     codes = round_int(x * inv, fmt, rounding, noise, zp)
     out = (codes - zp if zp is not None else codes) * scale
-    return torch.where(_isnan(x), x, out)
+    return torch.where(isnan_fast(x), x, out)
 
 
-def _broadcast(per: Tensor, x: Tensor, mode: Scale) -> Tensor:
-    """A per-tensor, per-row or per-block value shaped to broadcast against ``x``."""
-    if mode.per_row:
-        return per.view((x.shape[0],) + (1,) * (x.dim() - 1))
-    if mode.per_block:
-        return per.unsqueeze(-1)  # x is (..., blocks, 32) here
-    return per
-
-
-def _blocks(x: Tensor) -> Tensor:
-    """``x`` as ``(rows, blocks, 32)``, zero-padded along the last dim."""
-    last = x.shape[-1] if x.dim() else 1
-    pad = -last % 32
-    flat = x.reshape(-1, last) if x.dim() else x.reshape(1, 1)
-    if pad:
-        flat = torch.nn.functional.pad(flat, (0, pad))
-    return flat.reshape(flat.shape[0], -1, 32)
-
-
-def _unblock(blocks: Tensor, like: Tensor) -> Tensor:
-    """:func:`_blocks`' ``(rows, blocks, 32)`` back in ``like``'s shape, the padding cut
-    off, in memory of its own (contiguous, as the input was: a view into the padded blocks
-    would hold up to 32x the memory and break a caller's ``.view``)."""
-    last = like.shape[-1] if like.dim() else 1
-    return blocks.reshape(blocks.shape[0], -1)[:, :last].contiguous().reshape(like.shape)
+def _round_values(y: Tensor, fmt: Format | CustomFormat, rounding: str,
+                  noise: Tensor | None) -> Tensor:
+    """:func:`round_float`, or a custom format's own ``round`` with the rules every format
+    keeps: NaN stays NaN, an infinity saturates where the format has none (MX blocks
+    saturate every format)."""
+    if isinstance(fmt, Format):
+        return round_float(y, fmt, rounding, noise)
+    r = fmt.round(y, rounding, noise)
+    if not fmt.has_inf:
+        big = torch.full_like(y, finite_value(fmt.max_finite, y.dtype))
+        r = torch.where(y.abs() == math.inf, torch.copysign(big, y), r)
+    return torch.where(isnan_fast(y), y, r)
 
 
 def _noise(shape: torch.Size, dtype: torch.dtype, device: torch.device,
@@ -420,29 +151,32 @@ def _noise(shape: torch.Size, dtype: torch.dtype, device: torch.device,
     return torch.rand(shape, dtype=dtype, device=device, generator=generator)
 
 
-def _whole(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+def _whole(x: Tensor, fmt: Format | IntFormat | CustomFormat, rounding: str, mode: AnyScale,
            bounds: Tensor | None, generator: torch.Generator | None, sync: bool = True) -> Tensor:
     """The op on the whole tensor at once: what the decomposition compiles (``sync=False``:
     no value is read back to the host)."""
-    compute = _COMPUTE[x.dtype]
+    compute = COMPUTE_DTYPE[x.dtype]
     xc = x.to(compute)
     noise = (_noise(xc.shape, compute, x.device, generator)
              if rounding == Rounding.STOCHASTIC else None)
     if mode.per_block:
-        blocks = _blocks(xc)
-        block_bounds = _block_bounds(blocks, sync) if bounds is None else None
+        blocks = to_blocks(xc)
+        per_block = block_bounds(blocks, sync) if bounds is None else None
         if noise is not None:
-            noise = _blocks(noise)
-        out = _unblock(_scaled(blocks, fmt, rounding, mode,
-                               block_bounds if bounds is None else bounds, noise), xc)
+            noise = to_blocks(noise)
+        out = from_blocks(_scaled(blocks, fmt, rounding, mode,
+                                  per_block if bounds is None else bounds, noise), xc)
     else:
-        if mode is not Scale.NONE and bounds is None:
+        if isinstance(mode, ScaleKind):
+            bounds = mode.bounds(xc).to(compute)
+        elif mode is not Scale.NONE and bounds is None:
             bounds = bounds_of(xc, mode.per_row, sync)
         out = _scaled(xc, fmt, rounding, mode, bounds, noise)
     return _to_dtype(out, fmt, x.dtype, mode is not Scale.NONE, x, sync)
 
 
-def _to_dtype(out: Tensor, fmt: Format | IntFormat, dtype: torch.dtype, scaled: bool,
+def _to_dtype(out: Tensor, fmt: Format | IntFormat | CustomFormat, dtype: torch.dtype,
+              scaled: bool,
               x: Tensor, sync: bool = True) -> Tensor:
     """``out`` in the input's dtype ``x.dtype``, never inf from a finite input by accident.
 
@@ -452,7 +186,8 @@ def _to_dtype(out: Tensor, fmt: Format | IntFormat, dtype: torch.dtype, scaled: 
     narrower input dtype may not hold the format's largest value: formats without inf
     saturate there, formats with inf overflow to it (as a cast does).
     """
-    ieee = isinstance(fmt, Format) and fmt.special == "ieee"
+    ieee = (isinstance(fmt, Format) and fmt.special == "ieee") or (
+        isinstance(fmt, CustomFormat) and fmt.has_inf)
     if scaled or (not ieee and out.dtype != dtype):
         big = torch.finfo(dtype).max
         # In place on the fresh output in eager; out of place where the compiler traces.
@@ -469,39 +204,10 @@ def _any_inf(x: Tensor) -> bool:
     takes 1.25x its memory: a float ``abs`` and a bool mask)."""
     if not x.is_contiguous():
         return bool(torch.isinf(x).any())
-    return any(bool(torch.isinf(part).any()) for part in _chunks(x))
+    return any(bool(torch.isinf(part).any()) for part in chunks(x))
 
 
-def _block_bounds(blocks: Tensor, sync: bool) -> Tensor:
-    """``(-amax, amax)`` per block of 32 over finite values (two fast reductions when clean)."""
-    lo, hi = blocks.amin(dim=-1), blocks.amax(dim=-1)
-    amax = torch.maximum(lo.abs(), hi.abs())
-    if not (sync and blocks.device.type == "cpu" and bool(torch.isfinite(amax).all())):
-        finite = torch.isfinite(blocks)
-        amax = torch.where(finite, blocks.abs(), 0.0).amax(dim=-1)
-    return torch.stack([-amax, amax], dim=-1)
-
-
-def _per_tensor_bounds(x: Tensor) -> Tensor:
-    """``(lo, hi)`` of finite values: one fast full reduction, masked only when needed."""
-    lo, hi = torch.aminmax(x)
-    if bool(torch.isfinite(lo) & torch.isfinite(hi)):
-        return torch.stack([lo, hi])
-    return bounds_of(x, per_row=False, sync=False)
-
-
-def _per_row_bounds(x: Tensor) -> Tensor:
-    """``(lo, hi)`` per row; ``amin``/``amax`` along a dim are faster than ``aminmax`` there."""
-    flat = x.reshape(x.shape[0], -1)
-    if flat.shape[1] == 0:
-        return x.new_zeros((x.shape[0], 2))
-    lo, hi = flat.amin(dim=1), flat.amax(dim=1)
-    if bool(torch.isfinite(lo).all() & torch.isfinite(hi).all()):
-        return torch.stack([lo, hi], dim=1)
-    return bounds_of(x, per_row=True, sync=False)
-
-
-def _chunks(t: Tensor) -> Iterator[Tensor]:
+def chunks(t: Tensor) -> Iterator[Tensor]:
     flat = t.view(-1)
     for start in range(0, flat.numel(), CHUNK):
         yield flat[start:start + CHUNK]
@@ -533,7 +239,7 @@ def _round_nearest_split(part: Tensor, fmt: Format) -> None:
     a fused multiply-add (which would change the result); the tests check every tie.
     """
     layout = layout_of(part.dtype)
-    big = _finite(fmt.max_finite, part.dtype)
+    big = finite_value(fmt.max_finite, part.dtype)
     part.clamp_(-big, big)
     shift = layout.man_bits - fmt.man_bits
     c = part * float(2 ** shift + 1)
@@ -574,7 +280,7 @@ def _cast_route(fmt: Format, rounding: str, compute: torch.dtype) -> tuple[torch
         shift = cast_fmt.emin - fmt.emin
         if cast_fmt.man_bits == fmt.man_bits and cast_fmt.subnormals and shift <= 0 \
                 and fmt.max_finite * 2.0 ** shift <= cast_fmt.max_finite \
-                and cast_fmt.emin - cast_fmt.man_bits - 1 >= 1 - _BIAS[32]:
+                and cast_fmt.emin - cast_fmt.man_bits - 1 >= 1 - EXPONENT_BIAS[32]:
             return dtype, shift
     return None
 
@@ -604,20 +310,21 @@ def _fp8_table(dtype: torch.dtype, device: torch.device) -> Tensor | None:
     return torch.arange(256, dtype=torch.uint8, device=device).view(dtype).to(torch.float32)
 
 
-def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
+def _eager(x: Tensor, fmt: Format | IntFormat | CustomFormat, rounding: str, mode: AnyScale,
            bounds: Tensor | None, generator: torch.Generator | None) -> Tensor:
     """The same values as :func:`_whole`, computed into one output buffer: the scaling and
     integer steps in place on it, the float rounding in chunks (so temporaries stay small
     and the allocator reuses them). Extra memory: the output and a few chunks."""
-    if x.device.type == "meta":
+    if x.device.type == "meta" or isinstance(fmt, CustomFormat) \
+            or isinstance(mode, ScaleKind):
         return _whole(x, fmt, rounding, mode, bounds, generator)
-    compute = _COMPUTE[x.dtype]
+    compute = COMPUTE_DTYPE[x.dtype]
     xc = (x if x.dtype == compute else x.to(compute)).contiguous()
-    view = _blocks(xc) if mode.per_block else xc
+    view = to_blocks(xc) if mode.per_block else xc
     if mode.per_block:
-        bounds = _block_bounds(view, sync=True)
+        bounds = block_bounds(view, sync=True)
     elif mode is not Scale.NONE and bounds is None:
-        bounds = _per_row_bounds(xc) if mode.per_row else _per_tensor_bounds(xc)
+        bounds = row_bounds(xc) if mode.per_row else tensor_bounds(xc)
     stochastic = rounding == Rounding.STOCHASTIC
     if isinstance(fmt, IntFormat):
         out = _eager_int(view, fmt, rounding, mode, bounds, generator)
@@ -626,9 +333,9 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
         factor = None
         if mode is not Scale.NONE:
             assert bounds is not None
-            amax = _amax(bounds)
-            per = _mx_factor(amax, fmt.emax) if mode.per_block else _format_factor(amax, fmt, mode)
-            factor = _broadcast(per, view, mode)
+            amax = amax_of(bounds)
+            per = mx_factor(amax, fmt.emax) if mode.per_block else format_factor(amax, fmt, mode)
+            factor = broadcast_scale(per, view, mode)
         # one factor for the whole tensor: scaled, rounded and unscaled per chunk while it
         # is in cache (two whole-tensor passes fewer); the same operations, the same values
         whole = factor is None or factor.numel() == 1
@@ -642,10 +349,10 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
         route = _cast_route(target, rounding, compute)
         if route is not None:  # the same for every chunk
             cast, shift = route
-            lim = _finite(target.max_finite, compute) * 2.0 ** shift
+            lim = finite_value(target.max_finite, compute) * 2.0 ** shift
             table = _fp8_table(cast, x.device)
         split = _split_rounds(target, rounding, compute)
-        for part, source in zip(_chunks(out), _chunks(view), strict=True):
+        for part, source in zip(chunks(out), chunks(view), strict=True):
             if whole:
                 if factor is None:
                     part.copy_(source)
@@ -664,7 +371,7 @@ def _eager(x: Tensor, fmt: Format | IntFormat, rounding: str, mode: Scale,
             assert factor is not None
             out.div_(factor)
     if mode.per_block:
-        out = _unblock(out, xc)
+        out = from_blocks(out, xc)
     return _to_dtype(out, fmt, x.dtype, mode is not Scale.NONE, x)
 
 
@@ -677,15 +384,15 @@ def _eager_int(view: Tensor, fmt: IntFormat, rounding: str, mode: Scale, bounds:
     else:
         assert bounds is not None
         per_scale, per_zero = int_scale(bounds, fmt, mode)
-        scale = _broadcast(per_scale, view, mode)
-        zero_point = None if per_zero is None else _broadcast(per_zero, view, mode)
+        scale = broadcast_scale(per_scale, view, mode)
+        zero_point = None if per_zero is None else broadcast_scale(per_zero, view, mode)
         out = torch.mul(view, torch.reciprocal(scale))
     # one scale for the whole tensor: every step on a chunk while it is in cache
     whole = scale is None or scale.numel() == 1
     if whole and scale is not None:  # a scalar, to broadcast against a flat chunk
         scale = scale.reshape(())
         zero_point = None if zero_point is None else zero_point.reshape(())
-    for part in _chunks(out):
+    for part in chunks(out):
         if fmt.midrise:
             part.sub_(fmt.offset)
         if rounding == Rounding.STOCHASTIC:
@@ -716,7 +423,7 @@ def _finish_codes(out: Tensor, fmt: IntFormat, scale: Tensor | None,
         out.mul_(scale)
 
 
-def quantize_values(x: Tensor, fmt: Number, rounding: str, scale: str = "none",
+def quantize_values(x: Tensor, fmt: AnyFormat, rounding: str, scale: str = "none",
                     bounds: Tensor | None = None,
                     generator: torch.Generator | None = None) -> Tensor:
     """The eager numerics without checks or autograd (arguments already validated)."""
@@ -726,7 +433,7 @@ def quantize_values(x: Tensor, fmt: Number, rounding: str, scale: str = "none",
         return x.clone()
     mode = Scale.parse(scale)
     if bounds is not None:
-        bounds = bounds.to(_COMPUTE[x.dtype])
+        bounds = bounds.to(COMPUTE_DTYPE[x.dtype])
     return _eager(x, fmt, rounding, mode, bounds, generator)
 
 
@@ -737,8 +444,8 @@ def _where(name: str) -> str:
     return f"fxquant.quantize (quantization point {name!r})" if name else "fxquant.quantize"
 
 
-def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_format: str,
-           grad_format: str, name: str, bounds: Tensor | None = None) -> tuple[Number, Number | None]:
+def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, override_format: str,
+           grad_format: str, name: str, bounds: Tensor | None = None) -> tuple[AnyFormat, AnyFormat | None]:
     where = _where(name)
     what = f"the input of quantization point {name!r}" if name else "x"
     layout = layout_of(x.dtype, what)
@@ -752,7 +459,7 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
             "scale='tensor' for a 1-D tensor."
         )
     numbers = []
-    for arg, spec in (("format", format), ("rows_format", rows_format),
+    for arg, spec in (("format", format), ("override_format", override_format),
                       ("grad_format", grad_format)):
         if not spec:
             continue
@@ -773,18 +480,20 @@ def _check(x: Tensor, format: str, rounding: str, scale: str, grad: str, rows_fo
                          f"truncation ({main.spec()})")
     if bounds is not None:
         expected = (x.shape[0], 2) if mode.per_row else (2,)
-        if mode is Scale.NONE or mode.per_block or tuple(bounds.shape) != expected:
-            raise FxquantValueError(f"{where}: bounds must have shape {expected} for scale={scale!r} "
-                             f"(got {tuple(bounds.shape)}); block scales come from the data")
-    return main, parse(rows_format) if rows_format else None
+        if mode is Scale.NONE or mode.per_block or isinstance(mode, ScaleKind) \
+                or tuple(bounds.shape) != expected:
+            raise FxquantValueError(
+                f"{where}: bounds must have shape {expected} for scale={scale!r} (got "
+                f"{tuple(bounds.shape)}); block scales and registered scales come from the data")
+    return main, parse(override_format) if override_format else None
 
 
 # -- the registered op ------------------------------------------------------------------------
 
 _SCHEMA: Final = (
     "(Tensor x, str format, str rounding='nearest', str scale='none', str grad='ste', "
-    "Generator? generator=None, Tensor? bounds=None, Tensor? rows=None, str rows_format='', "
-    "str grad_format='', str name='', str numerics='') -> Tensor"
+    "Generator? generator=None, Tensor? bounds=None, Tensor? override_rows=None, "
+    "str override_format='', str grad_format='', str name='', str numerics='') -> Tensor"
 )
 
 
@@ -796,17 +505,19 @@ def _quantize_impl(
     grad: str = "ste",
     generator: torch.Generator | None = None,
     bounds: Tensor | None = None,
-    rows: Tensor | None = None,
-    rows_format: str = "",
+    override_rows: Tensor | None = None,
+    override_format: str = "",
     grad_format: str = "",
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
-    fmt, rows_fmt = _check(x, format, rounding, scale, grad, rows_format, grad_format, name, bounds)
+    fmt, override_fmt = _check(x, format, rounding, scale, grad, override_format, grad_format,
+                               name, bounds)
     y = quantize_values(x, fmt, rounding, scale, bounds, generator)
-    if rows is not None and rows_fmt is not None:
-        mask = row_mask(rows, x, _where(name))
-        y = torch.where(mask, quantize_values(x, rows_fmt, rounding, scale, bounds, generator), y)
+    if override_rows is not None and override_fmt is not None:
+        mask = row_mask(override_rows, x, _where(name))
+        y = torch.where(mask, quantize_values(x, override_fmt, rounding, scale, bounds,
+                                              generator), y)
     return y
 
 
@@ -825,15 +536,15 @@ def _(
     grad: str = "ste",
     generator: torch.Generator | None = None,
     bounds: Tensor | None = None,
-    rows: Tensor | None = None,
-    rows_format: str = "",
+    override_rows: Tensor | None = None,
+    override_format: str = "",
     grad_format: str = "",
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
-    _check(x, format, rounding, scale, grad, rows_format, grad_format, name, bounds)
-    if rows is not None:
-        row_mask(rows, x, _where(name))
+    _check(x, format, rounding, scale, grad, override_format, grad_format, name, bounds)
+    if override_rows is not None:
+        row_mask(override_rows, x, _where(name))
     return torch.empty_like(x)
 
 
@@ -870,45 +581,45 @@ def _decomposed(
     grad: str = "ste",
     generator: torch.Generator | None = None,
     bounds: Tensor | None = None,
-    rows: Tensor | None = None,
-    rows_format: str = "",
+    override_rows: Tensor | None = None,
+    override_format: str = "",
     grad_format: str = "",
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
     """What inductor compiles: the per-element functions on the whole tensor, fused."""
-    fmt, rows_fmt = parse(format), parse(rows_format) if rows_format else None
+    fmt, override_fmt = parse(format), parse(override_format) if override_format else None
     if rounding == Rounding.STOCHASTIC:
-        return torch.ops.fxquant._stochastic_quantize(x, format, scale, bounds, rows,
-                                                       rows_format, name)
+        return torch.ops.fxquant._stochastic_quantize(x, format, scale, bounds, override_rows,
+                                                       override_format, name)
 
-    def one(number: Number) -> Tensor:
+    def one(number: AnyFormat) -> Tensor:
         if isinstance(number, TopN):
             return torch.ops.fxquant.truncate.default(x, number.bits, rounding)
-        given = None if bounds is None else bounds.to(_COMPUTE[x.dtype])
+        given = None if bounds is None else bounds.to(COMPUTE_DTYPE[x.dtype])
         return _whole(x, number, rounding, Scale.parse(scale), given, None, sync=False)
 
     y = one(fmt)
-    if rows is not None and rows_fmt is not None:
-        y = torch.where(row_mask(rows, x, _where(name)), one(rows_fmt), y)
+    if override_rows is not None and override_fmt is not None:
+        y = torch.where(row_mask(override_rows, x, _where(name)), one(override_fmt), y)
     return y
 
 
 @torch.library.custom_op(
     "fxquant::_stochastic_quantize", mutates_args=(),
-    schema="(Tensor x, str format, str scale, Tensor? bounds, Tensor? rows, str rows_format, "
-           "str name) -> Tensor",
+    schema="(Tensor x, str format, str scale, Tensor? bounds, Tensor? override_rows, "
+           "str override_format, str name) -> Tensor",
 )
 def _stochastic_quantize(x: Tensor, format: str, scale: str, bounds: Tensor | None,
-                         rows: Tensor | None, rows_format: str, name: str) -> Tensor:
+                         override_rows: Tensor | None, override_format: str, name: str) -> Tensor:
     """The eager stochastic kernel as an op without a decomposition, for compiled graphs."""
-    return _quantize_impl(x, format, "stochastic", scale, "ste", None, bounds, rows, rows_format,
-                          "", name)
+    return _quantize_impl(x, format, "stochastic", scale, "ste", None, bounds, override_rows,
+                          override_format, "", name)
 
 
 @_stochastic_quantize.register_fake
-def _(x: Tensor, format: str, scale: str, bounds: Tensor | None, rows: Tensor | None,
-      rows_format: str, name: str) -> Tensor:
+def _(x: Tensor, format: str, scale: str, bounds: Tensor | None, override_rows: Tensor | None,
+      override_format: str, name: str) -> Tensor:
     return torch.empty_like(x)
 
 

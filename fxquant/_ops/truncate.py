@@ -82,14 +82,14 @@ def check_bits(value: object, width: int, arg: str, where: str) -> int:
 
 
 def _check_args(x: Tensor, bits: int, rounding: str, grad: str, name: str,
-                rows_bits: int | None = None, grad_bits: int = 0) -> FloatLayout:
+                override_bits: int | None = None, grad_bits: int = 0) -> FloatLayout:
     """Validate everything but the tensor values; shared by the kernels and the fake kernel."""
     where = _where(name)
     what = f"the input of quantization point {name!r}" if name else "x"
     layout = layout_of(x.dtype, what)
     check_bits(bits, layout.width, "bits", where)
-    if rows_bits is not None:
-        check_bits(rows_bits, layout.width, "rows_bits", where)
+    if override_bits is not None:
+        check_bits(override_bits, layout.width, "override_bits", where)
     if grad_bits:
         check_bits(grad_bits, layout.width, "grad_bits", where)
     Rounding.parse(rounding)
@@ -253,8 +253,8 @@ def truncate_values(x: Tensor, bits: int, rounding: str,
 
 _SCHEMA: Final = (
     "(Tensor x, int bits, str rounding='toward_zero', str grad='ste', "
-    "Generator? generator=None, Tensor? rows=None, int rows_bits=32, int grad_bits=0, "
-    "str name='', str numerics='') -> Tensor"
+    "Generator? generator=None, Tensor? override_rows=None, int override_bits=32, "
+    "int grad_bits=0, str name='', str numerics='') -> Tensor"
 )
 
 
@@ -264,18 +264,18 @@ def _truncate_impl(
     rounding: str = "toward_zero",
     grad: str = "ste",
     generator: torch.Generator | None = None,
-    rows: Tensor | None = None,
-    rows_bits: int = 32,
+    override_rows: Tensor | None = None,
+    override_bits: int = 32,
     grad_bits: int = 0,
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
-    layout = _check_args(x, bits, rounding, grad, name, rows_bits if rows is not None else None,
-                         grad_bits)
+    layout = _check_args(x, bits, rounding, grad, name,
+                         override_bits if override_rows is not None else None, grad_bits)
     y = truncate_eager(x, bits, rounding, layout, generator)
-    if rows is not None:
-        mask = row_mask(rows, x, _where(name))
-        y = torch.where(mask, truncate_eager(x, rows_bits, rounding, layout, generator), y)
+    if override_rows is not None:
+        mask = row_mask(override_rows, x, _where(name))
+        y = torch.where(mask, truncate_eager(x, override_bits, rounding, layout, generator), y)
     return y
 
 
@@ -292,15 +292,16 @@ def _(
     rounding: str = "toward_zero",
     grad: str = "ste",
     generator: torch.Generator | None = None,
-    rows: Tensor | None = None,
-    rows_bits: int = 32,
+    override_rows: Tensor | None = None,
+    override_bits: int = 32,
     grad_bits: int = 0,
     name: str = "",
     numerics: str = "",
 ) -> Tensor:
-    _check_args(x, bits, rounding, grad, name, rows_bits if rows is not None else None, grad_bits)
-    if rows is not None:
-        row_mask(rows, x, _where(name))
+    _check_args(x, bits, rounding, grad, name,
+                override_bits if override_rows is not None else None, grad_bits)
+    if override_rows is not None:
+        row_mask(override_rows, x, _where(name))
     return torch.empty_like(x)
 
 
@@ -333,8 +334,8 @@ def _decomposed(
     rounding: str = "toward_zero",
     grad: str = "ste",
     generator: torch.Generator | None = None,
-    rows: Tensor | None = None,
-    rows_bits: int = 32,
+    override_rows: Tensor | None = None,
+    override_bits: int = 32,
     grad_bits: int = 0,
     name: str = "",
     numerics: str = "",
@@ -346,26 +347,27 @@ def _decomposed(
     draw, and the eager kernel keeps following ``torch.manual_seed`` exactly.
     """
     if rounding == Rounding.STOCHASTIC:
-        return torch.ops.fxquant._stochastic_truncate(x, bits, rows, rows_bits, name)
+        return torch.ops.fxquant._stochastic_truncate(x, bits, override_rows, override_bits, name)
     y = truncate_fused(x, bits, rounding, None)
-    if rows is not None:
-        mask = row_mask(rows, x, _where(name))
-        y = torch.where(mask, truncate_fused(x, rows_bits, rounding, None), y)
+    if override_rows is not None:
+        mask = row_mask(override_rows, x, _where(name))
+        y = torch.where(mask, truncate_fused(x, override_bits, rounding, None), y)
     return y
 
 
 @torch.library.custom_op(
     "fxquant::_stochastic_truncate", mutates_args=(),
-    schema="(Tensor x, int bits, Tensor? rows, int rows_bits, str name) -> Tensor",
+    schema="(Tensor x, int bits, Tensor? override_rows, int override_bits, str name) -> Tensor",
 )
-def _stochastic_truncate(x: Tensor, bits: int, rows: Tensor | None, rows_bits: int,
-                         name: str) -> Tensor:
+def _stochastic_truncate(x: Tensor, bits: int, override_rows: Tensor | None,
+                         override_bits: int, name: str) -> Tensor:
     """The eager stochastic kernel as an op without a decomposition, for compiled graphs."""
-    return _truncate_op(x, bits, "stochastic", "ste", None, rows, rows_bits, 0, name)
+    return _truncate_op(x, bits, "stochastic", "ste", None, override_rows, override_bits, 0, name)
 
 
 @_stochastic_truncate.register_fake
-def _(x: Tensor, bits: int, rows: Tensor | None, rows_bits: int, name: str) -> Tensor:
+def _(x: Tensor, bits: int, override_rows: Tensor | None, override_bits: int,
+      name: str) -> Tensor:
     return torch.empty_like(x)
 
 

@@ -1,7 +1,7 @@
 """``transform``: trace a model and insert quantization points as a mapping says.
 
 The general form is ``transform(model, mapping)`` with a
-:class:`~fxquant.quant.config.QuantMapping`; ``bits=``, ``format=``, ``layers=``,
+:class:`~fxquant.quant.mapping.QuantMapping`; ``bits=``, ``format=``, ``layers=``,
 ``node_formats=`` and friends are sugar that builds one.
 """
 
@@ -17,18 +17,11 @@ from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
 from fxquant._ops.layouts import bit_width
-from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
-from fxquant.formats import Format, TopN
+from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.formats import CustomFormat, Format, TopN, as_format
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
 from fxquant.fx.tracer import LeafSpec, check_leaf_modules, refuse_compiled, refuse_lazy, trace
-from fxquant.quant.config import (
-    NodeOverride,
-    QuantConfig,
-    QuantMapping,
-    Resolved,
-    Site,
-    as_number,
-)
+from fxquant.quant.config import QuantConfig
 from fxquant.quant.insert import (
     check_points,
     edge_index_of,
@@ -36,7 +29,10 @@ from fxquant.quant.insert import (
     insert_quant_points,
     layer_input,
 )
+from fxquant.quant.mapping import QuantMapping, Resolved
+from fxquant.quant.override import NodeOverride
 from fxquant.quant.points import QuantPoint
+from fxquant.quant.site import Site, SiteKind
 from fxquant.quant.sites import edge_arguments, linears_of, weights_of
 
 __all__ = ["TRACE_KEY", "plan", "remember_trace", "transform"]
@@ -114,7 +110,7 @@ def _add_overrides(mapping: QuantMapping, node_formats: Any, max_bits: int) -> N
     for key, value in node_formats.items():
         override = NodeOverride.parse(value, str(key))
         if isinstance(override.format, TopN) and override.format.bits > max_bits:
-            as_number(override.format.bits, f"node_formats[{key!r}] bits", max_bits)
+            as_format(override.format.bits, f"node_formats[{key!r}] bits", max_bits)
         mapping.set_nodes(str(key), override.nodes, override.format)
 
 
@@ -155,31 +151,33 @@ def _sugar(
         )
     if grad_bits is not None and grad_format is not None:
         raise FxquantValueError("fxquant.transform: give grad_bits= or grad_format=, not both")
-    grad_number = None
+    gradient_format = None
     if grad_bits is not None or grad_format is not None:
         arg = "grad_bits" if grad_bits is not None else "grad_format"
-        grad_number = as_number(grad_bits if grad_bits is not None else grad_format, arg, max_bits)
+        gradient_format = as_format(grad_bits if grad_bits is not None else grad_format, arg, max_bits)
 
     def config(number: Any, arg: str, per_layer: bool) -> QuantConfig:
-        parsed = as_number(number, arg, max_bits)
-        is_format = isinstance(parsed, Format)
+        parsed = as_format(number, arg, max_bits)
+        is_format = isinstance(parsed, (Format, CustomFormat))
         # In a dict that mixes kept bits and formats, scale/momentum apply to the formats.
         use_scale = scale if is_format or not per_layer else None
         use_momentum = momentum if is_format or not per_layer else None
         return QuantConfig(parsed, rounding, scale=use_scale, momentum=use_momentum, grad=grad,
-                           grad_number=grad_number)
+                           grad_format=gradient_format)
 
     mapping = QuantMapping()
     if isinstance(chosen, Mapping):
         if not chosen:
             raise FxquantValueError("fxquant.transform: the bits/format dict names no layer")
-        numbers = {key: as_number(value, f"bits[{key!r}]", max_bits) for key, value in chosen.items()}
-        if scale is not None and not any(isinstance(n, Format) for n in numbers.values()):
+        numbers = {key: as_format(value, f"bits[{key!r}]", max_bits) for key, value in chosen.items()}
+        if scale is not None and not any(isinstance(n, (Format, CustomFormat))
+                                         for n in numbers.values()):
             raise FxquantValueError(
                 f"scale={scale!r} applies to formats (format='e4m3', ...), not to top-N "
                 "truncation of the pattern; please drop scale= or use format=."
             )
-        if momentum is not None and not any(isinstance(n, Format) for n in numbers.values()):
+        if momentum is not None and not any(isinstance(n, (Format, CustomFormat))
+                                            for n in numbers.values()):
             raise FxquantValueError(f"momentum={momentum!r} keeps a running amax for a scaled format; "
                              "the dict names none. Please drop momentum=.")
         for key, number in numbers.items():
@@ -187,7 +185,7 @@ def _sugar(
     else:
         arg = "bits" if bits is not None else "format"
         if format is not None and not isinstance(format, Mapping):
-            number = as_number(format, "format", max_bits)
+            number = as_format(format, "format", max_bits)
             if isinstance(number, TopN):
                 raise FxquantValueError(f"format={format!r} is top-N truncation; please pass bits="
                                  f"{number.bits} instead")
@@ -266,9 +264,11 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
                                     "per-edge argument (only node features x_i/x_j), so there "
                                     "is nothing to round there; please round its 'message' site")
     protect = p.config.protect
-    if protect is not None and p.site in (Site.LINEAR, Site.EDGE) and protect.share != "layer":
-        raise FxquantValueError(f"{where}: protection inside a layer's linear transforms and "
-                                "per-edge arguments follows the layer's own mask; please pass "
+    if protect is not None and (p.site in (Site.LINEAR, Site.EDGE) or isinstance(
+            p.site, SiteKind)) and protect.share != "layer":
+        raise FxquantValueError(f"{where}: protection inside a layer's linear transforms, "
+                                "per-edge arguments and registered sites follows the layer's "
+                                "own mask; please pass "
                                 "protect=fxquant.Protection(p_min, p_max, share='layer')")
     if p.site is Site.INPUT:
         found = layer_input(gm, p.node)
@@ -301,7 +301,6 @@ def transform(
     inplace: bool = False,
     concrete_args: dict[str, Any] | None = None,
     leaf_modules: Iterable[LeafSpec] = (),
-    node_bits: Mapping[str, NodeFormats] | None = None,
 ) -> GraphModule:
     """Trace ``model`` and round values at the quantization points a mapping chooses.
 
@@ -310,7 +309,7 @@ def transform(
             a GraphModule). It is not changed: by default the pass works on a deep copy.
         mapping (QuantMapping or QuantConfig, optional): the general form. A
             :class:`~fxquant.quant.config.QuantConfig` applies to every ``MessagePassing``
-            layer (or to ``layers=``); a :class:`~fxquant.quant.config.QuantMapping` says
+            layer (or to ``layers=``); a :class:`~fxquant.quant.mapping.QuantMapping` says
             which layer and site gets which config (``layers=`` then keeps only the points
             on those layers). Either one says how values are rounded, so ``bits``,
             ``format``, ``scale``, ``momentum``, ``rounding``, ``grad``, ``grad_bits`` and
@@ -339,13 +338,12 @@ def transform(
             rows of that layer's output that belong to these nodes (global node ids, or a
             bool mask over the nodes, e.g. from :func:`fxquant.top_degree_nodes`) are rounded
             to another format (kept bits or a format). A bit-width for every node is
-            :class:`~fxquant.quant.config.NodeBits` in a QuantConfig instead.
+            :class:`~fxquant.quant.node_bits.NodeBits` in a QuantConfig instead.
         inplace (bool, optional): share parameters and buffers with ``model`` instead of
             copying them; ``model`` itself computes as before (a layer rounded inside is
             replaced by a copy sharing its tensors), except that a ``GraphModule`` passed
             in is the one transformed. (default: :obj:`False`)
         concrete_args, leaf_modules (optional): passed to :func:`fxquant.trace`.
-        node_bits (dict, optional): deprecated name of ``node_formats``.
 
     Returns:
         torch.fx.GraphModule: the model with a :class:`~fxquant.quant.points.QuantPoint`
@@ -385,12 +383,6 @@ def transform(
     if not isinstance(inplace, bool):
         raise FxquantTypeError(f"inplace must be True or False, got {inplace!r}")
     check_leaf_modules(leaf_modules)
-    if node_bits is not None:
-        if node_formats is not None:
-            raise FxquantTypeError("fxquant.transform: node_bits= is the old name of node_formats=; "
-                                   "please give only node_formats=")
-        warn_renamed("fxquant.transform(node_bits=)", "fxquant.transform(node_formats=)")
-        node_formats = node_bits
     max_bits = _max_bits(model)
     if isinstance(mapping, (QuantMapping, QuantConfig)):
         _refuse_number_keywords(mapping, {

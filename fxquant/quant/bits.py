@@ -4,7 +4,7 @@ learned per-node bit-widths, the differentiable :func:`bit_penalty`.
 How bits are counted (so a budget cannot be met by accounting):
 
 - every value a quantization point rounds counts with its bits: the format's bits, or its
-  row's bits (:class:`~fxquant.quant.config.NodeBits`, a node override's number);
+  row's bits (:class:`~fxquant.quant.node_bits.NodeBits`, a node override's format);
 - storage of what decoding needs is added: a float32 scale per tensor (32 bits, also for a
   learned LSQ step), per row (``scale="row"``: 32 bits per row) or per block of 32
   (``"block32"``: an 8-bit E8M0 scale); a per-node bit-width costs, per node that has
@@ -37,18 +37,11 @@ from tabulate import tabulate
 from torch import Tensor, nn
 
 from fxquant.errors import FxquantRuntimeError, FxquantValueError
-from fxquant.modes import Scale
 from fxquant.quant._probe import probe
-from fxquant.quant.config import NodeBits
+from fxquant.quant.node_bits import bitwidth_bits
 from fxquant.quant.points import QuantPoint
 
 __all__ = ["BitReport", "SiteBits", "bit_penalty", "bit_report"]
-
-
-def bitwidth_bits(row_bits: NodeBits) -> int:
-    """Bits that store one per-node bit-width: a fixed-length code for the
-    ``max_bits - min_bits + 1`` widths allowed (3 for 2..8 and for 1..8)."""
-    return max(1, math.ceil(math.log2(row_bits.max_bits - row_bits.min_bits + 1)))
 
 
 @dataclass
@@ -153,7 +146,8 @@ def _table_nodes(points: list[tuple[str, QuantPoint]]) -> dict[str, int]:
         rb = point.config.node_bits
         if rb is None or not rb.stored:
             continue
-        table = point.row_bits if point.row_bits is not None else point.row_bits_table
+        assert point.node_widths is not None
+        table = point.node_widths.bits
         nodes = point.__dict__["last_rows"][2]
         owner, most = owners.get(id(table), (name, 0))
         if point.__dict__.get("bits_source") is None:
@@ -165,12 +159,12 @@ def _table_nodes(points: list[tuple[str, QuantPoint]]) -> dict[str, int]:
 def _count(name: str, point: QuantPoint, table_nodes: int = 0, differentiable: bool = False,
            call: tuple[Any, Any] | None = None) -> tuple[SiteBits, Tensor | None]:
     """The point's bits in its last forward (or in ``call``, one of the calls
-    :func:`bit_report` logged: what ``last_rows`` and ``last_row_bits`` held then), with the
+    :func:`bit_report` logged: what ``last_rows`` and ``last_widths`` held then), with the
     storage of a per-node bit-width table for ``table_nodes`` nodes; with
     ``differentiable``, also the sum of the learned rows' bits as a tensor (for the
     penalty)."""
-    last, row_bits = call if call is not None else (point.__dict__.get("last_rows"),
-                                                    point.__dict__["last_row_bits"])
+    last, node_bits = call if call is not None else (point.__dict__.get("last_rows"),
+                                                     point.__dict__["last_widths"])
     assert isinstance(last, tuple)
     rows, width, _, override_rows = last
     config = point.config
@@ -178,26 +172,21 @@ def _count(name: str, point: QuantPoint, table_nodes: int = 0, differentiable: b
     histogram: dict[int, int] = {}
     learned_sum = None
     if config.node_bits is not None:
-        bits, _ = row_bits
+        bits, _ = node_bits
         value_bits = float(bits.detach().sum()) * width
-        if differentiable and point.row_bits is not None:
+        if differentiable and point.node_widths is not None and point.node_widths.learned:
             learned_sum = bits.sum() * width
         histogram = dict(Counter(int(b) for b in bits.detach().round().tolist()))
         storage = bitwidth_bits(config.node_bits) * table_nodes
     else:
         base = config.format.bits
         value_bits = float(base * values)
-        if override_rows is not None and point.override_number is not None:
+        if override_rows is not None and point.override is not None:
             extra = int(override_rows.sum())
-            value_bits += (point.override_number.bits - base) * extra * width
+            value_bits += (point.override.format.bits - base) * extra * width
         storage = 0
-    if config.scale is not Scale.NONE or config.range == "lsq":
-        if config.scale.per_row:
-            storage += 32 * rows
-        elif config.scale is Scale.BLOCK32:  # each row padded to blocks of 32
-            storage += 8 * rows * math.ceil(width / 32)
-        else:
-            storage += 32
+    # the scales (a registered scale kind counts its own); a learned step is one float32
+    storage += 32 if config.range == "lsq" else config.scale.storage_bits(rows, width)
     site = SiteBits(name, point.layer, point.site.value, values, value_bits, float(storage),
                     bool(point.__dict__.get("raw_input")), histogram)
     return site, learned_sum
@@ -283,14 +272,14 @@ def _merge(calls: list[SiteBits]) -> SiteBits:
 
 def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
     """``(avg_bits - target_bits) ** 2`` of the last forward, differentiable in the learned
-    per-node bit-widths (:class:`~fxquant.quant.config.NodeBits`): add it, weighted, to the
+    per-node bit-widths (:class:`~fxquant.quant.node_bits.NodeBits`): add it, weighted, to the
     loss to pull the average toward a budget. ``avg_bits`` is counted as
     :func:`bit_report` counts it (raw input excluded, storage included). After an empty
     batch (no value counted) the penalty is 0.
 
     Example:
         >>> import fxquant
-        >>> from fxquant.quant.config import NodeBits
+        >>> from fxquant.quant.node_bits import NodeBits
         >>> config = fxquant.QuantConfig("int8", scale="tensor", range="lsq",
         ...                              node_bits=NodeBits.learned_init(6, 6.0))
         >>> gm = fxquant.transform(torch.nn.Sequential(torch.nn.Linear(4, 4)),
@@ -298,7 +287,7 @@ def bit_penalty(gm: nn.Module, target_bits: float) -> Tensor:
         >>> out = gm(torch.randn(6, 4))
         >>> penalty = fxquant.bit_penalty(gm, 2.0)
         >>> penalty.backward()
-        >>> bool(gm.get_submodule("_0_quant").row_bits.grad.gt(0).all())
+        >>> bool(gm.get_submodule("_0_quant").node_widths.bits.grad.gt(0).all())
         True
     """
     if isinstance(target_bits, bool) or not isinstance(target_bits, int | float) \

@@ -12,14 +12,23 @@ from torch.fx import GraphModule
 from fxquant.errors import FxquantTypeError
 from fxquant.fx.selectors import layer_name
 from fxquant.quant._probe import probe
-from fxquant.quant.config import Site, describe
+from fxquant.quant.config import describe
 from fxquant.quant.points import QuantPoint
+from fxquant.quant.site import AnySite, Site
 
 __all__ = ["quantization_points", "summary"]
 
 _CALLS = ("call_module", "call_function", "call_method")
 _SITE_ORDER = [Site.INPUT, Site.WEIGHT, Site.LINEAR, Site.EDGE, Site.MESSAGE,
                Site.AGGREGATE, Site.OUTPUT]
+
+
+def _site_order(site: AnySite) -> float:
+    """The order of a layer's sites in the summary: the data's path through the layer
+    (a registered site just before the output)."""
+    if isinstance(site, Site):
+        return _SITE_ORDER.index(site)
+    return _SITE_ORDER.index(Site.OUTPUT) - 0.5
 
 
 def quantization_points(model: nn.Module) -> list[tuple[str, QuantPoint]]:
@@ -41,7 +50,7 @@ def quantization_points(model: nn.Module) -> list[tuple[str, QuantPoint]]:
         layers = [layer_name(n) for n in model.graph.nodes if n.op in _CALLS]
     rank = {layer: i for i, layer in reversed(list(enumerate(layers)))}
     order = sorted(points, key=lambda name: (rank.get(points[name].layer, len(rank)),
-                                             _SITE_ORDER.index(points[name].site), name))
+                                             _site_order(points[name].site), name))
     return [(name, points[name]) for name in order]
 
 
@@ -82,7 +91,7 @@ def summary(gm: nn.Module, *example_inputs: Any, tablefmt: str = "simple") -> st
         bits: int | str = c.format.bits
         rb = c.node_bits  # per-node widths: their range, not the format's width
         if rb is not None:
-            table = point.row_bits if point.row_bits is not None else point.row_bits_table
+            table = point.node_widths.bits if point.node_widths is not None else None
             if rb.learned or table is None or not table.numel() or table.is_meta:
                 bits = f"{rb.min_bits}..{rb.max_bits}/node"
             else:  # the fixed widths the table holds, within the allowed range

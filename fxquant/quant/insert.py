@@ -27,9 +27,10 @@ from torch_geometric.nn import MessagePassing
 from fxquant.errors import FxquantValueError
 from fxquant.fx.graph_utils import free_name
 from fxquant.fx.selectors import layer_name
-from fxquant.quant.config import Resolved, Site
+from fxquant.quant.mapping import Resolved
 from fxquant.quant.nodes import LayerMasks, NodeIds, new_masks, set_node_ids
 from fxquant.quant.points import QuantPoint
+from fxquant.quant.site import AnySite, Site, SiteKind
 from fxquant.quant.sites import (
     check_install,
     install,
@@ -125,7 +126,7 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
             parts = list(first) if isinstance(first, (tuple, list)) else [first]
             rounded: list[Any] = []
             moved: set[Node] = set()
-            for part in parts:
+            for i, part in enumerate(parts):
                 if not isinstance(part, Node):
                     rounded.append(part)
                     continue
@@ -133,10 +134,14 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
                 if part in moved:  # the same tensor twice, e.g. (x, x)
                     rounded.append(part)
                     continue
-                source = _dropout_source(gm, part, node, extra)
+                # in-degrees are the target nodes': the source side of a bipartite pair
+                # aggregates nothing in this layer, so protection has no degree to draw from
+                # there and rounds every source row (as evaluation does)
+                degrees = () if len(parts) == 2 and i == 0 and parts[1] is not part else extra
+                source = _dropout_source(gm, part, node, degrees)
                 with graph.inserting_before(part if source is not None else node):
                     new = graph.call_module(name, (source if source is not None else part,
-                                                   *extra))
+                                                   *degrees))
                 _annotate(new, node, layer, p.site)
                 if source is not None:  # rounds what the dropout receives
                     part.args = (new, *part.args[1:])
@@ -155,9 +160,12 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
     for target, sites in inner.items():
         mine = [q for q in shared if q.layer == sites["layer"]]
         drawer = mine[0] if any(q.site.inner for q in mine) else None
-        install(sites["layer"], gm.get_submodule(target), sites.get("weight"),
-                sites.get("message"), sites.get("aggregate"), sites.get("linear"),
-                sites.get("edge"), drawer)
+        module = gm.get_submodule(target)
+        install(sites["layer"], module, sites.get("weight"), sites.get("message"),
+                sites.get("aggregate"), sites.get("linear"), sites.get("edge"), drawer)
+        for point in sites.values():  # registered sites, by their kind (checked before)
+            if isinstance(point, QuantPoint) and isinstance(point.site, SiteKind):
+                point.site.install(sites["layer"], module, point)
     graph.lint()
     gm.recompile()
     return PassResult(gm, True)
@@ -175,11 +183,12 @@ def _layer_targets(gm: GraphModule, points: Sequence[Resolved]) -> dict[str, str
     return out
 
 
-def inner_layers(gm: GraphModule, points: Sequence[Resolved]) -> dict[str, dict[Site, Resolved]]:
+def inner_layers(gm: GraphModule, points: Sequence[Resolved]
+                 ) -> dict[str, dict[AnySite, Resolved]]:
     """The targets of the layers rounded inside, each with its inner sites' points (a layer
     called twice, or reached by two names: the first call's)."""
     targets = _layer_targets(gm, points)
-    inner: dict[str, dict[Site, Resolved]] = {}
+    inner: dict[str, dict[AnySite, Resolved]] = {}
     for p in points:
         if p.site.inner:
             inner.setdefault(targets[str(p.node.target)], {}).setdefault(p.site, p)
@@ -209,6 +218,12 @@ def check_points(gm: GraphModule, points: Sequence[Resolved]) -> None:
             Site.EDGE in sites, protect is not None and protect.messages == "source",
             any(p.config.protect is not None and p.config.protect.share == "layer"
                 for p in sites.values()))
+        for kind in (s for s in sites if isinstance(s, SiteKind)):
+            try:
+                kind.check(layer, module)
+            except (TypeError, ValueError) as e:
+                raise FxquantValueError(f"fxquant.transform: the {kind.name} site cannot be "
+                                        f"rounded on layer {layer!r}: {e}") from e
         for name in patched_children(module, weights, linear):
             other = children.setdefault(id(module.get_submodule(name)), f"{layer}.{name}")
             if other != f"{layer}.{name}":
@@ -317,7 +332,7 @@ def _is_model_input(node: Node, gm: GraphModule | None = None) -> bool:
         and isinstance(node.args[0], Node) and node.args[0].op == "placeholder"
 
 
-def _annotate(new: Node, node: Node, layer: str, site: Site) -> None:
+def _annotate(new: Node, node: Node, layer: str, site: AnySite) -> None:
     new.meta["fxquant"] = {"layer": layer, "site": site}
     if "stack_trace" in node.meta:
         new.meta["stack_trace"] = node.meta["stack_trace"]

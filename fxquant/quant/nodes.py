@@ -9,7 +9,7 @@ nodes with the transformed model's ``node_ids`` argument (PyG's ``batch.n_id``):
 
 Node ids may have any integer dtype (``uint8`` to ``int64``); a ``bool`` mask is refused
 there (it says which nodes, not which node each row is). Per-node overrides
-(``node_formats=``, :meth:`~fxquant.quant.config.QuantMapping.set_nodes`) take ids of any
+(``node_formats=``, :meth:`~fxquant.quant.mapping.QuantMapping.set_nodes`) take ids of any
 integer dtype or a bool mask over all nodes.
 
 The argument feeds one :class:`NodeIds` module on the GraphModule, which every quantization
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch_geometric.utils import degree
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.fx.degree import in_degree
 
 __all__ = ["LayerMasks", "NodeIds", "as_index", "lookup", "new_masks", "set_node_ids",
            "top_degree_nodes"]
@@ -164,7 +164,7 @@ def top_degree_nodes(
                          f"{num_nodes}")
     if num_nodes == 0:
         return torch.empty(0, dtype=torch.long, device=edge_index.device)
-    deg = degree(as_index(edge_index[1]), num_nodes, dtype=torch.long)
+    deg = in_degree(edge_index, num_nodes, dtype=torch.long)
     k = max(1, round(fraction * num_nodes))
     # A stable sort on -degree keeps lower ids first among equal degrees.
     order = torch.sort(-deg, stable=True).indices

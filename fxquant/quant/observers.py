@@ -24,8 +24,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
-from fxquant._ops.quantize import finite_bounds
+from fxquant._ops.scales import finite_bounds
 from fxquant.errors import FxquantValueError
+from fxquant.modes import Grad
+from fxquant.quant.config import QuantConfig
 
 __all__ = ["SAMPLE", "RangeObserver", "percentile_bounds"]
 
@@ -165,6 +167,32 @@ class RangeObserver(nn.Module):
         #: a training batch has set ``running`` (a Python flag, so compiled code does not
         #: branch on a tensor)
         self.calibrated = False
+
+    @classmethod
+    def from_config(cls, config: QuantConfig) -> RangeObserver | None:
+        """The observer a point with ``config`` needs: one for a running, widening or
+        percentile range, a clipped gradient or ranges over unprotected rows (else the op
+        takes each tensor's own range, and None is returned)."""
+        protect = config.protect
+        if config.momentum is not None or config.percentile is not None \
+                or config.observe == "widen" or config.grad is Grad.CLIPPED \
+                or (protect is not None and protect.ranges == "unprotected"):
+            return cls(config.scale.per_row, config.momentum, config.percentile,
+                       widen=config.observe == "widen")
+        return None
+
+    @property
+    def stored(self) -> bool:
+        """Whether evaluation uses a range kept in the state (running or widened, once a
+        training batch set it), not the tensor's own."""
+        return (self.momentum is not None or self.widen) and self.calibrated
+
+    def eval_bounds(self, x: Tensor) -> Tensor:
+        """The range evaluation rounds ``x`` with (what :meth:`forward` returns in
+        evaluation), without changing any state."""
+        if self.stored:
+            return self.running.clone()
+        return self._current(x)[0]
 
     def current(self, x: Tensor) -> Tensor:
         """The range of the finite values of ``x`` itself (zeros where there are none)."""

@@ -21,12 +21,20 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
-from fxquant.errors import FxquantFileNotFoundError, FxquantTypeError, FxquantValueError
+from fxquant.errors import (
+    FxquantFileNotFoundError,
+    FxquantTypeError,
+    FxquantValueError,
+    UnregisteredError,
+)
 from fxquant.fx.tracer import LeafSpec
 from fxquant.quant.api import TRACE_KEY, transform
-from fxquant.quant.config import QuantConfig, QuantMapping
+from fxquant.quant.config import QuantConfig
 from fxquant.quant.describe import quantization_points
-from fxquant.quant.points import QuantPoint, share_bits, share_step
+from fxquant.quant.legacy import upgrade_point_keys
+from fxquant.quant.mapping import QuantMapping
+from fxquant.quant.points import QuantPoint
+from fxquant.quant.sharing import share_bits, share_step
 
 __all__ = ["FORMAT", "load", "save"]
 
@@ -63,7 +71,7 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
     calls = _layer_calls(gm)
     points = [{"name": name, "layer": p.layer, "site": p.site.value,
                "config": p.config.to_dict(),
-               "override": None if p.override_number is None else p.override_number.spec(),
+               "override": None if p.override is None else p.override.format.spec(),
                "step_source": p.__dict__.get("step_source"),
                "bits_source": p.__dict__.get("bits_source"),
                "node": calls.get(name)}
@@ -186,6 +194,9 @@ def load(path: str | os.PathLike[str], model: nn.Module,
             if p.get(key) is not None:
                 file.entry(p, key, str, where)
         names.append(p["name"])
+    state = dict(state)
+    for name in names:  # (files of 0.9.8 and earlier keep a point's state flat)
+        upgrade_point_keys(state, f"{name}.")
     mapping = QuantMapping()
     for p in points:
         # one call of a layer called several times: its node, as the saved model named it
@@ -196,11 +207,15 @@ def load(path: str | os.PathLike[str], model: nn.Module,
                 mapping.set_pattern(layer, config, site=p["site"])
             else:
                 mapping.set_name(layer, config, site=p["site"])
+        except UnregisteredError as e:
+            raise UnregisteredError(f"fxquant.load: {path}: point {p['name']!r} uses a format, "
+                                    f"scale or site of one's own that this process has not "
+                                    f"registered: {e}") from e
         except (KeyError, TypeError, ValueError) as e:
             raise FxquantValueError(f"fxquant.load: {path}: the config of point {p['name']!r} "
                                     f"cannot be read ({type(e).__name__}: {e}); {_EDITED}") from e
         if p.get("override") is not None:
-            nodes = file.entry(state, f"{p['name']}.override_nodes", torch.Tensor,
+            nodes = file.entry(state, f"{p['name']}.override.nodes", torch.Tensor,
                                "its 'state_dict' entry")
             try:
                 mapping.set_nodes(layer, nodes, p["override"], site=p["site"])

@@ -1,11 +1,33 @@
 """The module the pass inserts: one :class:`QuantPoint` per quantization point.
 
-A point holds its :class:`~fxquant.quant.config.QuantConfig`, the observer that gives a
-range (if any), a learned step (``range="lsq"``) and the node ids of a per-node
-override, and calls one registered op (``torch.ops.fxquant.truncate`` or ``quantize``) in
-``forward``. Being a module, it is visible in ``print(gm)``, follows ``.to()``, keeps its
-state in ``state_dict``, survives pickling with its config, and torch.compile inlines it
-(the op's decomposition fuses with its neighbours).
+A point is built from its :class:`~fxquant.quant.config.QuantConfig` and the parts the
+config asks for, each built from it (as torchao builds a fake quantizer from its config):
+
+=====================  ===================================================  ==============
+part                   what it does                                         when
+=====================  ===================================================  ==============
+``observer``           the range a scale comes from (running, widening,     momentum,
+                       percentile): :class:`~.observers.RangeObserver`      percentile, ...
+``learned_step``       the learned step and its fit: :class:`~.learned_     ``range="lsq"``
+                       step.LearnedStep`
+``node_widths``        each node's bit-width: :class:`~.node_widths.        ``node_bits=``
+                       NodeWidths`
+``override``           the rows of a node override: :class:`~.override_     ``node_formats``
+                       mask.OverrideMask`
+``protection``         Degree-Quant's mask: :class:`~.protective_mask.      ``protect=``
+                       ProtectiveMask` (no state)
+=====================  ===================================================  ==============
+
+The point calls one registered op (``torch.ops.fxquant.truncate`` or ``quantize``), or
+for learned steps the LSQ rounding (:mod:`fxquant.quant.lsq`), in ``forward``. Being a
+module, it is visible in ``print(gm)``, follows ``.to()``, keeps its parts' state in
+``state_dict`` (``<point>.learned_step.log_step``, ``<point>.node_widths.bits``, ...; the
+flat keys of files saved before 0.9.9 load too), survives pickling with its config, and
+torch.compile inlines it (the op's decomposition fuses with its neighbours).
+
+What an integer point rounds to, as codes and a step, is its :meth:`QuantPoint.grid`
+(:class:`~fxquant.quant.grid.IntegerGrid`): the read interface for converting a trained
+model to integer kernels.
 """
 
 from __future__ import annotations
@@ -16,162 +38,53 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from fxquant._ops.calls import OpCall, op_call
-from fxquant._ops.quantize import int_scale
+from fxquant._ops.scales import int_grid_scale, int_scale
 from fxquant._ops.version import NUMERICS
-from fxquant.errors import FxquantIndexError, FxquantTypeError, FxquantValueError
-from fxquant.formats import IntFormat, TopN
-from fxquant.modes import Grad, Rounding
-from fxquant.quant._last import LastInput
+from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
+from fxquant.formats import AnyFormat, IntFormat, TopN
+from fxquant.fx.degree import in_degree
+from fxquant.modes import Grad, Rounding, Scale
 from fxquant.quant._probe import PROBING
-from fxquant.quant.config import NodeOverride, Number, QuantConfig, Site, describe_nodes
+from fxquant.quant.config import QuantConfig
+from fxquant.quant.grid import IntegerGrid
+from fxquant.quant.learned_step import LearnedStep
+from fxquant.quant.legacy import upgrade_pickled_point, upgrade_point_keys
 from fxquant.quant.lsq import lsq_round, lsq_round_features, lsq_round_stochastic
-from fxquant.quant.nodes import LayerMasks, NodeIds, lookup
+from fxquant.quant.node_widths import NodeWidths, code_range, grid_top, row_magnitudes
+from fxquant.quant.nodes import LayerMasks, NodeIds
 from fxquant.quant.observers import RangeObserver
+from fxquant.quant.override import NodeOverride
+from fxquant.quant.override_mask import OverrideMask
+from fxquant.quant.protective_mask import ProtectiveMask
+from fxquant.quant.site import AnySite, Site
 
-__all__ = ["QuantPoint", "in_degree", "refit_steps", "share_bits", "share_step"]
+__all__ = ["QuantPoint", "upgrade_state_dict"]
 
-#: values (a strided sample) and candidate steps the learned step starts from
-INIT_SAMPLE = 1 << 16
-INIT_CANDIDATES = 64
-
-
-def in_degree(edge_index: Tensor, num_nodes: int, like: Tensor) -> Tensor:
-    """In-degree of each node (``edge_index[1]`` counts), as floats on ``like``'s device;
-    a fixed-size scatter, so it compiles without data-dependent shapes."""
-    target = edge_index[1]
-    ones = torch.ones(target.shape[0], dtype=torch.float32, device=like.device)
-    return torch.zeros(num_nodes, dtype=torch.float32, device=like.device).index_add(
-        0, target, ones)
-
-
-class _ClampInward(torch.autograd.Function):
-    """``x.clamp(lo, hi)`` whose gradient also reaches values outside the range, but only
-    where a descent step moves them back in. A learned bit-width that an optimizer's
-    momentum carried below ``min_bits`` would get no gradient from a plain clamp and stay
-    at ``min_bits`` for good, whatever the penalty or the loss say; a straight-through
-    clamp would let it drift further out on gradients that cannot change the forward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, lo: float, hi: float) -> Tensor:
-        ctx.save_for_backward(x)
-        ctx.lo, ctx.hi = lo, hi
-        return x.clamp(lo, hi)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        (x,) = ctx.saved_tensors
-        back = x.clamp(ctx.lo, ctx.hi) - x  # 0 inside the range (NaN for NaN x)
-        inward = (back == 0) | (back * grad < 0)  # (a descent step moves x by -grad)
-        return torch.where(inward, grad, 0.0), None, None
-
-
-class _FiniteGrad(torch.autograd.Function):
-    """The identity, whose gradient is 0 where it is not finite: a learned step's
-    gradient summed over values of which one was NaN is NaN, and would make the step NaN
-    for good."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        return torch.where(torch.isfinite(grad), grad, torch.zeros_like(grad))
-
-
-def _table(nodes: Tensor | None, max_index: int | None) -> Tensor | None:
-    """A bool table over global node ids: True where the override (of ``nodes``: a mask,
-    or ids up to ``max_index``) applies."""
-    if nodes is None:
-        return None
-    if nodes.dtype == torch.bool:
-        return nodes.clone()
-    size = (max_index + 1) if max_index is not None else 0
-    return torch.zeros(size, dtype=torch.bool, device=nodes.device).index_fill(0, nodes, True)
-
-
-def _log_step_range(dtype: torch.dtype, top: float) -> tuple[float, float]:
-    """The ``log`` of the smallest and largest step a grid whose largest level is ``top``
-    may have on values of ``dtype``: steps stay positive (a step of 0 makes ``0 / s``
-    NaN) and ``s * top`` finite (an infinite step makes ``inf * 0`` NaN), whatever an
-    optimizer does to ``log_step``."""
-    info = torch.finfo(dtype if dtype.is_floating_point else torch.float32)
-    return math.log(info.tiny), math.log(info.max) - math.log(top + 1.0)
-
-
-def _code_range(bits: Any, number: IntFormat) -> tuple[Any, Any]:
-    """``(qmin, qmax)`` of a ``bits``-bit grid of ``number``'s kind (a float, or a tensor of
-    per-row bits): symmetric ``{-1, 0, 1}`` at 2 bits, mid-rise codes ``-2..1`` (levels
-    ``-1.5..1.5``), unsigned ``0..3``."""
-    qmax = 2 ** (bits - 1) - 1 if number.signed else 2 ** bits - 1
-    qmin = (-qmax - 1 if number.midrise else -qmax) if number.signed else qmax * 0
-    return qmin, qmax
-
-
-#: :func:`_row_magnitudes` of the last input that needs no gradient (a dataset's features
-#: are the same tensor every step); the key is ``finite_only``
-_ROWS: LastInput[Tensor] = LastInput()
-
-
-def _input_row_magnitudes(x: Tensor, finite_only: bool, keep: bool = True) -> Tensor:
-    """:func:`_row_magnitudes` of ``x``, kept for the next calls while ``x`` is unchanged
-    (eager, no gradient, ``keep``: an input site's, a dataset's features every step); the
-    result is shared between calls and never written to."""
-    if torch.compiler.is_compiling() or x.requires_grad or not keep:
-        return _row_magnitudes(x.detach(), finite_only)
-    return _ROWS.get(x, finite_only, lambda: _row_magnitudes(x, finite_only))
-
-
-def _row_magnitudes(x: Tensor, finite_only: bool) -> Tensor:
-    """``max |value|`` of each row of ``x`` (each value of a 1-d ``x``); with
-    ``finite_only``, of its finite values (``-inf`` for a row with none)."""
-    if x.dim() > 1 and x.numel() and x.shape[1:].numel():
-        flat = x.flatten(1)  # |x| first for short rows, no |x| temporary for long ones
-        rows = flat.abs().amax(1) if flat.shape[1] <= 32 else \
-            torch.maximum(flat.amax(1), flat.amin(1).neg_())  # (each ~2x the other there)
-        if not finite_only or (not torch.compiler.is_compiling()
-                               and bool(torch.isfinite(rows).all())):
-            return rows
-    magnitude = x.abs()  # (with a NaN or an infinity: the finite values only)
-    if finite_only:
-        magnitude = magnitude.nan_to_num_(nan=-math.inf, posinf=-math.inf)
-    return magnitude.flatten(1).amax(1) if x.dim() > 1 else magnitude
-
-
-def _spec(number: Number | None) -> str:
-    return "" if number is None else number.spec()
+def _spec(format: AnyFormat | None) -> str:
+    return "" if format is None else format.spec()
 
 
 class QuantPoint(nn.Module):
     """Rounds what flows through it as its config says; the gradient follows ``config.grad``.
 
     Args:
-        config (QuantConfig): number, rounding, scale and range, gradient rule.
+        config (QuantConfig): format, rounding, scale and range, gradient rule.
         layer (str): the layer it serves (for messages and the summary).
-        site (Site or str, optional): where on the layer. (default: ``"output"``)
-        override (NodeOverride, optional): nodes whose rows get another number.
+        site (Site, SiteKind or str, optional): where on the layer. (default: ``"output"``)
+        override (NodeOverride, optional): nodes whose rows get another format.
         tensor (str, optional): which tensor of the layer (a weight's name).
 
-    With ``range="lsq"`` the step ``s`` is learned (LSQ, Esser et al., ICLR 2020): set on
-    the first training batch to the step that rounds it with the least error (see
-    ``_init_step``; again on the next training batch after :func:`refit_steps`), then
-    learned with the LSQ gradient (scaled by ``1 / sqrt(numel * qmax)``); values are
-    ``s * round(clamp(x / s, qmin, qmax))`` (:func:`~fxquant.quant.lsq.lsq_round`), whose
-    gradient is straight-through inside the range and zero outside. The step is fitted
-    from the batch's finite values; a batch with none leaves it to the next training batch
+    With ``range="lsq"`` the step is learned (:mod:`fxquant.quant.learned_step`): values
+    are ``s * round(clamp(x / s, qmin, qmax))`` (:func:`~fxquant.quant.lsq.lsq_round`),
+    whose gradient is straight-through inside the range and zero outside, and the step's
+    LSQ's (scaled by ``1 / sqrt(numel * qmax)``). A step not fitted yet (no training
+    batch with a finite value has run) rounds with its placeholder 1; evaluation warns
     (under ``torch.compile``, which cannot branch on it, the next ``model.train()``,
-    :func:`refit_steps` or :meth:`~fxquant.recipes.QuantTraining.start_epoch` arranges
-    that, and ``model.eval()`` warns that the step is still unfitted).
-    The parameter is ``log_step`` (``s = exp(log_step)``, always positive): an adaptive
-    optimizer moves a parameter by about its learning rate per step whatever its size, so
-    on ``s`` itself Adam's ``lr=0.01`` moved steps of ~0.01 by their own size each
-    iteration and flipped their sign (a GCN on Cora with 2-bit messages: 66% test
-    accuracy, against 78% with a 10x smaller step learning rate); in the log domain the
-    same ``lr`` is a ~1% change.
+    :func:`refit_steps` or :meth:`~fxquant.recipes.QuantTraining.start_epoch` settles a
+    compiled fit, and ``model.eval()`` warns where the step is still unfitted).
 
     Example:
         >>> point = QuantPoint(QuantConfig(9), "conv1")
@@ -181,75 +94,34 @@ class QuantPoint(nn.Module):
         tensor([ 2.0000, -0.5000])
     """
 
-    override_nodes: Tensor | None
-    override_table: Tensor | None
-    row_bits_table: Tensor | None
-    seen_range: Tensor | None
-    step_found: Tensor | None
-    step_is_fitted: Tensor | None
-    #: a point unpickled from before this flag existed is taken as fitted, as it was then
-    step_fitted: bool = True
+    #: 2: the learned step, node widths and override live in parts (submodules)
+    _version = 2
+    observer: RangeObserver | None
+    learned_step: LearnedStep | None
+    node_widths: NodeWidths | None
+    override: OverrideMask | None
 
-    def __init__(self, config: QuantConfig, layer: str, site: Site | str = Site.OUTPUT,
+    def __init__(self, config: QuantConfig, layer: str, site: AnySite | str = Site.OUTPUT,
                  override: NodeOverride | None = None, tensor: str = "") -> None:
         super().__init__()
         self.config = config
         self.layer = layer
         self.site = Site.parse(site)
         self.tensor = tensor
-        self.observer = None
-        protect = config.protect
-        if config.momentum is not None or config.percentile is not None \
-                or config.observe == "widen" or config.grad is Grad.CLIPPED \
-                or (protect is not None and protect.ranges == "unprotected"):
-            self.observer = RangeObserver(config.scale.per_row, config.momentum,
-                                          config.percentile, widen=config.observe == "widen")
-        self.log_step: nn.Parameter | None = None
-        self.step_ready = False
-        self.refit_widens = False  # the next fit keeps at least the current step
-        #: a step has been fitted (or loaded): ``refit_widens`` compares against it; before
-        #: that ``log_step`` holds a placeholder, not a fitted step
-        self.step_fitted = False
+        self.observer = RangeObserver.from_config(config)
+        self.learned_step = LearnedStep.from_config(config)
+        self.override = OverrideMask(override) if override is not None else None
+        self.node_widths = NodeWidths.from_config(config)
+        self.protection = ProtectiveMask.from_config(config, layer)
         #: training forwards pass values through unrounded (a float warm-up,
         #: ``QuantTraining(float_epochs=...)``); evaluation rounds as ever
         self.float_training = False
         self.__dict__["step_source"] = None  # the point whose step this one uses
         self.__dict__["bits_source"] = None  # the point whose bit-width table this one uses
-        if config.range == "lsq":
-            self.log_step = nn.Parameter(torch.zeros(()))
-        #: whether the last fit found a finite value (written by compiled fits, which
-        #: cannot branch on it; :meth:`_settle_fit` reads it in eager code)
-        self.register_buffer("step_found", torch.ones(()) if config.range == "lsq" else None,
-                             persistent=False)
-        #: whether the learned step is fitted, as saved in the state dict (written when it
-        #: is saved; ``step_fitted`` is the flag): a step saved before its first training
-        #: batch is a placeholder, which the first training batch after loading fits
-        self.register_buffer("step_is_fitted",
-                             torch.zeros(()) if config.range == "lsq" else None)
-        self.override_number: Number | None = override.format if override is not None else None
-        self.override_max_index = override.max_index if override is not None else None
-        self.register_buffer("override_nodes",
-                             override.nodes.clone() if override is not None else None)
-        # The override as a bool table over global node ids (derived: not saved).
-        self.register_buffer("override_table", _table(
-            override.nodes if override is not None else None, self.override_max_index),
-            persistent=False)
         self.__dict__["_node_ids"] = None  # the GraphModule's NodeIds, shared by all points
-        self.__dict__["_masks"] = None  # the GraphModule's LayerMasks (share="layer")
-        rb = config.node_bits
-        self.row_bits: nn.Parameter | None = None
-        self.register_buffer("row_bits_table", None)
-        self.register_buffer("seen_range", None)
-        if rb is not None:
-            if rb.learned:
-                self.row_bits = nn.Parameter(rb.bits.clone())
-                # max |value| of each node's rows in training (+inf: never seen)
-                self.register_buffer("seen_range", torch.full((rb.num_nodes,), -math.inf))
-            else:
-                self.register_buffer("row_bits_table", rb.bits.clone())
         #: bits of each row in the last forward (with the values per row), for the bit
         #: report and :func:`fxquant.bit_penalty`; not state
-        self.__dict__["last_row_bits"] = None
+        self.__dict__["last_widths"] = None
         self.__dict__["last_rows"] = None
         self.__dict__["raw_input"] = False  # rounds the model's own input (set by the pass)
         self._op, self._args = self._op_arguments()
@@ -257,13 +129,25 @@ class QuantPoint(nn.Module):
     #: what the last forward did (for the bit report and the penalty), not state: a copy
     #: starts without it (the bit-widths hold the autograd graph of that forward, which
     #: ``copy.deepcopy`` refuses to copy and pickling would carry along)
-    _TRANSIENT = ("last_row_bits", "last_rows")
+    _TRANSIENT = ("last_widths", "last_rows")
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         for key in self._TRANSIENT:
             state[key] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "learned_step" not in self._modules and "learned_step" not in self.__dict__:
+            upgrade_pickled_point(self)  # pickled before the parts (0.9.8 and earlier)
+            self._op, self._args = self._op_arguments()  # (whose arguments were renamed)
+
+    def __repr__(self) -> str:
+        # one line: the parts are what the config says (print(point.observer) shows one)
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    # -- wiring ------------------------------------------------------------------------
 
     def attach(self, context: NodeIds) -> None:
         """Read the global node ids of each forward's rows from ``context`` (see
@@ -273,7 +157,8 @@ class QuantPoint(nn.Module):
     def attach_masks(self, context: LayerMasks) -> None:
         """Share the layer's protective mask through ``context`` (``Protection(share=
         "layer")``); a reference, not a submodule."""
-        self.__dict__["_masks"] = context
+        assert self.protection is not None
+        self.protection.attach(context)
 
     @property
     def needs_nodes(self) -> bool:
@@ -284,7 +169,12 @@ class QuantPoint(nn.Module):
     @property
     def uses_node_ids(self) -> bool:
         """Whether per-node settings are keyed by global node id (``node_ids=``)."""
-        return self.override_table is not None or self.config.node_bits is not None
+        return self.override is not None or self.config.node_bits is not None
+
+    @property
+    def has_mask(self) -> bool:
+        """Whether this forward's shared layer mask is drawn already (``share="layer"``)."""
+        return self.protection is not None and self.protection.has_mask
 
     @property
     def name(self) -> str:
@@ -293,22 +183,58 @@ class QuantPoint(nn.Module):
         what = f"{self.site.value} {self.tensor!r}" if self.tensor else self.site.value
         return f"{what} of {self.layer!r}"
 
+    @property
+    def log_step(self) -> nn.Parameter | None:
+        """The learned step's parameter (``range="lsq"``: the step is its ``exp``), else
+        None."""
+        return self.learned_step.log_step if self.learned_step is not None else None
+
+    @property
+    def step(self) -> Tensor | None:
+        """The learned step ``exp(log_step)`` (``range="lsq"``), kept finite and positive
+        (see :meth:`~fxquant.quant.learned_step.LearnedStep.step`), else None."""
+        if self.learned_step is None:
+            return None
+        return self.learned_step.step(torch.float32, self._top())
+
+    @property
+    def row_bits(self) -> Tensor | None:
+        """Deprecated: the learned per-node widths are ``node_widths.bits``."""
+        warn_renamed("QuantPoint.row_bits", "QuantPoint.node_widths.bits")
+        widths = self.node_widths
+        return widths.bits if widths is not None and widths.learned else None
+
+    @property
+    def row_bits_table(self) -> Tensor | None:
+        """Deprecated: the fixed per-node widths are ``node_widths.bits``."""
+        warn_renamed("QuantPoint.row_bits_table", "QuantPoint.node_widths.bits")
+        widths = self.node_widths
+        return widths.bits if widths is not None and not widths.learned else None
+
+    @property
+    def override_number(self) -> AnyFormat | None:
+        """Deprecated: the node override's format is ``override.format``."""
+        warn_renamed("QuantPoint.override_number", "QuantPoint.override.format")
+        return self.override.format if self.override is not None else None
+
     def _op_arguments(self) -> tuple[str, dict[str, Any]]:
         """Which op, and its constant keyword arguments (computed once)."""
-        c, extra = self.config, self.override_number
+        c = self.config
+        extra = self.override.format if self.override is not None else None
         args: dict[str, Any] = {"rounding": c.rounding.value}
         if c.op == "truncate" and (extra is None or isinstance(extra, TopN)):
             assert isinstance(c.format, TopN)
             args.update(bits=c.format.bits, grad=c.grad.value, name=self.name)
             if extra is not None:
-                args["rows_bits"] = extra.bits
+                args["override_bits"] = extra.bits
             if c.grad_format is not None:
                 args["grad_bits"] = c.grad_format.bits
             return "truncate", args
         scale = "none" if c.range == "lsq" else c.scale.value
         grad = Grad.STE.value if c.grad is Grad.CLIPPED else c.grad.value  # see _round
         args.update(format=c.format.spec(), scale=scale, grad=grad,
-                    rows_format=_spec(extra), grad_format=_spec(c.grad_format), name=self.name)
+                    override_format=_spec(extra), grad_format=_spec(c.grad_format),
+                    name=self.name)
         return "quantize", args
 
     def op_call(self) -> OpCall:
@@ -318,13 +244,15 @@ class QuantPoint(nn.Module):
         assert call is not None
         return call
 
+    # -- the forward -------------------------------------------------------------------
+
     def forward(self, x: Tensor, edge_index: Tensor | None = None, *,
                 node_degree: Tensor | None = None, row_nodes: Tensor | None = None,
                 row_sources: Tensor | None = None) -> Tensor:
         """Round ``x``. Rows are nodes, unless ``row_nodes`` gives each row's node (the target
         of a message; ``row_sources`` its source, for ``Protection(messages="source")``);
         degrees (for protection) come from ``node_degree`` or from the layer's
-        ``edge_index`` (in-degree, ``edge_index[1]``)."""
+        ``edge_index`` (the in-degree of ``x``'s rows as its targets)."""
         if not isinstance(x, Tensor):
             why = ("the layer returns several values (as GATConv(return_attention_weights="
                    "True) returns (out, (edge_index, alpha)))" if self.site is Site.OUTPUT else
@@ -341,48 +269,30 @@ class QuantPoint(nn.Module):
         if self.site is Site.INPUT and not x.is_floating_point():
             self.__dict__["last_rows"] = "passthrough"  # nothing rounded, nothing counted
             return x  # an input site passes integer inputs (indices, masks) through
-        if self.log_step is not None and not self.training and not self.float_training \
+        if self.learned_step is not None and not self.training and not self.float_training \
                 and not torch.compiler.is_compiling():
             self._warn_unfitted()
         num_nodes = x.shape[0] if x.dim() else 1
-        if node_degree is None and edge_index is not None and self.config.protect is not None:
-            node_degree = in_degree(edge_index, num_nodes, x)
+        if node_degree is None and edge_index is not None and self.protection is not None:
+            node_degree = in_degree(edge_index, num_nodes)
         if node_degree is not None:
             num_nodes = node_degree.shape[0]
-        context = self.__dict__["_node_ids"]
-        ids = context.ids if context is not None and self.uses_node_ids else None
-        if ids is not None and ids.shape[0] != num_nodes:
-            raise FxquantValueError(
-                f"fxquant: node_ids has {ids.shape[0]} entries, but the {self.name} has "
-                f"{num_nodes} nodes; pass one global id per node of the batch (batch.n_id)")
-        rows = None if self.override_table is None else self._rows(x, num_nodes, row_nodes, ids)
+        ids = self._ids(num_nodes)
+        rows = None if self.override is None else \
+            self.override.rows(num_nodes, row_nodes, ids, self.name)
         # what the last forward rounded, for fxquant.bit_report / bit_penalty (not state)
         self.__dict__["last_rows"] = (x.shape[0] if x.dim() else 1,
                                       math.prod(x.shape[1:]) if x.dim() else 1, num_nodes, rows)
-        keep = None
-        protect = self.config.protect
-        if protect is not None and self.training:
-            keep = self._node_mask(node_degree)
-            if keep is not None:
-                by = row_sources if protect.messages == "source" and row_sources is not None \
-                    else row_nodes
-                if by is not None:
-                    keep = keep[by]
-                if keep.shape[0] != (x.shape[0] if x.dim() else 1):
-                    raise FxquantValueError(
-                        f"fxquant: the protective mask of layer {self.layer!r} has "
-                        f"{keep.shape[0]} rows, but its {self.name} has "
-                        f"{x.shape[0] if x.dim() else 1}; Protection(share='layer') needs "
-                        "every point of the layer to have a row per node of its graph (or "
-                        "per edge)")
-        if self.config.node_bits is not None:
-            y = self._round_row_bits(x, num_nodes, row_nodes, ids)
+        keep = self._kept_rows(x, node_degree, row_nodes, row_sources)
+        if self.node_widths is not None:
+            y = self._round_node_bits(x, num_nodes, row_nodes, ids)
         else:
+            protect = self.config.protect
             unprotected = protect is not None and protect.ranges == "unprotected"
             y = self._round(x, rows, keep if unprotected else None)
         calls = self.__dict__.get("calls")
         if calls is not None:  # every call of fxquant.bit_report's forward is counted
-            calls.append((self.__dict__["last_rows"], self.__dict__["last_row_bits"]))
+            calls.append((self.__dict__["last_rows"], self.__dict__["last_widths"]))
         if keep is not None:
             if torch.compiler.is_compiling() or x.dim() == 0:  # fused by inductor
                 y = torch.where(keep.view((-1,) + (1,) * (x.dim() - 1)), x, y)
@@ -391,84 +301,88 @@ class QuantPoint(nn.Module):
                 y = y.index_copy_(0, kept, x.index_select(0, kept))  # y is our fresh output
         return y
 
+    def _ids(self, num_nodes: int) -> Tensor | None:
+        """The batch's global node ids, where per-node settings read them (checked to have
+        one per node)."""
+        context = self.__dict__["_node_ids"]
+        ids = context.ids if context is not None and self.uses_node_ids else None
+        if ids is not None and ids.shape[0] != num_nodes:
+            raise FxquantValueError(
+                f"fxquant: node_ids has {ids.shape[0]} entries, but the {self.name} has "
+                f"{num_nodes} nodes; pass one global id per node of the batch (batch.n_id)")
+        return ids
+
+    def _kept_rows(self, x: Tensor, degree: Tensor | None, row_nodes: Tensor | None,
+                   row_sources: Tensor | None) -> Tensor | None:
+        """The rows protection keeps at full precision in this training forward (a bool
+        per row), or None."""
+        if self.protection is None or not self.training:
+            return None
+        keep = self.protection.mask(degree)
+        if keep is None:
+            return None
+        messages = self.protection.protect.messages
+        by = row_sources if messages == "source" and row_sources is not None else row_nodes
+        if by is not None:
+            keep = keep[by]
+        rows = x.shape[0] if x.dim() else 1
+        if keep.shape[0] != rows:
+            raise FxquantValueError(
+                f"fxquant: the protective mask of layer {self.layer!r} has {keep.shape[0]} "
+                f"rows, but its {self.name} has {rows}; Protection(share='layer') needs every "
+                "point of the layer to have a row per node of its graph (or per edge)")
+        return keep
+
     def _round(self, x: Tensor, rows: Tensor | None, exclude: Tensor | None = None) -> Tensor:
         if self._op == "truncate":
-            return torch.ops.fxquant.truncate.default(x, rows=rows, numerics=NUMERICS, **self._args)
-        if self.log_step is not None:
+            return torch.ops.fxquant.truncate.default(x, override_rows=rows, numerics=NUMERICS,
+                                                      **self._args)
+        if self.learned_step is not None:
             return self._lsq(x, rows)
         bounds = self.observer(x, exclude) if self.observer is not None else None
-        y = torch.ops.fxquant.quantize.default(x, bounds=bounds, rows=rows, numerics=NUMERICS,
-                                               **self._args)
+        y = torch.ops.fxquant.quantize.default(x, bounds=bounds, override_rows=rows,
+                                               numerics=NUMERICS, **self._args)
         if self.config.grad is Grad.CLIPPED and bounds is not None and x.requires_grad:
             y = torch.where(self._clipped(x.detach(), bounds), y.detach(), y)
         return y
 
     def _clipped(self, x: Tensor, bounds: Tensor) -> Tensor:
         """Where ``x`` rounds to the grid's first or last code or beyond (``grad="clipped"``)."""
-        number = self.config.format
-        assert isinstance(number, IntFormat)
-        scale, zero_point = int_scale(bounds.to(torch.float32), number, self.config.scale)
+        fmt = self.config.format
+        assert isinstance(fmt, IntFormat)
+        scale, zero_point = int_scale(bounds.to(torch.float32), fmt, self.config.scale)
         per_row = self.config.scale.per_row and x.dim() > 0
         shape = (-1,) + (1,) * (x.dim() - 1)
-        codes = torch.round(x / (scale.view(shape) if per_row else scale) - number.offset)
+        codes = torch.round(x / (scale.view(shape) if per_row else scale) - fmt.offset)
         if zero_point is not None:
             codes = codes + (zero_point.view(shape) if per_row else zero_point)
-        return (codes <= number.qmin) | (codes >= number.qmax)
-
-    @property
-    def has_mask(self) -> bool:
-        """Whether this forward's shared layer mask is drawn already (``share="layer"``)."""
-        masks = self.__dict__["_masks"]
-        return masks is not None and self.layer in masks.masks
-
-    def _node_mask(self, degree: Tensor | None) -> Tensor | None:
-        """The protective mask over the layer's nodes for this forward: the layer's shared
-        draw (``share="layer"``: drawn by its first point) or a draw of its own; None
-        where this point knows no degrees and no draw was shared."""
-        protect = self.config.protect
-        assert protect is not None
-        masks = self.__dict__["_masks"]
-        if protect.share == "layer" and masks is not None:
-            mask = masks.masks.get(self.layer)
-            if mask is None and degree is not None:
-                mask = self._protected(degree)
-                masks.masks[self.layer] = mask
-            return mask
-        return None if degree is None else self._protected(degree)
-
-    def _protected(self, degree: Tensor) -> Tensor:
-        """Degree-Quant's protective mask: node ``i`` stays at full precision with probability
-        ``p_min + (p_max - p_min) * F(deg_i)``, ``F`` the fraction of nodes whose in-degree
-        is at most ``deg_i`` (so the probability grows with in-degree)."""
-        assert self.config.protect is not None
-        p_min, p_max = self.config.protect
-        ordered = torch.sort(degree).values
-        rank = torch.searchsorted(ordered, degree, right=True).to(torch.float32)
-        p = p_min + (p_max - p_min) * rank / max(degree.numel(), 1)
-        return torch.bernoulli(p).to(torch.bool)
+        return (codes <= fmt.qmin) | (codes >= fmt.qmax)
 
     @property
     def _fits_step(self) -> bool:
         """Whether this forward fits the learned step: the first training batch (or the
         next after :func:`refit_steps`) of a point that owns its step."""
-        return self.training and not self.step_ready \
+        step = self.learned_step
+        return step is not None and self.training and not step.step_ready \
             and self.__dict__.get("step_source") is None
 
     def _lsq(self, x: Tensor, rows: Tensor | None) -> Tensor:
         """``s * round(clamp(x / s, qmin, qmax))`` with LSQ's gradients."""
-        number = self.config.format
-        assert isinstance(number, IntFormat) and self.log_step is not None
+        fmt = self.config.format
+        step = self.learned_step
+        assert isinstance(fmt, IntFormat) and step is not None
         if self._fits_step:
-            self._init_step(x, number.qmin, number.qmax, number.offset)
-        gain = 1.0 / math.sqrt(max(x.numel(), 1) * number.max_finite)
+            step.fit(x, fmt.qmin, fmt.qmax, fmt.offset)
+        gain = 1.0 / math.sqrt(max(x.numel(), 1) * fmt.max_finite)
         c = self.config
         if rows is None and c.rounding is Rounding.NEAREST and c.grad is Grad.STE \
                 and c.grad_format is None:  # the common case: one fused function
-            return self._lsq_round(x, self._step(x.dtype, self._top()), number.qmin,
-                                   number.qmax, gain, number.offset)
-        s = self._scaled_step(gain, x.dtype, self._top())
-        y = torch.clamp(x / s, number.level(number.qmin), number.max_finite)
-        codes = torch.ops.fxquant.quantize.default(y, rows=rows, numerics=NUMERICS, **self._args)
+            return self._lsq_round(x, step.step(x.dtype, self._top()), fmt.qmin, fmt.qmax,
+                                   gain, fmt.offset)
+        s = step.scaled_step(gain, x.dtype, self._top())
+        y = torch.clamp(x / s, fmt.level(fmt.qmin), fmt.max_finite)
+        codes = torch.ops.fxquant.quantize.default(y, override_rows=rows, numerics=NUMERICS,
+                                                   **self._args)
         return codes * s
 
     def _lsq_round(self, x: Tensor, s: Tensor, qmin: Tensor | float, qmax: Tensor | float,
@@ -479,55 +393,6 @@ class QuantPoint(nn.Module):
         if self.site is Site.INPUT and not offset:
             return lsq_round_features(x, s, qmin, qmax, gain)
         return lsq_round(x, s, qmin, qmax, gain, offset)
-
-    def _node_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
-                   ids: Tensor | None) -> Tensor:
-        """Each row's bit-width (a float tensor, straight-through rounded when learned)."""
-        rb = self.config.node_bits
-        assert rb is not None
-        fits = self.seen_range is not None and self.training
-        rows_range = _input_row_magnitudes(x, finite_only=fits, keep=self.site is Site.INPUT)
-        if row_nodes is not None:  # per node: the max over its rows (its messages)
-            empty = -math.inf if fits else 0.0  # a node without (finite) messages: unseen
-            node_range = torch.full((num_nodes,), empty, dtype=rows_range.dtype,
-                                    device=x.device)
-            node_range = node_range.scatter_reduce(0, row_nodes, rows_range, "amax")
-        else:
-            node_range = rows_range
-        if self.row_bits is None:
-            assert self.row_bits_table is not None
-            table = self.row_bits_table
-        else:
-            table = self.row_bits
-        # every node of the table in order (a full batch, eager): no lookups by id
-        full = ids is None and num_nodes == table.shape[0] and not torch.compiler.is_compiling()
-        nodes = ids if ids is not None else torch.arange(num_nodes, device=x.device)
-        known = None if full else (nodes >= 0) & (nodes < table.shape[0])
-        if self.seen_range is not None:
-            if self.training:
-                with torch.no_grad():  # the largest range each node has shown (-inf: unseen)
-                    seen = self.seen_range
-                    if known is None:
-                        torch.maximum(seen, node_range.to(seen.dtype), out=seen)
-                    else:
-                        seen.scatter_reduce_(0, torch.where(known, nodes, 0), torch.where(
-                            known, node_range.to(seen.dtype), -math.inf), "amax")
-                    if dist.is_available() and dist.is_initialized() \
-                            and dist.get_world_size() > 1:  # every rank knows every node
-                        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
-            elif known is None:
-                known = torch.isfinite(self.seen_range)
-            else:
-                known = known & torch.isfinite(lookup(self.seen_range, nodes))
-        bits = table if full else lookup(table, nodes)
-        if known is not None and (torch.compiler.is_compiling() or not bool(known.all())):
-            bits = torch.where(known, bits, self._nearest_seen(node_range, table))
-        if self.row_bits is not None:
-            bits = _ClampInward.apply(bits, rb.min_bits, rb.max_bits)
-            bits = bits + (bits.round() - bits).detach()  # straight-through rounding
-        else:
-            bits = bits.clamp(rb.min_bits, rb.max_bits)
-        return bits if row_nodes is None else bits[row_nodes]
 
     @staticmethod
     def _lsq_gain(x: Tensor, qmax: Tensor, offset: float) -> float:
@@ -541,191 +406,81 @@ class QuantPoint(nn.Module):
             return cast(float, torch.rsqrt(levels.to(torch.float32) * max(x.numel(), 1)))
         return 1.0 / math.sqrt(max(x.numel(), 1) * float(levels))
 
-    def _nearest_seen(self, node_range: Tensor, table: Tensor) -> Tensor:
-        """The bits of the seen node whose range is nearest each row's (A2Q's rule for
-        unseen nodes); the table's mean where nothing was seen or recorded."""
-        seen = self.seen_range
-        if seen is None:
-            rb = self.config.node_bits
-            assert rb is not None
-            if not table.numel():
-                return torch.full_like(node_range, float(rb.max_bits))
-            # a tensor, not float(): no host sync, and no graph break under torch.compile
-            return table.detach().mean().to(node_range.dtype).expand_as(node_range)
-        order = torch.sort(seen)  # unseen nodes (-inf) first, then the seen ones
-        count = torch.isfinite(seen).sum()
-        first = seen.shape[0] - count
-        pos = torch.searchsorted(order.values, node_range.to(seen.dtype).contiguous())
-        hi = torch.minimum(torch.maximum(pos, first), torch.full_like(pos, seen.shape[0] - 1))
-        lo = torch.minimum(torch.maximum(hi - 1, first), hi)  # in range when nothing was seen
-        closer_lo = (node_range - order.values[lo]).abs() < (order.values[hi] - node_range).abs()
-        pick = torch.where(closer_lo, lo, hi)
-        fallback = table.detach().mean()
-        return torch.where(count > 0, table[order.indices[pick]], fallback)
-
-    def _round_row_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
-                        ids: Tensor | None) -> Tensor:
-        """Each row on its own integer grid (see :class:`~fxquant.quant.config.NodeBits`)."""
-        number = self.config.format
-        assert isinstance(number, IntFormat)
-        bits = self._node_bits(x, num_nodes, row_nodes, ids).to(x.dtype)
-        qmin, qmax = _code_range(bits, number)
+    def _round_node_bits(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
+                         ids: Tensor | None) -> Tensor:
+        """Each row on its own integer grid (see :class:`~fxquant.quant.node_bits.NodeBits`)."""
+        fmt = self.config.format
+        widths = self.node_widths
+        assert isinstance(fmt, IntFormat) and widths is not None
+        bits = widths.for_rows(x, num_nodes, row_nodes, ids,
+                               keep_input=self.site is Site.INPUT).to(x.dtype)
+        qmin, qmax = code_range(bits, fmt)
         shape = (-1,) + (1,) * (x.dim() - 1)
         qmax, qmin = qmax.view(shape), qmin.view(shape)
-        self.__dict__["last_row_bits"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
-        if self.log_step is not None:  # one learned step; bits set each row's range
-            if self._fits_step:  # the start, at the mean bits
-                rb = self.config.node_bits
-                assert rb is not None  # (the same on every rank: parameters are broadcast)
-                table = self.row_bits if self.row_bits is not None else self.row_bits_table
-                assert table is not None
-                mean = table.detach().mean().clamp(rb.min_bits, rb.max_bits)
-                # compiled code keeps it a tensor (a float would need a data-dependent guard)
-                mean_bits = mean if torch.compiler.is_compiling() else float(mean)
-                lo, hi = _code_range(mean_bits, number)
-                self._init_step(x, lo, hi, number.offset)
-            gain = self._lsq_gain(x, qmax, number.offset)
+        self.__dict__["last_widths"] = (bits, math.prod(x.shape[1:]) if x.dim() else 1)
+        step = self.learned_step
+        if step is not None:  # one learned step; bits set each row's range
+            if self._fits_step:  # the start, at the mean bits (the same on every rank:
+                lo, hi = code_range(widths.mean_bits(), fmt)  # parameters are broadcast)
+                step.fit(x, lo, hi, fmt.offset, widest=self._top())
+            gain = self._lsq_gain(x, qmax, fmt.offset)
             if self.config.rounding is Rounding.STOCHASTIC:
-                return lsq_round_stochastic(x, self._step(x.dtype, self._top()), qmin, qmax,
-                                            gain, number.offset)
-            return self._lsq_round(x, self._step(x.dtype, self._top()), qmin, qmax, gain,
-                                   number.offset).to(x.dtype)
-        # the finite values' magnitudes: an infinity or a NaN must not make the step
-        # infinite or NaN, which would turn every finite value of its row (or tensor) NaN
+                return lsq_round_stochastic(x, step.step(x.dtype, self._top()), qmin, qmax,
+                                            gain, fmt.offset)
+            return self._lsq_round(x, step.step(x.dtype, self._top()), qmin, qmax, gain,
+                                   fmt.offset).to(x.dtype)
+        s = self._node_bits_step(x, qmax, self.observer)
+        if self.config.rounding is Rounding.STOCHASTIC:
+            return lsq_round_stochastic(x, s, qmin, qmax, offset=fmt.offset)
+        return lsq_round(x, s, qmin, qmax, offset=fmt.offset).to(x.dtype)
+
+    def _node_bits_step(self, x: Tensor, qmax: Tensor,
+                        observe: Callable[[Tensor], Tensor] | None) -> Tensor:
+        """The step of each row of per-node widths over a range (not learned): the range's
+        largest magnitude (from ``observe``, else the tensor's own) over the row's largest
+        level. The finite values' magnitudes: an infinity or a NaN must not make the step
+        infinite or NaN, which would turn every finite value of its row (or tensor) NaN."""
+        fmt = self.config.format
+        assert isinstance(fmt, IntFormat)
+        shape = (-1,) + (1,) * (x.dim() - 1)
         if not x.numel():
             bounds = x.new_zeros(())
         elif self.config.scale.per_row:
-            bounds = _row_magnitudes(x.detach(), finite_only=True).clamp(min=0).view(shape)
+            bounds = row_magnitudes(x.detach(), finite_only=True).clamp(min=0).view(shape)
         else:
-            bounds = self.observer(x) if self.observer is not None else \
-                _row_magnitudes(x.detach().reshape(1, -1), finite_only=True).clamp(min=0)[0]
+            bounds = observe(x) if observe is not None else \
+                row_magnitudes(x.detach().reshape(1, -1), finite_only=True).clamp(min=0)[0]
             if bounds.dim() and bounds.numel() == 2:
                 bounds = bounds.abs().amax()
-        step = (bounds.to(x.dtype) / (qmax + number.offset)).clamp(min=torch.finfo(x.dtype).tiny)
-        if self.config.rounding is Rounding.STOCHASTIC:
-            return lsq_round_stochastic(x, step, qmin, qmax, offset=number.offset)
-        return lsq_round(x, step, qmin, qmax, offset=number.offset).to(x.dtype)
-
-    @property
-    def step(self) -> Tensor | None:
-        """The learned step ``exp(log_step)`` (``range="lsq"``), kept finite and positive
-        (see :meth:`_step`), else None."""
-        if self.log_step is None:
-            return None
-        return self._step(torch.float32, self._top())
+        return (bounds.to(x.dtype) / (qmax + fmt.offset)).clamp(min=torch.finfo(x.dtype).tiny)
 
     def _top(self) -> float:
         """The largest level of this point's grid (at ``max_bits`` with per-node bits)."""
-        number = self.config.format
-        assert isinstance(number, IntFormat)
+        fmt = self.config.format
+        assert isinstance(fmt, IntFormat)
         rb = self.config.node_bits
-        if rb is None:
-            return float(number.max_finite)
-        return float(_code_range(float(rb.max_bits), number)[1]) + number.offset
+        return grid_top(fmt, None if rb is None else rb.max_bits)
 
-    def _step(self, dtype: torch.dtype, top: float) -> Tensor:
-        """``exp(log_step)``, clamped to the steps a grid whose largest level is ``top``
-        may have on ``dtype`` values (positive, ``s * top`` finite). The gradient reaches
-        ``log_step`` outside that range where a descent step moves it back in (a huge
-        learning rate must not leave it stuck)."""
-        assert self.log_step is not None
-        lo, hi = _log_step_range(dtype, top)
-        return _ClampInward.apply(self.log_step, lo, hi).exp()
-
-    def _scaled_step(self, gain: float, dtype: torch.dtype, top: float) -> Tensor:
-        """The step, whose gradient is LSQ's scaled by ``gain`` (its value is unchanged)
-        and counts no non-finite value (a NaN among the values would make it NaN)."""
-        s = _FiniteGrad.apply(self._step(dtype, top))
-        return (s - s * gain).detach() + s * gain
-
-    def _init_step(self, x: Tensor, qmin: float | Tensor, qmax: float | Tensor,
-                   offset: float = 0.0) -> None:
-        """The starting step: the one of :data:`INIT_CANDIDATES` geometric candidates (from
-        ``max|x| / 1000`` to ``max|x|``) whose grid rounds this batch with the least squared
-        error, on a strided sample of at most :data:`INIT_SAMPLE` values. LSQ's own start,
-        ``2 mean|x| / sqrt(qmax)``, is ``2 mean|x|`` on a 2-bit grid: it rounds most values
-        to zero, and a layer's output rounded to zero before a ReLU passes no gradient (a
-        GCN on Cora with 2-bit aggregation and output stayed at chance). Under DDP the
-        errors are summed over ranks first, so every rank starts from the same step.
-        ``offset`` is the grid's (:attr:`~fxquant.formats.IntFormat.offset`)."""
-        assert self.log_step is not None
-        with torch.no_grad():
-            v = x.detach().flatten().to(torch.float32)
-            # a strided sample (stride 1: all of them); no branch on the size, which
-            # compiled code may only know from the data (messages after PyG's self-loops)
-            v = v[:: torch.sym_max(1, -(-v.numel() // INIT_SAMPLE))]
-            finite = torch.isfinite(v)  # fitted from the finite values only
-            v = torch.where(finite, v, 0.0)
-            amax = torch.cat([v.new_zeros(1), v.abs()]).amax()  # 0 for an empty batch
-            # (an all-zero batch says nothing of the scale either: the next batch fits it)
-            found = (finite & (v != 0)).any().to(torch.float32)
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                both = torch.stack([amax, found])
-                dist.all_reduce(both, op=dist.ReduceOp.MAX)
-                amax, found = both[0], both[1]
-            amax = torch.where(amax > 0, amax, torch.ones_like(amax))
-            steps = amax * torch.logspace(-3, 0, INIT_CANDIDATES, device=v.device)
-            codes = torch.clamp(torch.round(v[None, :] / steps[:, None] - offset),
-                                cast(Any, qmin), cast(Any, qmax))
-            error = (((codes + offset) * steps[:, None] - v[None, :]).square()
-                     * finite[None, :]).sum(1)
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                dist.all_reduce(error, op=dist.ReduceOp.SUM)
-            # index_select, not steps[argmin]: traceable without a data-dependent index
-            best = steps.index_select(0, torch.argmin(error).reshape(1)).reshape(())
-            # (a grid given by tensors, from a mean of per-node bits while compiling: the
-            # widest grid's range, which the step is clamped to anyway (:meth:`_step`))
-            top = self._top() if isinstance(qmin, Tensor) or isinstance(qmax, Tensor) \
-                else float(max(abs(qmin), abs(qmax))) + abs(offset)
-            lo, hi = _log_step_range(x.dtype, top)
-            fitted = best.clamp(min=1e-8).log().clamp(lo, hi).to(self.log_step.dtype)
-            if self.refit_widens and self.step_fitted:  # never a narrower grid than the
-                fitted = torch.maximum(fitted, self.log_step)  # last fitted or learned one
-            # a batch without a finite nonzero value leaves the step as it was
-            fitted = torch.where(found > 0, fitted, self.log_step)
-            if torch.compiler.is_compiling():
-                self.log_step.copy_(fitted)
-            else:  # an earlier call of this forward rounded values the step does not
-                # change (an empty or all-zero part of a bipartite input, through one
-                # point): written without a version bump, its backward stays valid
-                self.log_step.data.copy_(fitted)
-        # ... and is fitted on the next batch. Compiled code cannot branch on that: it
-        # records what it found, and eager code settles the flags (:meth:`_settle_fit`;
-        # they are neither read nor set here, which would add guards and recompiles)
-        if torch.compiler.is_compiling():
-            assert self.step_found is not None
-            self.step_found.copy_(found)
-            self._unsettled = True
-            self.step_ready = True
-        elif bool(found > 0):
-            self._fitted()
-        else:
-            self.step_ready = False
-
-    def _fitted(self) -> None:
-        self.step_ready = True
-        self.refit_widens = False
-        self.step_fitted = True
+    # -- the learned step's fit --------------------------------------------------------
 
     def _settle_fit(self, evaluating: bool = False) -> None:
-        """After a compiled fit, in eager code: a fit that found values is done; one whose
-        batch held no finite nonzero value left the step as it was, which the next training
-        batch fits (as in eager code). Runs when the mode is set (``model.train()``,
-        ``model.eval()``: with a warning, as evaluation would use the unfitted step), at
-        :func:`refit_steps` and at :meth:`~fxquant.recipes.QuantTraining.start_epoch`."""
-        if torch.compiler.is_compiling() or not self.__dict__.pop("_unsettled", False):
+        """Settle a compiled fit (:meth:`~fxquant.quant.learned_step.LearnedStep.settle`):
+        at ``model.train()``, ``model.eval()`` (with a warning, as evaluation would use the
+        unfitted step), :func:`refit_steps` and
+        :meth:`~fxquant.recipes.QuantTraining.start_epoch`."""
+        if self.learned_step is None or not self.learned_step.settle():
             return
-        assert self.step_found is not None  # (only a learned step's fit is unsettled)
-        if bool(self.step_found > 0):
-            self._fitted()
-            return
-        self.step_ready = False
         if evaluating and not self.__dict__.get("_warned_unfitted"):
             self.__dict__["_warned_unfitted"] = True
             warnings.warn(f"{self!r}: the training batch that fitted its learned step held no "
                           "finite nonzero value, so the step is still its placeholder (1); "
                           "evaluation rounds with it. Please run a training batch with finite, "
                           "nonzero values first (it fits the step).", stacklevel=3)
+
+    def settle(self) -> None:
+        """Settle what a compiled forward recorded (a learned step's fit), in eager code;
+        :meth:`~fxquant.recipes.QuantTraining.start_epoch` calls it every epoch."""
+        self._settle_fit()
 
     def _warn_unfitted(self) -> None:
         """Evaluation with a learned step that no training batch has fitted rounds with its
@@ -736,7 +491,8 @@ class QuantPoint(nn.Module):
                 or self.__dict__.get("_warned_unfitted") or PROBING.get():
             return
         self._settle_fit()
-        if self._has_step():
+        assert self.learned_step is not None
+        if self.learned_step.has_step():
             return
         self.__dict__["_warned_unfitted"] = True
         warnings.warn(f"{self!r}: evaluating with a learned step (range='lsq') that no training "
@@ -748,282 +504,144 @@ class QuantPoint(nn.Module):
         self._settle_fit(evaluating=not mode)
         return super().train(mode)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        if "step_found" not in self._buffers:  # pickled before the buffer existed
-            found = torch.ones((), device=self.log_step.device) \
-                if self.log_step is not None else None
-            self.register_buffer("step_found", found, persistent=False)
-        if "step_is_fitted" not in self._buffers:  # (likewise)
-            flag = torch.ones((), device=self.log_step.device) \
-                if self.log_step is not None else None
-            self.register_buffer("step_is_fitted", flag)
-
-    def _has_step(self) -> bool:
-        """Whether ``log_step`` holds a step rather than its placeholder: fitted here, or
-        given otherwise (a shared step trained by its source, an averaged copy's
-        ``AveragedModel.update_parameters``, a value set by hand: anything but the
-        placeholder 0)."""
-        if self.step_fitted:
-            return True
-        assert self.log_step is not None
-        step = self.log_step.detach()
-        return not step.is_meta and bool(step != 0)
-
-    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str,
-                            keep_vars: bool) -> None:
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self.log_step is not None and self.step_is_fitted is not None:
-            self._settle_fit()  # (the flag says it; the buffer only carries it)
-            destination[prefix + "step_is_fitted"] = torch.full(
-                (), float(self._has_step()), device=self.step_is_fitted.device)
+    # -- state -------------------------------------------------------------------------
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
-                              local_metadata: dict[str, Any], strict: bool,
-                              missing_keys: list[str], *args: Any) -> None:
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
-                                      missing_keys, *args)
-        if self.override_nodes is not None and prefix + "override_nodes" in state_dict:
-            # derived, not saved: built again from what was loaded (a model made on the
-            # meta device and loaded, or one whose memory to_empty() left unset)
-            self.override_table = _table(self.override_nodes, self.override_max_index)
-        key = prefix + "step_is_fitted"
-        if key not in state_dict and key in missing_keys:
-            missing_keys.remove(key)  # saved by an older version, whose steps were fitted
-        if self.log_step is not None and prefix + "log_step" in state_dict:
-            self.__dict__.pop("_unsettled", None)
-            flag = state_dict.get(key)
-            if not isinstance(flag, Tensor) or flag.is_meta or bool(flag > 0):
-                self._fitted()  # a loaded step is not initialized again
-            else:  # saved before its first training batch: the next one fits it
-                self.step_ready = self.step_fitted = self.refit_widens = False
+                              *args: Any) -> None:
+        upgrade_point_keys(state_dict, prefix)  # (what the parts load from next)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
-    def _rows(self, x: Tensor, num_nodes: int, row_nodes: Tensor | None,
-              ids: Tensor | None) -> Tensor:
-        """The override as a bool mask over ``x``'s rows: looked up by global node id, or
-        (no ids) row ``i`` is node ``i``. Shape checks only, never a value check."""
-        table = self.override_table
-        assert table is not None
-        if ids is not None:
-            mask = lookup(table, ids)
-        else:
-            if self.override_nodes is not None and self.override_nodes.dtype == torch.bool \
-                    and table.shape[0] != num_nodes:
-                raise FxquantValueError(
-                    f"fxquant: quantization point {self.name}: the override's row mask has "
-                    f"shape ({table.shape[0]},), but the graph there has {num_nodes} nodes; "
-                    "pass a mask over all nodes, or the batch's global ids as node_ids=.")
-            if self.override_max_index is not None and self.override_max_index >= num_nodes:
-                raise FxquantIndexError(
-                    f"fxquant: the node override of quantization point {self.name} names node "
-                    f"{self.override_max_index}, but the graph there has {num_nodes} nodes; "
-                    f"please pass node ids in [0, {num_nodes}), or the batch's global ids "
-                    "as node_ids=.")
-            if table.shape[0] >= num_nodes:
-                mask = table[:num_nodes]
+    # -- reading -----------------------------------------------------------------------
+
+    def grid(self, x: Tensor | None = None, *, node_ids: Tensor | None = None,
+             row_nodes: Tensor | None = None, num_nodes: int | None = None) -> IntegerGrid:
+        """The integer grid this point rounds ``x`` to in evaluation: its format, the step
+        and zero point actually used (broadcast against ``x``), each row's code range and
+        width. See :class:`~fxquant.quant.grid.IntegerGrid`.
+
+        Args:
+            x (Tensor, optional): the values; needed where the step comes from them (a
+                range taken over each batch), not for a learned step or a stored range.
+            node_ids (Tensor, optional): the batch's global node ids (per-node widths and
+                overrides are looked up by them; default: row ``i`` is node ``i``).
+            row_nodes (Tensor, optional): each row's node, for rows that are not nodes
+                (a message's target).
+            num_nodes (int, optional): how many nodes ``row_nodes`` index. (default: one
+                per id of ``node_ids``, else one more than the largest of ``row_nodes``)
+
+        Example:
+            >>> point = QuantPoint(QuantConfig("int4", scale="tensor"), "conv1")
+            >>> x = torch.tensor([[0.5, -1.4], [0.7, 0.1]])
+            >>> grid = point.grid(x)
+            >>> grid.step, grid.qmin, grid.qmax
+            (tensor(0.2000), -8, 7)
+            >>> codes = grid.codes(x)
+            >>> codes
+            tensor([[ 2, -7],
+                    [ 4,  0]], dtype=torch.int32)
+            >>> torch.equal(grid.values(codes), point.eval()(x))
+            True
+        """
+        fmt, c = self.config.format, self.config
+        if not isinstance(fmt, IntFormat):
+            raise FxquantValueError(f"QuantPoint.grid: the {self.name} rounds to "
+                                    f"{fmt.spec()}, which has no integer grid; only integer "
+                                    "formats ('int8', 'uint4', 'int4:asym', ...) have one")
+        over = self.override.format if self.override is not None else None
+        if over is not None and not (isinstance(over, IntFormat) and (
+                over.signed, over.asymmetric, over.midrise) == (
+                fmt.signed, fmt.asymmetric, fmt.midrise)):
+            raise FxquantValueError(f"QuantPoint.grid: the node override of the {self.name} "
+                                    f"rounds some rows to {over.spec()}, which is not a grid "
+                                    f"of {fmt.spec()}'s kind; one integer grid cannot say it")
+        stored = self.learned_step is not None or (c.scale is Scale.NONE) or (
+            self.observer is not None and self.observer.stored)
+        if x is None and (not stored or self.node_widths is not None or over is not None):
+            raise FxquantValueError(f"QuantPoint.grid: the {self.name} takes its step or its "
+                                    "rows' ranges from the values it rounds; please pass them "
+                                    "as x")
+        with torch.no_grad():
+            return self._grid(fmt, x, node_ids, row_nodes, num_nodes)
+
+    def _grid(self, fmt: IntFormat, x: Tensor | None, node_ids: Tensor | None,
+              row_nodes: Tensor | None, num_nodes: int | None) -> IntegerGrid:
+        c = self.config
+        dtype = x.dtype if x is not None else torch.float32
+        shape = (-1,) + (1,) * (x.dim() - 1) if x is not None and x.dim() else (-1,)
+        if num_nodes is None:
+            num_nodes = node_ids.shape[0] if node_ids is not None else \
+                int(row_nodes.max()) + 1 if row_nodes is not None and row_nodes.numel() else \
+                (x.shape[0] if x is not None and x.dim() else 1)
+        ids = None if node_ids is None else node_ids.to(torch.int64)
+        qmin: int | Tensor = fmt.qmin
+        qmax: int | Tensor = fmt.qmax
+        bits = zero_point = None
+        source = "learned" if self.learned_step is not None else "none" \
+            if c.scale is Scale.NONE else "stored" \
+            if self.observer is not None and self.observer.stored else "data"
+        if self.node_widths is not None:
+            assert x is not None
+            bits = self.node_widths.for_rows(x, num_nodes, row_nodes, ids, training=False)
+            lo, hi = code_range(bits.to(dtype), fmt)
+            lo, hi = lo.view(shape), hi.view(shape)
+            if self.learned_step is not None:
+                step = self.learned_step.step(dtype, self._top())
             else:
-                mask = torch.cat([table, table.new_zeros(num_nodes - table.shape[0])])
-        return mask if row_nodes is None else mask[row_nodes]
+                observe = self.observer.eval_bounds if self.observer is not None else None
+                step = self._node_bits_step(x, hi, observe)
+            return IntegerGrid(fmt, c.rounding, c.scale, source, step, None, lo, hi, bits,
+                               reciprocal=False)
+        rows = over = None
+        if self.override is not None:
+            rows = self.override.rows(num_nodes, row_nodes, ids, self.name).view(shape)
+            over = self.override.format
+        if self.learned_step is not None:  # (an override clamps within the main range)
+            step = self.learned_step.step(dtype, self._top())
+            if rows is not None and isinstance(over, IntFormat):
+                qmin = torch.where(rows, max(fmt.qmin, over.qmin), fmt.qmin)
+                qmax = torch.where(rows, min(fmt.qmax, over.qmax), fmt.qmax)
+            return IntegerGrid(fmt, c.rounding, c.scale, source, step, None, qmin, qmax,
+                               None, reciprocal=False)
+        sample = x if x is not None else torch.zeros((), dtype=dtype)
+        observed = self.observer.eval_bounds(sample) if self.observer is not None else None
+        step, zero_point = int_grid_scale(sample, fmt, c.scale, observed)
+        if rows is not None and isinstance(over, IntFormat):
+            over_step, over_zero = int_grid_scale(sample, over, c.scale, observed)
+            step = torch.where(rows, over_step, step)
+            if zero_point is not None and over_zero is not None:
+                zero_point = torch.where(rows, over_zero, zero_point)
+            qmin = torch.where(rows, over.qmin, fmt.qmin)
+            qmax = torch.where(rows, over.qmax, fmt.qmax)
+        return IntegerGrid(fmt, c.rounding, c.scale, source, step, zero_point, qmin, qmax,
+                           None, reciprocal=True)
 
     def extra_repr(self) -> str:
         text = f"{self.name}: {self.config.describe()}"
-        if self.override_nodes is not None and self.override_number is not None:
-            text += "; " + self.override_description()
+        if self.override is not None:
+            text += "; " + self.override.describe()
         return text
 
     def override_description(self) -> str:
         """``"20 nodes -> 9 bits"``, or ``"-"`` without an override."""
-        if self.override_nodes is None or self.override_number is None:
-            return "-"
-        return describe_nodes(self.override_nodes, self.override_number)
+        return "-" if self.override is None else self.override.describe()
 
 
-def refit_steps(model: nn.Module, *, widen: bool = False) -> int:
-    """Fit every learned step (``range="lsq"``) of ``model`` again on its next training
-    forward, as on the first one (the step that rounds that batch with the least error);
-    returns how many points will. With ``widen=True`` a refit never narrows a grid: the
-    step becomes the larger of the fitted one and the current one (a step not fitted yet,
-    e.g. while ``QuantTraining(float_epochs=...)`` passes training forwards through, is
-    simply fitted: its placeholder is not a grid to keep).
-
-    A learned step is fitted once, on the first training batch, then learned. Trained
-    from scratch, that batch comes from an untrained model whose activations are much
-    smaller than the trained model's, and Adam moves ``log_step`` by about its learning
-    rate per iteration: a step that starts 100x too small needs ~460 iterations at
-    ``lr=0.01`` to catch up, and the grid clips meanwhile (a GCN on CiteSeer with int4
-    everywhere stayed at chance: its logits' step started at 0.001). Calling this before
-    each of the first training steps (a warm-up, as torch.ao QAT keeps its observers on
-    for the first epochs) lets the steps follow the growing activations; the LSQ gradient
-    takes over after the last call. It only clears a flag: under ``torch.compile`` the
-    flags select among a few compiled graphs, each compiled once. Loading a state dict
-    marks the steps fitted again.
-
-    ``widen=True`` is for the warm-up: the least-error step of a grid with two to four
-    levels clips the largest values of a heavy-tailed batch (messages of a sparse graph),
-    and a clipped value passes no gradient; refits that narrow the grids as the weights
-    shrink can starve the first layer of gradient for good (a GCN on CiteSeer with 1-2 bit
-    messages stayed near chance on one seed of ten, its first layer's weights decaying).
+def upgrade_state_dict(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (a state dict of ``model``'s, possibly saved by fxquant 0.9.8 or earlier)
+    with every quantization point's keys as today's (a new dict; ``load_state_dict`` does
+    this by itself).
 
     Example:
         >>> import fxquant
-        >>> config = fxquant.QuantConfig("int4", scale="tensor", range="lsq")
-        >>> gm = fxquant.transform(torch.nn.Sequential(torch.nn.Linear(4, 4)),
-        ...                        fxquant.QuantMapping().set_name("0", config))
-        >>> _ = gm(torch.randn(8, 4))               # the first training batch fits the step
-        >>> point = gm.get_submodule("_0_quant")
-        >>> before = float(point.step.detach())
-        >>> fxquant.refit_steps(gm)
-        1
-        >>> _ = gm(100 * torch.randn(8, 4))         # fitted again: 100x larger values
-        >>> float(point.step.detach()) > 10 * before
-        True
-        >>> fxquant.refit_steps(gm, widen=True)
-        1
-        >>> _ = gm(torch.randn(8, 4))               # smaller values: the step stays
-        >>> float(point.step.detach()) > 10 * before
-        True
+        >>> gm = fxquant.transform(torch.nn.Sequential(torch.nn.Linear(2, 2)),
+        ...     fxquant.QuantConfig("int4", scale="tensor", range="lsq"), layers="0")
+        >>> old = {"0.weight": torch.ones(2, 2), "0.bias": torch.zeros(2),
+        ...        "_0_quant.log_step": torch.tensor(-1.0)}
+        >>> sorted(upgrade_state_dict(gm, old))
+        ['0.bias', '0.weight', '_0_quant.learned_step.log_step']
     """
-    if not isinstance(widen, bool):
-        raise FxquantTypeError(f"refit_steps: widen must be True or False, got {widen!r}")
-    points = [m for m in model.modules() if isinstance(m, QuantPoint) and m.log_step is not None]
-    for point in points:
-        point._settle_fit()
-        point.step_ready = False
-        point.refit_widens = widen
-    return len(points)
-
-
-def share_step(model: nn.Module, point: str, source: str) -> None:
-    """Make the quantization point named ``point`` round with the learned step of
-    ``source`` (both ``range="lsq"``): the same :class:`~torch.nn.Parameter`, so the
-    optimizer, ``state_dict``, ``torch.compile`` and :func:`refit_steps` see one step, fitted
-    on ``source``'s first training batch.
-
-    For a tensor rounded twice on its way, with only grid-keeping ops between (a layer's
-    rounded output, a ReLU, the next layer's rounded input): on one step the second
-    rounding keeps the first's values (ReLU maps an unsigned grid onto itself), where two
-    steps learned apart re-round them, and two 1-bit grids whose steps drift more than 2x
-    apart round everything to zero. PT2E's ``SharedQuantizationSpec`` shares quantization
-    parameters the same way. Nothing changes on error.
-
-    Example:
-        >>> import fxquant
-        >>> class Net(torch.nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
-        ...     def forward(self, x):
-        ...         return self.b(self.a(x).relu())
-        >>> config = fxquant.QuantConfig("uint1", scale="tensor", range="lsq")
-        >>> gm = fxquant.transform(Net(), fxquant.QuantMapping()
-        ...                        .set_name("a", config).set_name("b", config, site="input"))
-        >>> fxquant.share_step(gm, "b_input_quant", "a_quant")
-        >>> len(list(gm.parameters()))  # one step for both points
-        5
-    """
-    points = _two_points(model, point, source, "share_step", "step_source",
-                         lambda m: m.log_step is not None, "a learned step; both need range='lsq'")
-    order = _first_calls(model)
-    if point in order and source in order and order[point] < order[source] \
-            and not points["source"].step_fitted:  # (a fitted or loaded step: no fit to come)
-        raise FxquantValueError(
-            f"fxquant.share_step: point={point!r} runs before source={source!r} in the forward, "
-            "but the shared step, not fitted yet, is fitted on the source's first training "
-            "batch: the point "
-            "would round that batch with the unfitted step. Please pass them the other way "
-            f"around, fxquant.share_step(model, {source!r}, {point!r}) (one step either way)")
-    target = points["point"]
-    target.log_step = points["source"].log_step
-    target.__dict__["step_source"] = source
-
-
-def _first_calls(model: nn.Module) -> dict[str, int]:
-    """Where the graph of a GraphModule first calls each of its submodules (the order a
-    forward runs them in); empty for other models. Points inside a layer are not in it."""
-    graph = getattr(model, "graph", None)
-    order: dict[str, int] = {}
-    if isinstance(graph, torch.fx.Graph):
-        for i, node in enumerate(graph.nodes):
-            if node.op == "call_module":
-                order.setdefault(str(node.target), i)
-    return order
-
-
-def _two_points(model: nn.Module, point: str, source: str, api: str, link: str,
-                has: Callable[[QuantPoint], bool], what: str) -> dict[str, QuantPoint]:
-    """The quantization points named ``point`` and ``source``, checked to have ``what``
-    and to form no chain of shares (``link``: the attribute naming a point's source)."""
-    points = {}
-    for role, name in (("point", point), ("source", source)):
-        try:
-            module = model.get_submodule(name)
-        except AttributeError:
-            names = [n for n, m in model.named_modules() if isinstance(m, QuantPoint)]
-            raise FxquantValueError(f"fxquant.{api}: {role}={name!r} is not a submodule of the "
-                             f"model; its quantization points: {names}") from None
-        if not isinstance(module, QuantPoint) or not has(module):
-            raise FxquantValueError(f"fxquant.{api}: {role}={name!r} is not a quantization point "
-                             f"with {what}")
-        points[role] = module
-    if point == source:
-        raise FxquantValueError(f"fxquant.{api}: point and source are both {point!r}")
-    if points["source"].__dict__.get(link) is not None:
-        raise FxquantValueError(f"fxquant.{api}: source={source!r} already shares "
-                         f"{points['source'].__dict__[link]!r}'s; please pass that point as "
-                         "the source")
-    users = [n for n, m in model.named_modules()
-             if isinstance(m, QuantPoint) and m.__dict__.get(link) == point]
-    if users:
-        raise FxquantValueError(f"fxquant.{api}: point={point!r} is the source of {users}; please "
-                         f"share those from {source!r} first")
-    return points
-
-
-def share_bits(model: nn.Module, point: str, source: str) -> None:
-    """Make the quantization point named ``point`` read its per-node bit-widths from
-    ``source``'s table (both with :class:`~fxquant.quant.config.NodeBits` of the same nodes
-    and range): the same :class:`~torch.nn.Parameter` when learned (the same buffer when
-    fixed), so each node has **one** bit-width for both sites, trained by the gradients of
-    both, and stored once: :func:`fxquant.bit_report` counts the table's storage at
-    ``source`` only.
-
-    A2Q (Zhu et al., ICLR 2023) learns one bit-width per node and layer; sharing the table
-    across a layer's sites (its messages, aggregation and output, keyed by their node) does
-    the same, at a fraction of the storage of a table per site. Each point keeps its own
-    record of the ranges it has seen, so a node unseen in training takes the bits of the
-    seen node nearest in that point's range. Nothing changes on error.
-
-    Example:
-        >>> import fxquant
-        >>> from fxquant.quant.config import NodeBits
-        >>> class Net(torch.nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
-        ...     def forward(self, x):
-        ...         return self.b(self.a(x))
-        >>> def config():
-        ...     return fxquant.QuantConfig("int8", scale="tensor", range="lsq",
-        ...                                node_bits=NodeBits.learned_init(6, 4.0))
-        >>> gm = fxquant.transform(Net(), fxquant.QuantMapping()
-        ...                        .set_name("a", config()).set_name("b", config()))
-        >>> fxquant.share_bits(gm, "b_quant", "a_quant")
-        >>> gm.get_submodule("b_quant").row_bits is gm.get_submodule("a_quant").row_bits
-        True
-    """
-    points = _two_points(model, point, source, "share_bits", "bits_source",
-                         lambda m: m.config.node_bits is not None,
-                         "per-node bit-widths (QuantConfig(node_bits=NodeBits(...)))")
-    a, b = (points[r].config.node_bits for r in ("point", "source"))
-    assert a is not None and b is not None
-    if (a.learned, a.num_nodes, a.min_bits, a.max_bits) != \
-            (b.learned, b.num_nodes, b.min_bits, b.max_bits):
-        raise FxquantValueError(f"fxquant.share_bits: point={point!r} has {a!r} and source={source!r} "
-                         f"has {b!r}; a shared table needs the same nodes, the same range and "
-                         "both learned or both fixed")
-    target, origin = points["point"], points["source"]
-    if origin.row_bits is not None:
-        target.row_bits = origin.row_bits
-    else:
-        target.row_bits_table = origin.row_bits_table
-    target.__dict__["bits_source"] = source
+    upgraded = dict(state)
+    for name, module in model.named_modules():
+        if isinstance(module, QuantPoint):
+            upgrade_point_keys(upgraded, f"{name}." if name else "")
+    return upgraded

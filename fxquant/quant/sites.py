@@ -53,7 +53,8 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from fxquant.errors import FxquantRuntimeError, FxquantValueError
-from fxquant.quant.points import QuantPoint, in_degree
+from fxquant.fx.degree import in_degree, index_degree
+from fxquant.quant.points import QuantPoint
 
 __all__ = [
     "NoFusedPath",
@@ -144,7 +145,8 @@ class QuantizedForward:
                 "needs one node set. Please use share='point' on this layer.")
         if isinstance(x, Tensor) and isinstance(edge_index, Tensor) and not edge_index.is_sparse \
                 and edge_index.dim() == 2:
-            self.drawer._node_mask(in_degree(edge_index, x.shape[0], x))
+            assert self.drawer.protection is not None
+            self.drawer.protection.mask(in_degree(edge_index, x.shape[0]))
 
 
 class QuantizedLinear:
@@ -202,7 +204,7 @@ class QuantizedPropagate:
             degree = None
             if self.edge.needs_nodes:  # per-node settings: each edge follows its target
                 targets = self._target_nodes(edge_index, size, kwargs, i, j)
-                degree = in_degree(edge_index[[i, i]], targets, edge_index)
+                degree = index_degree(edge_index[i], targets)
             for name in found:
                 kwargs[name] = self.edge(kwargs[name], node_degree=degree,
                                          row_nodes=edge_index[i], row_sources=edge_index[j])
@@ -257,7 +259,7 @@ class QuantizedAggregate:
         degree = nodes = None
         per_node = any(p is not None and p.needs_nodes for p in (self.message, self.aggregate))
         if per_node and isinstance(index, Tensor) and isinstance(dim_size, int):
-            degree = in_degree(torch.stack([index, index]), dim_size, inputs)  # counts index
+            degree = index_degree(index, dim_size)  # the messages' targets
             nodes = index
         if self.message is not None:
             inputs = self.message(inputs, node_degree=degree, row_nodes=nodes,

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.fx import GraphModule, Node
 
 from fxquant.errors import FxquantValueError
+from fxquant.fx.degree import in_degree
 from fxquant.fx.selectors import layer_name
 from fxquant.fx.tracer import trace
 from fxquant.quant import NodeBits, QuantConfig, QuantMapping, bit_report, quantize, share_bits
@@ -148,7 +149,7 @@ def _share_tables(gm: GraphModule, shared_bits: str) -> None:
         return
     groups: dict[str, list[str]] = {}
     for name, point in points_of(gm):
-        if point.row_bits is not None:
+        if point.node_widths is not None and point.node_widths.learned:
             groups.setdefault(point.layer if shared_bits == "layer" else "", []).append(name)
     for members in groups.values():
         for name in members[1:]:
@@ -478,8 +479,7 @@ class BudgetBits(_BitsRecipe):
         # a spread of half a bit orders the nodes, so that the projection can fill the
         # budget between two whole widths (equal widths would all round alike)
         if self.init == "degree" and message:  # messages into hubs lowest
-            degree = torch.zeros(n).index_add_(0, data.edge_index[1].cpu(),
-                                               torch.ones(data.edge_index.shape[1]))
+            degree = in_degree(data.edge_index.cpu(), n)
             order = degree.argsort(stable=True).argsort().float() / max(n - 1, 1)
         else:
             order = torch.rand(n, generator=torch.Generator().manual_seed(n))

@@ -202,12 +202,14 @@ class QuantTraining:
         self._warned_distill = False
         points = [m for m in model.modules() if isinstance(m, QuantPoint)]
         self._points = points
-        self._widths = unique(m.row_bits for m in points if m.row_bits is not None)
+        self._widths = unique(m.node_widths.bits for m in points
+                              if m.node_widths is not None and m.node_widths.learned)
         self._steps = unique(p for m in points for p in m.parameters()
                               if all(p is not w for w in self._widths))
         # fixed per-node bit-widths and their final values, for annealing
-        self._tables = [(m, m.row_bits_table.clone()) for m in points
-                        if m.row_bits_table is not None] if anneal_every else []
+        self._tables = [(m, m.node_widths.bits.clone()) for m in points
+                        if m.node_widths is not None and not m.node_widths.learned] \
+            if anneal_every else []
         self._quantized = bool(points)
         self.project = bool(project)
         self._budget = _BudgetProjection(self._widths, points) if project and self._widths \
@@ -286,7 +288,7 @@ class QuantTraining:
         ``anneal_refit_epochs`` after each annealing drop."""
         self._epoch = self._epoch + 1 if epoch is None else epoch
         for point in self._points:  # a compiled fit that found no finite value fits again
-            point._settle_fit()
+            point.settle()
         fresh = bool(self.float_epochs) and self._epoch == self.float_epochs
         if self.float_epochs:
             in_float = self._epoch < self.float_epochs
@@ -299,8 +301,8 @@ class QuantTraining:
             with torch.no_grad():
                 for point, final in self._tables:
                     rb = point.config.node_bits
-                    assert rb is not None and point.row_bits_table is not None
-                    point.row_bits_table.copy_((final + extra).clamp(max=rb.max_bits))
+                    assert rb is not None and point.node_widths is not None
+                    point.node_widths.bits.copy_((final + extra).clamp(max=rb.max_bits))
         if not fresh and (0 < self._epoch < self.refit_epochs or self._after_drop()):
             refit_steps(self.model, widen=self.refit_widen)
         if self._budget is not None:
@@ -472,10 +474,11 @@ class _BudgetProjection:
         ranges: dict[int, tuple[int, int]] = {}
         for point in points:
             rb = point.config.node_bits
-            if point.row_bits is None or rb is None:
+            table = point.node_widths
+            if table is None or not table.learned or rb is None:
                 continue
-            lo, hi = ranges.get(id(point.row_bits), (rb.min_bits, rb.max_bits))
-            ranges[id(point.row_bits)] = (max(lo, rb.min_bits), min(hi, rb.max_bits))
+            lo, hi = ranges.get(id(table.bits), (rb.min_bits, rb.max_bits))
+            ranges[id(table.bits)] = (max(lo, rb.min_bits), min(hi, rb.max_bits))
         self.ranges = [ranges[id(w)] for w in widths]
         self.optimizer = torch.optim.Adam(widths, lr=0.01)
         self.costs: list[Tensor] | None = None

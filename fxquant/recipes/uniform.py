@@ -11,7 +11,8 @@ from torch.fx import GraphModule
 from fxquant.errors import FxquantValueError
 from fxquant.fx.selectors import layer_name
 from fxquant.quant import QuantConfig, QuantMapping
-from fxquant.quant.config import Protection, Site
+from fxquant.quant.protection import Protection
+from fxquant.quant.site import Site
 from fxquant.quant.sites import edge_arguments, linears_of, weights_of
 from fxquant.recipes.core import Recipe, check_count, check_flag, check_rounding
 from fxquant.recipes.graph import gnn_layers

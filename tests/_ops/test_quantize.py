@@ -43,7 +43,7 @@ def test_round_float_equals_torch_casts(name):
     """The per-element rounding itself (what compiled graphs, float64 inputs and other
     roundings use; eager float32 to nearest takes torch's cast) against the casts, bit for
     bit."""
-    from fxquant._ops.quantize import round_float
+    from fxquant._ops.rounding import round_float
 
     dtype = TORCH_CASTS[name]
     x = random_floats()
@@ -62,7 +62,7 @@ def test_pattern_rounding_equals_rounding_by_spacing(dtype, rounding):
     huge values, NaN and inf) and on every tie and grid point of each format. The pattern
     way serves nearest and toward zero; the spacing way the other cases."""
     from fxquant._ops.layouts import layout_of
-    from fxquant._ops.quantize import _round_by_spacing, _round_pattern, _rounds_by_pattern
+    from fxquant._ops.rounding import _round_by_spacing, _round_pattern, _rounds_by_pattern
 
     layout = layout_of(dtype)
     formats = [PRESETS[n] for n in ("e4m3", "e5m2", "fp16", "bf16", "e3m2", "e2m3", "e2m1")] + [

@@ -140,7 +140,7 @@ def test_compiled_fit_on_a_batch_without_finite_values_fits_on_the_next(settle):
     for got, want in zip(steps, _steps(eager), strict=True):
         torch.testing.assert_close(got, want)
     gm.eval()  # settles the second fit
-    assert all(p.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
+    assert all(p.learned_step.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
 
 
 def test_compiled_nan_batch_in_a_widening_refit_keeps_the_widening():
@@ -177,7 +177,7 @@ def test_compiled_fit_without_finite_values_warns_at_evaluation():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gm.eval()
-    assert all(p.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
+    assert all(p.learned_step.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
 
 
 def test_mode_changes_and_refits_may_run_inside_a_compiled_function():
@@ -194,7 +194,7 @@ def test_mode_changes_and_refits_may_run_inside_a_compiled_function():
     for x, edge_index in _batches():
         step(x, edge_index).square().mean().backward()
     gm.eval()  # settled here
-    assert all(p.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
+    assert all(p.learned_step.step_fitted for p in gm.modules() if isinstance(p, fxquant.QuantPoint))
 
 
 def test_settling_fits_adds_no_compiled_graph():

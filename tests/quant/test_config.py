@@ -103,3 +103,17 @@ def test_a_mapping_says_everything():
     """Keyword sugar next to a mapping is an error that says where it goes instead."""
     with pytest.raises(ValueError, match=r"rounding=.nearest. and a QuantMapping were both given"):
         fxquant.transform(GCN(), QuantMapping().set_global(QuantConfig(8)), rounding="nearest")
+
+
+@pytest.mark.parametrize("grad_format", ["int8", "e4m3", 9])
+def test_a_gradient_format_is_the_one_named(grad_format):
+    """Top-N values with a gradient format: the gradient is rounded to that format (an
+    integer format is not its top bits), with the values' rounding."""
+    x = torch.tensor([0.3, -2.7, 40.0], requires_grad=True)
+    gm = fxquant.transform(nn.Sequential(nn.Identity()), QuantConfig(16, grad_format=grad_format),
+                           layers="0")
+    gm(x).backward(torch.tensor([0.4, -1.6, 300.0]))
+    expected = fxquant.truncate(torch.tensor([0.4, -1.6, 300.0]), grad_format) \
+        if isinstance(grad_format, int) else \
+        fxquant.quantize(torch.tensor([0.4, -1.6, 300.0]), grad_format, "toward_zero")
+    assert torch.equal(x.grad, expected)

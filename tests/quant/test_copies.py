@@ -140,6 +140,6 @@ def test_bit_report_after_a_copy_runs_its_own_forward(feature):
     x, edge_index = _data(1)
     gm(x, edge_index).sum().backward()
     again = copy.deepcopy(gm)
-    assert again.get_submodule("conv1_quant").__dict__["last_row_bits"] is None
+    assert again.get_submodule("conv1_quant").__dict__["last_widths"] is None
     assert fxquant.bit_report(again, x, edge_index).to_dict() == \
         fxquant.bit_report(gm, x, edge_index).to_dict()

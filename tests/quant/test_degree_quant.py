@@ -241,6 +241,35 @@ def test_a_pair_input_refuses_a_layer_mask():
         gm(*star_graph())
 
 
+class _Bipartite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = GraphConv((6, 6), 6)
+
+    def forward(self, x_src, x_dst, edge_index):
+        return self.conv((x_src, x_dst), edge_index)
+
+
+@pytest.mark.parametrize(("num_src", "num_dst"), [(3, 7), (7, 3)])
+def test_a_bipartite_input_protects_its_targets_by_their_in_degree(num_src, num_dst):
+    """The input site of a (source, target) pair of node sets: the target rows are drawn
+    by the target side's in-degree (of num_dst nodes, fewer or more than the sources),
+    the source rows, which aggregate nothing in the layer, are all rounded."""
+    seen = []
+    config = QuantConfig(8, protect=(1.0, 1.0))  # every node with a degree is protected
+    gm = fxquant.transform(_Bipartite(), QuantMapping().set_name("conv", config, site="input"))
+    gm.get_submodule("conv_input_quant").register_forward_hook(
+        lambda m, args, out: seen.append((args[0], out)))
+    g = torch.Generator().manual_seed(0)
+    x_src, x_dst = torch.randn(num_src, 6, generator=g), torch.randn(num_dst, 6, generator=g)
+    edge_index = torch.stack([torch.randint(0, num_src, (12,), generator=g),
+                              torch.randint(0, num_dst, (12,), generator=g)])
+    gm(x_src, x_dst, edge_index)
+    (src_in, src_out), (dst_in, dst_out) = seen
+    assert src_in is x_src and torch.equal(src_out, fxquant.truncate(x_src, 8))
+    assert dst_in is x_dst and torch.equal(dst_out, x_dst)
+
+
 # -- the widening stored range ---------------------------------------------------------------
 
 

@@ -130,6 +130,6 @@ def test_point_on_an_empty_tensor_keeps_its_step_unfitted():
     next one."""
     point = QuantPoint(QuantConfig("int4", scale="tensor", range="lsq"), "lin").train()
     point(torch.empty(0, 3))
-    assert not point.step_ready and float(point.log_step) == 0.0
+    assert not point.learned_step.step_ready and float(point.log_step) == 0.0
     point(torch.linspace(-8, 8, 30).view(10, 3))
-    assert point.step_ready and math.isfinite(float(point.step))
+    assert point.learned_step.step_ready and math.isfinite(float(point.step))

@@ -50,7 +50,7 @@ def test_row_override_with_a_format(main, kind, graph):
     (name, point), = fxquant.quantization_points(gm)
     call = point.op_call()
     assert call.op == "quantize" and call.arguments["format"] == kind
-    assert call.arguments["rows_format"] == "e2m1"
+    assert call.arguments["override_format"] == "e2m1"
     interp_out = {}
 
     class Spy(torch.fx.Interpreter):

@@ -114,7 +114,7 @@ def test_learned_step_and_one_bit_rows_land_on_their_grids():
     codes = (y[3:].detach() / s).unique().round(decimals=4)
     assert set(codes.tolist()) <= {-3.5, -2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5}
     y.pow(2).sum().backward()
-    assert point.row_bits.grad is not None and torch.isfinite(point.row_bits.grad).all()
+    assert point.node_widths.bits.grad is not None and torch.isfinite(point.node_widths.bits.grad).all()
     with pytest.raises(ValueError, match="mid-rise"):
         QuantConfig("int8", scale="tensor", range="lsq", node_bits=NodeBits.learned_init(
             6, 3.0, min_bits=1))

@@ -151,7 +151,7 @@ def test_a_model_made_on_the_meta_device_loads_its_node_overrides(route):
     gm = transformed(skeleton)
     if route == "to_empty":
         gm = gm.to_empty(device="cpu")
-        gm.get_submodule("convs_0_quant").override_table.fill_(True)  # (memory left as it was)
+        gm.get_submodule("convs_0_quant").override.table.fill_(True)  # (memory left as it was)
         gm.load_state_dict(reference.state_dict())
     else:
         gm.load_state_dict(reference.state_dict(), assign=True)

@@ -32,16 +32,16 @@ def test_one_table_trained_by_both_sites_and_stored_once():
     shared = fxquant.transform(TwoLayers(), _mapping())
     fxquant.share_bits(shared, "conv1_quant", "conv1_message_quant")
     msg, out = shared.get_submodule("conv1_message_quant"), shared.get_submodule("conv1_quant")
-    assert out.row_bits is msg.row_bits
-    assert sum(p is msg.row_bits for p in shared.parameters()) == 1
+    assert out.node_widths.bits is msg.node_widths.bits
+    assert sum(p is msg.node_widths.bits for p in shared.parameters()) == 1
     # same values as two tables that hold the same bits; the gradient is the sum of both
     for gm in (apart, shared):
         gm(x, edge_index).pow(2).sum().backward()
     torch.testing.assert_close(apart(x, edge_index), shared(x, edge_index))
-    both = apart.get_submodule("conv1_message_quant").row_bits.grad \
-        + apart.get_submodule("conv1_quant").row_bits.grad
-    assert msg.row_bits.grad is not None
-    torch.testing.assert_close(msg.row_bits.grad, both)
+    both = apart.get_submodule("conv1_message_quant").node_widths.bits.grad \
+        + apart.get_submodule("conv1_quant").node_widths.bits.grad
+    assert msg.node_widths.bits.grad is not None
+    torch.testing.assert_close(msg.node_widths.bits.grad, both)
     # storage: 3 bits per node for one table, not two (4 values per row)
     a, s = fxquant.bit_report(apart, x, edge_index), fxquant.bit_report(shared, x, edge_index)
     by_site = {(r.layer, r.site): r for r in s.sites}
@@ -57,8 +57,8 @@ def test_fixed_tables_share_too():
     x, edge_index = _graph()
     gm = fxquant.transform(TwoLayers(), _mapping(learned=False))
     fxquant.share_bits(gm, "conv1_quant", "conv1_message_quant")
-    assert gm.get_submodule("conv1_quant").row_bits_table is \
-        gm.get_submodule("conv1_message_quant").row_bits_table
+    assert gm.get_submodule("conv1_quant").node_widths.bits is \
+        gm.get_submodule("conv1_message_quant").node_widths.bits
     report = fxquant.bit_report(gm, x, edge_index)
     assert {(r.layer, r.site): r.histogram for r in report.sites}[("conv1", "output")] == \
         {2: 2, 4: 2, 8: 1}
@@ -76,8 +76,8 @@ def test_shared_bits_survive_save_load_and_compile(tmp_path):
     path = tmp_path / "gm.pt"
     fxquant.save(gm, path)
     loaded = fxquant.load(path, TwoLayers()).eval()
-    assert loaded.get_submodule("conv1_quant").row_bits is \
-        loaded.get_submodule("conv1_message_quant").row_bits
+    assert loaded.get_submodule("conv1_quant").node_widths.bits is \
+        loaded.get_submodule("conv1_message_quant").node_widths.bits
     torch.testing.assert_close(loaded(x, edge_index), expected)
     compiled = torch.compile(gm, fullgraph=True)
     torch.testing.assert_close(compiled(x, edge_index), expected)

@@ -418,7 +418,7 @@ def test_refit_steps_widen_never_narrows_a_grid():
     assert point.step.item() == pytest.approx(_least_error_step(x, -8, 7), rel=1e-5)
     with pytest.raises(TypeError, match="widen"):
         fxquant.refit_steps(gm, widen=1)
-    assert point.step_ready
+    assert point.learned_step.step_ready
 
 
 def test_refit_steps_widen_before_the_first_fit_fits():
@@ -431,14 +431,14 @@ def test_refit_steps_widen_before_the_first_fit_fits():
     cfg = QuantConfig("int4", scale="tensor", range="lsq")
     gm = fxquant.transform(One(GCNConv(4, 8)), mapping_for(["input"], cfg))
     point = gm.layer_input_quant
-    assert point.step.item() == 1.0 and not point.step_fitted
+    assert point.step.item() == 1.0 and not point.learned_step.step_fitted
     fxquant.refit_steps(gm, widen=True)
     gm(0.01 * x, ei)
     assert point.step.item() == pytest.approx(_least_error_step(0.01 * x, -8, 7), rel=1e-5)
-    assert point.step_fitted
+    assert point.learned_step.step_fitted
     fresh = fxquant.transform(One(GCNConv(4, 8)), mapping_for(["input"], cfg))
     fresh.load_state_dict(gm.state_dict())
-    assert fresh.layer_input_quant.step_fitted
+    assert fresh.layer_input_quant.learned_step.step_fitted
     fxquant.refit_steps(fresh, widen=True)
     fresh(0.001 * x, ei)  # smaller values: the loaded grid stays
     assert fresh.layer_input_quant.step.item() == point.step.item()
@@ -540,7 +540,7 @@ def test_observers_learned_steps_and_protection_compile_without_breaks():
         gm.layer.lin.weight.mul_(10)
     fxquant.refit_steps(gm)  # a flag: the compiled graph that fits, then the one that learns
     compiled(x, ei).sum().backward()
-    assert point.step_ready and point.step.item() == pytest.approx(10 * step, rel=0.2)
+    assert point.learned_step.step_ready and point.step.item() == pytest.approx(10 * step, rel=0.2)
     gm.eval()
     with torch.no_grad():
         assert torch.allclose(compiled(x, ei), gm(x, ei), atol=1e-5)

@@ -57,9 +57,11 @@ def test_a_step_saved_before_its_first_training_batch_loads_unfitted(route, tmp_
 
 
 def test_state_dicts_of_older_versions_load_their_steps_fitted():
-    """A state dict without the fitted flag (written before it was saved) loads as it
-    did: its steps fitted."""
-    state = _transform().state_dict()
+    """A state dict of 0.9.8 or earlier (a point's keys flat), and one without the fitted
+    flag (written before it was saved), load as they did: their steps fitted."""
+    state = {key.replace("learned_step.", ""): value
+             for key, value in _transform().state_dict().items()}
+    assert "_0_quant.log_step" in state
     del state["_0_quant.step_is_fitted"]
     gm = _transform()
     gm.load_state_dict(state, strict=True)
@@ -148,7 +150,7 @@ def test_a_bipartite_input_whose_source_part_holds_nothing_to_fit_trains(source_
     out = gm(x_src, torch.randn(5, 8), torch.empty(2, 0, dtype=torch.long))
     out.nan_to_num().sum().backward()
     point = gm.get_submodule("conv_input_quant")
-    assert point.step_fitted and float(point.step) != 1.0
+    assert point.learned_step.step_fitted and float(point.step) != 1.0
 
 
 def test_a_step_given_otherwise_counts_as_fitted():
@@ -165,7 +167,7 @@ def test_a_step_given_otherwise_counts_as_fitted():
         warnings.simplefilter("error")
         ema.module.eval()(X)
     state = ema.module.state_dict()
-    assert float(state["_0_quant.step_is_fitted"]) == 1.0
+    assert float(state["_0_quant.learned_step.step_is_fitted"]) == 1.0
     again = _transform()
     again.load_state_dict(state)
     again.train()(X * 100)

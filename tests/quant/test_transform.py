@@ -348,10 +348,10 @@ def test_node_bits_override_rows(kind, graph):
     model = GCN()
     gm = fxquant.transform(model, bits={"conv1": 16, "sigmoid": 16, "conv2": 16},
                            node_formats={"sigmoid": (spec, 2)})
-    buffer = dict(gm.named_buffers())["sigmoid_quant.override_nodes"]
+    buffer = dict(gm.named_buffers())["sigmoid_quant.override.nodes"]
     expected = spec if kind == "mask" else rows
     assert torch.equal(buffer, expected) and buffer.dtype == expected.dtype
-    assert "sigmoid_quant.override_nodes" in gm.state_dict()
+    assert "sigmoid_quant.override.nodes" in gm.state_dict()
     with torch.no_grad():
         h = torch.sigmoid(np_mask(model.conv1(graph.x, graph.edge_index), 16))
     out = {}
@@ -508,7 +508,7 @@ def test_meta_device_forward():
     model = GCN(add_self_loops=False, normalize=False)
     gm = fxquant.transform(model, bits=10, rounding="stochastic",
                            node_formats={"conv1": ([0, 1], 3)}).to("meta")
-    assert gm.conv1_quant.override_nodes.device.type == "meta"
+    assert gm.conv1_quant.override.nodes.device.type == "meta"
     x = torch.randn(6, 4, device="meta")
     ei = torch.randint(0, 6, (2, 10), device="meta")
     out = gm(x, ei)

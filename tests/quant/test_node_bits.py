@@ -53,7 +53,7 @@ def test_learned_bits_get_gradient_where_values_clip():
     point = QuantPoint(config, "lin")
     x = torch.cat([torch.randn(2, 8) * 0.01, torch.randn(2, 8) * 10])  # two rows clip hard
     point(x).pow(2).sum().backward()
-    grad = point.row_bits.grad
+    grad = point.node_widths.bits.grad
     assert grad[2:].abs().min() > grad[:2].abs().max()
 
 
@@ -65,7 +65,7 @@ def test_penalty_drives_the_average_to_the_target():
                          node_bits=NodeBits.learned_init(32, 6.0))
     mapping = QuantMapping().set_name("0", config)
     gm = fxquant.transform(nn.Sequential(nn.Linear(8, 8)), mapping)
-    optimizer = torch.optim.Adam([gm.get_submodule("_0_quant").row_bits], lr=0.05)
+    optimizer = torch.optim.Adam([gm.get_submodule("_0_quant").node_widths.bits], lr=0.05)
     x = torch.randn(32, 8)
     target = gm.get_submodule("0")(x).detach()
     for _ in range(300):
@@ -165,7 +165,7 @@ def test_unseen_nodes_take_the_bits_of_the_nearest_seen_range():
     point.eval()
     context.ids = torch.tensor([9, 1])  # node 9: outside the table, never seen
     point(torch.tensor([[3.9, 0.0], [2.0, 0.0]]))
-    bits, _ = point.__dict__["last_row_bits"]
+    bits, _ = point.__dict__["last_widths"]
     assert bits.tolist() == [5.0, 3.0]
 
 
@@ -174,7 +174,7 @@ def test_ranges_of_an_unchanged_input_are_reused_and_follow_in_place_changes():
     per-node ranges are computed once and reused, also after an evaluation in between; an
     in-place change, another tensor, a NaN (finite values only while training) are seen in
     the next forward. Other sites' tensors are new every forward: never kept."""
-    from fxquant.quant import points
+    from fxquant.quant import node_widths as points
 
     config = QuantConfig("int8", scale="tensor", range="lsq",
                          node_bits=NodeBits.learned_init(4, 4.0))
@@ -193,9 +193,9 @@ def test_ranges_of_an_unchanged_input_are_reused_and_follow_in_place_changes():
     assert points._ROWS.value is None
     x[3, 1] = -16.0  # in place
     point(x)
-    assert point.seen_range.tolist() == [1.0, 2.0, 4.0, 16.0]
+    assert point.node_widths.seen_range.tolist() == [1.0, 2.0, 4.0, 16.0]
     point(x.clone() * 2)  # another tensor
-    assert point.seen_range.tolist() == [2.0, 4.0, 8.0, 32.0]
+    assert point.node_widths.seen_range.tolist() == [2.0, 4.0, 8.0, 32.0]
     x[0, 0] = float("nan")
     point(x)
     assert torch.equal(points._ROWS.value, torch.tensor([0.5, 2.0, 4.0, 16.0]))
@@ -211,14 +211,15 @@ def test_learned_bits_before_any_training_take_the_table_mean():
     gm = learned_gcn().eval()
     with torch.no_grad():
         for m in gm.modules():
-            if isinstance(m, QuantPoint) and m.row_bits is not None:
-                m.row_bits.copy_(torch.linspace(2, 8, 30))  # mean 5
+            if isinstance(m, QuantPoint) and m.node_widths is not None and m.node_widths.learned:
+                m.node_widths.bits.copy_(torch.linspace(2, 8, 30))  # mean 5
     x, edge_index = torch.randn(30, 3), torch.randint(0, 30, (2, 90))
     out = gm(x, edge_index)
     assert torch.isfinite(out).all()
     report = fxquant.bit_report(gm, x, edge_index)
-    point = next(m for m in gm.modules() if isinstance(m, QuantPoint) and m.row_bits is not None)
-    bits, _ = point.__dict__["last_row_bits"]
+    point = next(m for m in gm.modules()
+                 if isinstance(m, QuantPoint) and m.node_widths is not None and m.node_widths.learned)
+    bits, _ = point.__dict__["last_widths"]
     assert torch.allclose(bits, torch.full_like(bits, 5.0))
     assert report.avg_bits > 0
 
@@ -370,7 +371,7 @@ def test_learned_bits_outside_their_range_only_get_gradient_back_in(start, targe
     config = QuantConfig("int8", scale="tensor", range="lsq",
                          node_bits=NodeBits.learned_init(4, 4.0, min_bits=2, max_bits=8))
     gm = fxquant.transform(nn.Sequential(nn.Linear(3, 64)), QuantMapping().set_name("0", config))
-    bits = gm.get_submodule("_0_quant").row_bits
+    bits = gm.get_submodule("_0_quant").node_widths.bits
     with torch.no_grad():
         bits[0] = start
     gm(torch.randn(4, 3))
