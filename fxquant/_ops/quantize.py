@@ -53,6 +53,7 @@ follows ``torch.manual_seed`` exactly).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Iterator
@@ -103,6 +104,16 @@ CHUNK: Final = 1 << 18
 #: torch's own casts from float32, each rounding to nearest even onto the format it names
 _TORCH_CASTS = {PRESETS["e4m3"]: torch.float8_e4m3fn, PRESETS["e5m2"]: torch.float8_e5m2,
                 PRESETS["fp16"]: torch.float16, PRESETS["bf16"]: torch.bfloat16}
+
+
+@functools.cache
+def _cast_saturates(dtype: torch.dtype) -> bool:
+    """Whether torch's cast to ``dtype`` clamps overflow to the largest finite value.
+
+    torch 2.13 saturates float8_e4m3fn (it has no inf); torch 2.12 gives NaN. Where the cast
+    does not saturate, a saturating format is clamped before it (the same values)."""
+    probe = torch.tensor([1e30, -math.inf], dtype=torch.float32).to(dtype).to(torch.float32)
+    return bool(probe.isfinite().all())
 
 
 # -- the whole op, on one chunk or one tensor -------------------------------------------------
@@ -285,7 +296,7 @@ def _cast_route(fmt: Format, rounding: str, compute: torch.dtype) -> tuple[torch
     return None
 
 
-def _cast_into(part: Tensor, dtype: torch.dtype, shift: int, lim: float,
+def _cast_into(part: Tensor, dtype: torch.dtype, shift: int, lim: float | None,
                table: Tensor | None) -> None:
     """``part`` (float32) rounded in place by torch's cast to ``dtype`` and back, along a
     route of :func:`_cast_route` (with a shift: saturated at ``lim``, already scaled, and
@@ -293,7 +304,9 @@ def _cast_into(part: Tensor, dtype: torch.dtype, shift: int, lim: float,
     256 values as float32: torch's own fp8 to float32 conversion is a scalar loop on CPU
     (5x the lookup on 256K values here)."""
     if shift:
-        part.mul_(2.0 ** shift).clamp_(-lim, lim)
+        part.mul_(2.0 ** shift)
+    if lim is not None:
+        part.clamp_(-lim, lim)
     rounded = part.to(dtype)
     if table is None:
         part.copy_(rounded)
@@ -349,7 +362,10 @@ def _eager(x: Tensor, fmt: Format | IntFormat | CustomFormat, rounding: str, mod
         route = _cast_route(target, rounding, compute)
         if route is not None:  # the same for every chunk
             cast, shift = route
-            lim = finite_value(target.max_finite, compute) * 2.0 ** shift
+            # saturation: by the clamp where the cast alone would not saturate
+            lim: float | None = finite_value(target.max_finite, compute) * 2.0 ** shift
+            if not shift and (target.overflow != "saturate" or _cast_saturates(cast)):
+                lim = None
             table = _fp8_table(cast, x.device)
         split = _split_rounds(target, rounding, compute)
         for part, source in zip(chunks(out), chunks(view), strict=True):

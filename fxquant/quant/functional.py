@@ -115,7 +115,7 @@ def quantize(
 
     Example:
         >>> x = torch.tensor([0.3, 300.0, 1000.0, -float("inf"), float("nan")])
-        >>> quantize(x, "e4m3").tolist()  # saturates at 448, like torch.float8_e4m3fn
+        >>> quantize(x, "e4m3").tolist()  # saturates at 448 (E4M3 has no inf)
         [0.3125, 288.0, 448.0, -448.0, nan]
         >>> quantize(x, "e5m2").tolist()  # overflows to inf, like torch.float8_e5m2
         [0.3125, 320.0, 1024.0, -inf, nan]

@@ -17,6 +17,14 @@ TORCH_CASTS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
                "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """torch's cast to ``dtype`` and back, with E4M3's overflow saturating at 448 as torch
+    2.13 casts it (torch 2.12's cast gives NaN there)."""
+    if dtype == torch.float8_e4m3fn:
+        x = x.clamp(-448.0, 448.0)
+    return x.to(dtype).float()
+
+
 @pytest.mark.parametrize("name", ["e4m3", "e5m2"])
 def test_all_fp8_codes_round_trip(name):
     """Each of the 256 codes decoded to float32 quantizes to itself, as torch casts it."""
@@ -34,7 +42,7 @@ def test_bit_identical_to_torch_casts(name):
         codes = torch.arange(256, dtype=torch.uint8).view(dtype).double()
         grid = codes[codes.isfinite()].unique()
         x = torch.cat([x, ((grid[1:] + grid[:-1]) / 2).float()])  # every tie between codes
-    mismatch = ~same(fxquant.quantize(x, name), x.to(dtype).float())
+    mismatch = ~same(fxquant.quantize(x, name), cast(x, dtype))
     assert not mismatch.any(), x[mismatch][:5]
 
 
@@ -51,7 +59,7 @@ def test_round_float_equals_torch_casts(name):
         codes = torch.arange(256, dtype=torch.uint8).view(dtype).double()
         grid = codes[codes.isfinite()].unique()
         x = torch.cat([x, ((grid[1:] + grid[:-1]) / 2).float()])
-    mismatch = ~same(round_float(x, PRESETS[name], "nearest"), x.to(dtype).float())
+    mismatch = ~same(round_float(x, PRESETS[name], "nearest"), cast(x, dtype))
     assert not mismatch.any(), x[mismatch][:5]
 
 
