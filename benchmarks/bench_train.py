@@ -23,9 +23,10 @@ from torch._inductor.utils import run_and_get_code
 from torch_geometric.data import Data
 
 import fxquant
-from benchmarks.common import machine, publish, refuse_counts, refuse_overridden
-from examples import training
-from examples.training import GCN
+from benchmarks.common import machine, publish
+from experiments import training
+from experiments.cli import refuse_counts, refuse_overridden
+from experiments.training import GCN
 from fxquant.datasets import load_planetoid
 
 

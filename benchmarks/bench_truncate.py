@@ -22,12 +22,11 @@ import torch.utils.benchmark as tbench
 from tabulate import tabulate
 
 import fxquant
+from benchmarks.bitplanes import bitplane_roundtrip
 from benchmarks.common import machine, peak_bytes, publish
-from examples.seed_model import bitplane_roundtrip
-from fxquant.modes import Rounding
 from fxquant.testing import devices_touched
 
-ROUNDINGS = [r.value for r in Rounding]
+ROUNDINGS = [r.value for r in fxquant.Rounding]
 
 SIZES = [(2708, 16), (2708, 1433), (1_000_000, 64)]
 SEED_MAX_ELEMENTS = 2708 * 1433  # the bit-plane baseline needs ~135 floats per value

@@ -27,7 +27,7 @@ budget of ``--target-bits`` B, for everything else:
   per layer or for the whole model (``--shared-bits``, ``fxquant.share_bits``);
 - ``recommended``: ``fxquant.recipes.get("recommended")``, the per-node bit-width recipe
   chosen on the validation accuracy of Cora and CiteSeer jointly, with its chosen settings
-  (``benchmarks/select_bits.py``); it takes no flag but ``--target-bits``, ``--dataset``,
+  (``python -m experiments.select_bits``); it takes no flag but ``--target-bits``, ``--dataset``,
   ``--seeds``, ``--epochs``, ``--root`` and ``--json``, and its JSON says which recipe
   and settings ran (``recipe``).
 
@@ -40,13 +40,14 @@ Bits are counted by :func:`fxquant.bit_report` (raw input features excluded from
 evaluation that gave the reported accuracy (the best validation epoch). Seeds are
 paired: FP32 and every method of one seed start from the same weights.
 
-    python examples/bits_pareto.py --method learned --target-bits 1.5,2,3,4 --seeds 5 \\
+    python -m experiments.bits_pareto --method learned --target-bits 1.5,2,3,4 --seeds 5 \\
         --dataset Cora --json docs/results/bits_cora_learned.json
-    python examples/bits_pareto.py --method degree --degree-rule hub-messages \\
+    python -m experiments.bits_pareto --method degree --degree-rule hub-messages \\
         --target-bits 2 --signed-grid midrise --shared-step --anneal 50 \\
         --last-aggregate-bits 4 --select budget --seeds 5 --dataset Cora \\
         --json docs/results/bits_cora_degree_hubs.json
-    python examples/bits_pareto.py --from-json docs/results/bits_cora_*.json --plot docs/results/bits_cora.png
+    python -m experiments.bits_pareto --from-json docs/results/bits_cora_*.json \\
+        --plot docs/results/bits_cora.png
 """
 
 from __future__ import annotations
@@ -64,13 +65,9 @@ from typing import Any
 import torch
 
 import fxquant
+from experiments import cli, training
 from fxquant.datasets import PLANETOID_NAMES
 from fxquant.recipes import HubMessages, LearnedBits, QuantTraining
-
-try:  # imported as examples.bits_pareto (python -m, tests)
-    from examples import training
-except ModuleNotFoundError:  # run as a script: this folder is on sys.path
-    import training  # type: ignore[no-redef]
 
 METHODS = ("topn", "format", "int", "degree", "learned", "recommended")
 LSQ_METHODS = ("int", "degree", "learned")  # integer grids with a learned step
@@ -252,10 +249,10 @@ def _non_negative(text: str) -> float:
 def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What would be ignored, or fail only after the FP32 baselines have trained: a usage
     error naming the flag, before any work."""
-    training.refuse_unwritable(p, args, "--json", "--plot")
+    cli.refuse_unwritable(p, args, "--json", "--plot")
     if args.from_json:
-        training.refuse_training_flags(p, args)
-        training.refuse_results_files(p, args.from_json, ("method", "target_bits", "accs"),
+        cli.refuse_training_flags(p, args)
+        cli.refuse_results_files(p, args.from_json, ("method", "target_bits", "accs"),
                                       "bits_pareto.py")
         return
     defaults = p.parse_args([])
@@ -354,7 +351,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(default), or the best among the epochs whose avg_bits is within "
                         "--target-bits (budget_met in the JSON says, per seed, whether one "
                         "was; learned and annealed bit-widths change from epoch to epoch)")
-    p.add_argument("--lsq-refit", type=training.epochs_arg, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=cli.epochs_arg, default=0, metavar="N",
                    help="fit the learned steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
     p.add_argument("--refit-widen", action="store_true",
@@ -366,28 +363,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="no training: table (and --plot) from earlier --json files")
     p.add_argument("--plot", default=None, metavar="PNG")
     args = p.parse_args(argv)
-    if args.epochs < 1:
-        p.error("--seeds and --epochs must be >= 1")
-    training.refuse_seeds(p, args)
-    if (args.shared_bits != "none" or args.bits_lr != DEFAULTS.bits_lr) and args.method != "learned":
-        p.error("--shared-bits and --bits-lr are for --method learned")
-    if not (math.isfinite(args.bits_lr) and args.bits_lr > 0):
-        p.error(f"--bits-lr must be a positive number, got {args.bits_lr}")
-    lowest = 1 if args.signed_grid == "midrise" else 2
-    if not lowest <= args.max_bits <= 8 or (args.max_bits != 8 and args.method != "learned"):
-        p.error(f"--max-bits: {lowest}..8 bits (1 only with --signed-grid midrise), for "
-                "--method learned")
-    if not 0 < args.hub_quantile < 1 or (args.hub_quantile != DEFAULTS.hub_quantile
-                                         and args.degree_rule != "hub-messages"):
-        p.error("--hub-quantile Q: 0 < Q < 1, with --degree-rule hub-messages")
-    if args.anneal < 0 or (args.anneal and args.method != "degree"):
-        p.error("--anneal E: E >= 0 epochs, for --method degree (fixed per-node widths)")
-    if args.anneal_refit < 0 or (args.anneal_refit and not args.anneal):
-        p.error("--anneal-refit R: R >= 0 epochs, with --anneal E (it refits after each drop)")
-    if args.last_aggregate_bits is not None and (
-            args.method not in ("int", "degree") or not lowest <= args.last_aggregate_bits <= 8):
-        p.error(f"--last-aggregate-bits: {lowest}..8 bits (1 only with --signed-grid midrise), "
-                "for --method int or degree")
+    cli.refuse_counts(p, args, "epochs")
+    cli.refuse_seeds(p, args)
+    # the recipes' own checks of the settings they take, each naming its flag
+    for flag, build in (("--bits-lr", lambda: LearnedBits(bits_lr=args.bits_lr)),
+                        ("--max-bits", lambda: LearnedBits(max_bits=args.max_bits)),
+                        ("--hub-quantile", lambda: HubMessages(hub_quantile=args.hub_quantile)),
+                        ("--anneal", lambda: HubMessages(anneal_every=args.anneal)),
+                        ("--anneal-refit",
+                         lambda: HubMessages(anneal_refit_epochs=args.anneal_refit)),
+                        ("--last-aggregate-bits",
+                         lambda: HubMessages(last_aggregate_bits=args.last_aggregate_bits))):
+        cli.guarded(p, flag, build)
+    lowest = 1 if args.signed_grid == "midrise" else 2  # (the grid the flags' bits are on)
+    for flag, bits in (("--max-bits", args.max_bits),
+                       ("--last-aggregate-bits", args.last_aggregate_bits)):
+        if bits is not None and bits < lowest:
+            p.error(f"{flag} {bits}: a symmetric signed grid needs 2 bits at least (1 only "
+                    "with --signed-grid midrise)")
     _check(p, args)
     return args
 

@@ -17,12 +17,13 @@ table reports each row's mean difference to FP32 with its 95% interval.
 
 Run (data: ``FXQUANT_DATA`` or ``--root``):
 
-    python examples/dq_table.py --dataset Cora --model gcn --seeds 10 --json docs/results/dq_cora_gcn.json
-    python examples/dq_table.py --from-json docs/results/dq_cora_gcn.json      # table only
-    python examples/dq_table.py --dataset Cora --model gcn --seeds 5 --first-seed 10 \\
-        --json more.json                                                 # more seeds
-    python examples/dq_table.py --from-json docs/results/dq_cora_gcn.json more.json \\
-        --json docs/results/dq_cora_gcn.json                                     # merged
+    python -m experiments.dq_table --dataset Cora --model gcn --seeds 10 \\
+        --json docs/results/dq_cora_gcn.json
+    python -m experiments.dq_table --from-json docs/results/dq_cora_gcn.json    # table only
+    python -m experiments.dq_table --dataset Cora --model gcn --seeds 5 --first-seed 10 \\
+        --json more.json                                                # more seeds
+    python -m experiments.dq_table --from-json docs/results/dq_cora_gcn.json more.json \\
+        --json docs/results/dq_cora_gcn.json                            # merged
 """
 
 from __future__ import annotations
@@ -36,13 +37,9 @@ from dataclasses import asdict
 import torch
 
 import fxquant
+from experiments import cli, train_cora, training
+from experiments.stats import paired
 from fxquant.datasets import PLANETOID_NAMES
-
-try:  # imported as examples.dq_table (python -m, tests)
-    from examples import train_cora, training
-except ModuleNotFoundError:  # run as python examples/dq_table.py: this folder is on sys.path
-    import train_cora  # type: ignore[no-redef]
-    import training  # type: ignore[no-redef]
 
 SITES, Config = train_cora.SITES, train_cora.Config
 
@@ -112,18 +109,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--model", default="gcn", choices=list(training.MODELS),
                    help="gcn, gin, gat (8 heads of one channel) or gat64 (8 heads of 8 "
-                        "channels); see examples/training.py")
+                        "channels); see experiments/training.py")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--protect", type=training.protect_arg, default=None,
+    p.add_argument("--protect", type=cli.protect_arg, default=None,
                    metavar="P_MIN:P_MAX", help="Degree-Quant protection (default 0:0.2)")
     p.add_argument("--only", default=None,
                    help="comma list of row keys to run (FP32 always): " + ",".join(rows((0, 0))))
-    p.add_argument("--lsq-refit", type=training.epochs_arg, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=cli.epochs_arg, default=0, metavar="N",
                    help="fit the LSQ rows' steps again on each of the first N epochs "
                         "(fxquant.refit_steps; default: on the first only)")
-    p.add_argument("--float-epochs", type=training.epochs_arg, default=0, metavar="N",
+    p.add_argument("--float-epochs", type=cli.epochs_arg, default=0, metavar="N",
                    help="train the quantized rows' first N epochs in float32 (evaluation "
                         "still rounds), then fit their learned steps (fxquant.recipes."
                         "QuantTraining float_epochs; default 0)")
@@ -141,9 +138,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="with --from-json: bars of each row's difference to FP32 per file")
     args = p.parse_args(argv)
-    if args.epochs < 1:
-        p.error("--seeds and --epochs must be >= 1")
-    training.refuse_seeds(p, args)
+    cli.refuse_counts(p, args, "epochs")
+    cli.refuse_seeds(p, args)
     if args.plot and not args.from_json:
         p.error("--plot draws earlier results: please pass --from-json FILE ... with it")
     if args.plot and args.json:
@@ -151,8 +147,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "is drawn on its own and nothing is merged, so it would be ignored: please "
                 "run them as two commands")
     if args.from_json:
-        training.refuse_training_flags(p, args, writes_json=True)
-        training.refuse_results_files(p, args.from_json, ("name", "accs"), "dq_table.py",
+        cli.refuse_training_flags(p, args, writes_json=True)
+        cli.refuse_results_files(p, args.from_json, ("name", "accs"), "dq_table.py",
                                       payload_fields=("model", "dataset"))
         if not args.plot:  # (rows whose seeds would not pair)
             try:
@@ -180,12 +176,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.protect is not None and not any(keys[k].protect is not None for k in wanted):
             p.error("--protect sets Degree-Quant's protection; none of the --only rows "
                     "protects nodes, so it would be ignored")
-    training.refuse_idle_eval_rng(p, args.eval_rng, list(selected(args.only, (0.0, 0.0)).values()),
+    cli.refuse_idle_eval_rng(p, args.eval_rng, list(selected(args.only, (0.0, 0.0)).values()),
                                   " (rows that do, such as int4-lsq-ps, run when --only names "
                                   "them)")
-    training.refuse_unwritable(p, args, "--json", "--plot")
+    cli.refuse_unwritable(p, args, "--json", "--plot")
     if not args.from_json:
-        training.refuse_float_epochs_past_training(p, args)
+        cli.refuse_float_epochs_past_training(p, args)
     if args.protect is None:
         args.protect = DEFAULT_PROTECT
     return args
@@ -198,15 +194,14 @@ def table(configs: list[Config], title: str) -> str:
              "| --- | --- | --- | --- |"]
     for c in configs:
         row = c.row()
-        lines.append(f"| {c.name} | {row[-2]} | {training.paired(fp32.accs, c.accs)} | {row[-1]} |")
+        difference = paired(c.accs, fp32.accs) if c is not fp32 else None
+        lines.append(f"| {c.name} | {row[-2]} | {difference or '-'} | {row[-1]} |")
     return "\n".join(lines)
 
 
 def plot(payloads: list[dict], path: str) -> None:
     """One group of bars per configuration: its paired difference to FP32 (95% CI), one bar
     per file (model x dataset)."""
-    import statistics
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,11 +219,13 @@ def plot(payloads: list[dict], path: str) -> None:
                 means.append(float("nan"))
                 errs.append(0.0)
                 continue
-            diffs = [100 * (a - b) for a, b in zip(row["accs"], fp32, strict=False)]
-            means.append(statistics.mean(diffs))
-            sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
-            errs.append(training.t95(len(diffs) - 1) * sd / len(diffs) ** 0.5
-                        if len(diffs) > 1 else 0.0)
+            difference = paired(row["accs"], fp32)
+            if difference is None:  # (one seed: its difference, no interval)
+                means.append(100 * (row["accs"][0] - fp32[0]))
+                errs.append(0.0)
+                continue
+            means.append(difference.mean)
+            errs.append(difference.half_width)
         xs = [j + i * width for j in range(len(names))]
         ax.bar(xs, means, width, yerr=errs, capsize=2,
                label=f"{payload['model']} on {payload['dataset']} ({len(fp32)} seeds)")

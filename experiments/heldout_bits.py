@@ -1,14 +1,14 @@
 """The recommended per-node bit-width recipe on graphs that played no part in choosing it.
 
-    python -m benchmarks.bench_heldout_bits --seeds 3 --jobs 2     # writes docs/results/
-    python -m benchmarks.bench_heldout_bits --quick --no-write    # a smoke run (tests)
+    python -m experiments.heldout_bits --seeds 3 --jobs 2     # writes docs/results/
+    python -m experiments.heldout_bits --quick --no-write    # a smoke run (tests)
 
-Graphs from ``benchmarks/bench_scale.py``'s planted-community generator (2,000 nodes,
+Graphs from :func:`experiments.graphs.planted_communities` (2,000 nodes,
 8,000 directed edges, 32 real-valued features, 6 classes) at three homophily levels
 (``p_in``: the share of edges inside a community) and three degree skews (``skew``: 0 gives
 about Poisson in-degrees, 0.5 a Cora-like tail, 1.0 a few hubs with hundreds of edges and
 a third of the nodes with none). Each graph trains PyG's gcn.py GCN with
-``examples/training.py``'s loop, FP32 and with ``fxquant.recipes.get("recommended")`` at
+:func:`experiments.training.fit`, FP32 and with ``fxquant.recipes.get("recommended")`` at
 2 bits, on the same seeds, with nothing tuned on these graphs: the raw input features stay
 float32 (``input_format=None``, as the recipe's warning advises for real-valued features;
 they are not counted in ``avg_bits`` either way). Test accuracy is at the epoch the recipe
@@ -22,13 +22,17 @@ import json
 import multiprocessing
 import os
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from .common import refuse_counts, refuse_overridden, refuse_unwritable
+import torch
+
+import fxquant
+from experiments import training
+from experiments.cli import refuse_counts, refuse_overridden, refuse_unwritable
+from experiments.graphs import planted_communities
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "bits_heldout.json"
@@ -40,14 +44,6 @@ NODES, EDGES, FEATURES, CLASSES = 2000, 8000, 32, 6
 def one(job: tuple[float, float, int, int, int, int, float]) -> dict[str, Any]:
     """FP32 and the recipe on one graph and seed."""
     p_in, skew, seed, nodes, edges, epochs, target = job
-    import torch
-
-    import fxquant
-
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.bench_scale import planted_communities
-    from examples import training
-
     torch.set_num_threads(1)
     data = planted_communities(nodes, edges, FEATURES, CLASSES, p_in=p_in, seed=100 + seed,
                                skew=skew)
@@ -119,7 +115,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.no_write:
         refuse_overridden(p, args, "--no-write", ("json",), "nothing is written")
     else:
-        refuse_unwritable(p, args.json, "--json")
+        refuse_unwritable(p, args, "--json")
     graphs, nodes, edges, seeds, epochs = GRAPHS, NODES, EDGES, args.seeds, args.epochs
     if args.quick:
         graphs, nodes, edges, seeds, epochs = [(0.7, 0.5)], 200, 800, 1, 4
@@ -134,10 +130,6 @@ def main(argv: list[str] | None = None) -> str:
     text = table(rows)
     print(text)
     if not args.no_write:
-        import torch
-
-        import fxquant
-
         payload = {"recipe": "recommended", "settings": dict(fxquant.recipes.RECOMMENDED[1]),
                    "nodes": nodes, "edges": edges,
                    "features": FEATURES, "classes": CLASSES, "epochs": epochs,

@@ -1,11 +1,11 @@
 """Choose a per-node bit-width method on validation accuracy: Cora and CiteSeer jointly.
 
-    python -m benchmarks.select_bits --candidates hub,budget --seeds 0,1 --jobs 2
-    python -m benchmarks.select_bits --report --json docs/results/bits_selection.json
-    python -m benchmarks.select_bits --merge A.json B.json --json OUT.json
+    python -m experiments.select_bits --candidates hub,budget --seeds 0,1 --jobs 2
+    python -m experiments.select_bits --report --json docs/results/bits_selection.json
+    python -m experiments.select_bits --merge A.json B.json --json OUT.json
 
 Every trial (a candidate recipe with its settings, a dataset and a seed) trains PyG's
-gcn.py GCN with ``examples/training.py``'s loop, the same loop ``bits_pareto.py`` uses, and
+gcn.py GCN with :func:`experiments.training.fit`, the same loop ``bits_pareto`` uses, and
 appends one JSON line to ``--trials`` (default ``docs/results/bits_selection_trials.jsonl``):
 the settings, the validation accuracy of the reported epoch, its counted ``avg_bits``,
 whether it met the budget, and its test accuracy, which is recorded for the audit and read
@@ -29,11 +29,15 @@ import multiprocessing
 import os
 import platform
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+import torch
+
+import fxquant
+from experiments import cli, training
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = ROOT / "docs" / "results" / "bits_selection_trials.jsonl"
@@ -128,13 +132,6 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
 
 def trial(name: str, dataset: str, seed: int, epochs: int) -> dict[str, Any]:
     """Train one candidate on one dataset and seed; the row recorded for it."""
-    import torch
-
-    import fxquant
-
-    sys.path.insert(0, str(ROOT))
-    from examples import training
-
     torch.set_num_threads(1)
     recipe_name, settings = CANDIDATES[name]
     data, num_classes = training.load_data(dataset, None, "select_bits")
@@ -291,9 +288,6 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors (exit 2, naming the flag) before any work: flags the mode would ignore,
     values that would fail later (in a worker, where a failure stalls the pool). Turns the
     training lists into checked lists and ``--epochs`` into its default when training."""
-    sys.path.insert(0, str(ROOT))
-    from examples import training
-
     defaults = p.parse_args([])
     training_flags = ("candidates", "datasets", "seeds", "jobs")
     if args.merge or args.report:
@@ -313,7 +307,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--merge writes to --json PATH; please give it")
     if args.json and not (args.merge or args.report):
         p.error("--json is written by --merge or --report; training appends to --trials")
-    training.refuse_unwritable(p, args, "--json")
+    cli.refuse_unwritable(p, args, "--json")
     if args.report and not os.path.isfile(args.trials):
         p.error(f"--trials {args.trials}: no such file to report")
     if args.report:
@@ -351,7 +345,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag in ("epochs", "jobs"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
-    training.refuse_unwritable(p, args, "--trials")
+    cli.refuse_unwritable(p, args, "--trials")
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -415,9 +409,6 @@ def main(argv: list[str] | None = None) -> str:
                            "summary": summary, "chosen": chosen}, f, indent=1)
         return text
     names, datasets, seeds = args.candidates, args.datasets, args.seeds  # checked lists
-    sys.path.insert(0, str(ROOT))
-    from examples import training
-
     for dataset in datasets:  # a clear message here, not a failure in a worker
         training.load_data(dataset, None, "select_bits")
     done = {(r["candidate"], r["dataset"], r["seed"], r["epochs"])

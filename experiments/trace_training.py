@@ -1,11 +1,11 @@
 """Trace one training run of a ``dq_table.py`` row, epoch by epoch: where a row fails.
 
-    python -m benchmarks.trace_training --model gat --dataset CiteSeer --row int4-lsq-ps \\
+    python -m experiments.trace_training --model gat --dataset CiteSeer --row int4-lsq-ps \\
         --seed 3 --lsq-refit 30 --float-epochs 30
-    python -m benchmarks.trace_training --model gat --dataset CiteSeer --row int4-lsq-ps \\
+    python -m experiments.trace_training --model gat --dataset CiteSeer --row int4-lsq-ps \\
         --seed 3 --lsq-refit 100 --refit-widen --float-epochs 30 --json trace.json
 
-Trains the row with ``examples/training.py``'s loop (the table's protocol: same model, seed,
+Trains the row with :func:`experiments.training.fit` (the table's protocol: same model, seed,
 optimizer and epochs) and prints, every ``--every`` epochs and at the reported one: the
 training loss, the validation and test accuracy of the evaluation, the training nodes'
 accuracy in that evaluation, the mean absolute logit, and the share of nodes whose two
@@ -17,12 +17,12 @@ layer's rounded weights, often gets no gradient back). ``--refit-widen`` and ``-
 set the :class:`fxquant.recipes.QuantTraining` settings of the same names, which the table
 does not expose; ``--eval-rng`` is ``dq_table.py``'s.
 
-    python -m benchmarks.trace_training --recipe recommended --target-bits 2 --dataset Cora \\
+    python -m experiments.trace_training --recipe recommended --target-bits 2 --dataset Cora \\
         --seed 3 --steps
 
 ``--recipe NAME`` traces one of :func:`fxquant.recipes.get`'s recipes instead of a table
 row (its own settings; ``--target-bits`` for the per-node bit recipes), prepared and
-trained as ``examples/bits_pareto.py`` does. For every point with a learned step the run
+trained as ``experiments.bits_pareto`` does. For every point with a learned step the run
 also records, each epoch, the step and, in the evaluation, the share of values beyond the
 grid's edge (``clipped``: more than half a step past the grid's top level or, signed grids,
 its lowest; an unsigned grid's zeroed negatives are not counted) with the largest value and
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import warnings
 from dataclasses import fields
 from typing import Any
@@ -43,10 +42,8 @@ from typing import Any
 import torch
 
 import fxquant
+from experiments import cli, dq_table, train_cora, training
 from fxquant.datasets import PLANETOID_NAMES
-from fxquant.quant.points import _code_range
-
-from .common import ROOT
 
 
 def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: int = 200,
@@ -55,9 +52,6 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
           root: str | None = None, recipe: str | None = None,
           target_bits: float | None = None, eval_rng: str = "shared") -> dict[str, Any]:
     """One run of ``row`` (or of ``recipe``); every epoch's numbers and the reported epoch."""
-    sys.path.insert(0, str(ROOT))
-    from examples import dq_table, train_cora, training
-
     data, num_classes = training.load_data(dataset, root, "trace_training")
     if recipe is not None:  # prepared as bits_pareto.py prepares its recipes
         built = fxquant.recipes.get(recipe, **({} if target_bits is None
@@ -120,6 +114,15 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
     return payload
 
 
+def code_range(bits: torch.Tensor, number: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(qmin, qmax)`` of each row's ``bits``-bit grid of the integer format ``number``'s
+    kind: signed symmetric ``-(2**(b-1) - 1) .. 2**(b-1) - 1``, signed mid-rise one code
+    more below, unsigned ``0 .. 2**b - 1``."""
+    qmax = 2 ** (bits - 1) - 1 if number.signed else 2 ** bits - 1
+    qmin = (-qmax - 1 if number.midrise else -qmax) if number.signed else qmax * 0
+    return qmin, qmax
+
+
 class _EvaluationHooks:
     """Forward hooks that record what evaluations show: :meth:`take` hands the last one's
     record over and starts the next; :meth:`remove` takes the hooks off."""
@@ -163,7 +166,7 @@ class StepTrace(_EvaluationHooks):
                 row_bits = point.__dict__.get("last_row_bits")
                 if point.config.node_bits is not None and row_bits is not None:
                     bits = row_bits[0].detach().float().view((-1,) + (1,) * (x.dim() - 1))
-                    qmin, qmax = _code_range(bits, number)  # each row's own grid
+                    qmin, qmax = code_range(bits, number)  # each row's own grid
                 # in codes: more than half a step past the top level (or the lowest, signed
                 # grids), whichever way the point rounds (nearest or stochastic)
                 u = x / step - number.offset
@@ -253,9 +256,6 @@ def step_table(payload: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
-    from examples import training
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=list(training.MODELS), default="gcn")
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
@@ -266,11 +266,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="with --recipe: the budget of a per-node bit recipe")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--lsq-refit", type=training.epochs_arg, default=0)
-    p.add_argument("--float-epochs", type=training.epochs_arg, default=0)
+    p.add_argument("--lsq-refit", type=cli.epochs_arg, default=0)
+    p.add_argument("--float-epochs", type=cli.epochs_arg, default=0)
     p.add_argument("--refit-widen", action="store_true")
     p.add_argument("--step-lr", type=float, default=None)
-    p.add_argument("--protect", type=training.protect_arg, default=None,
+    p.add_argument("--protect", type=cli.protect_arg, default=None,
                    help="P_MIN:P_MAX, as dq_table.py's --protect (default 0:0.2)")
     p.add_argument("--eval-rng", default="shared", choices=list(training.EVAL_RNG),
                    help="as dq_table.py's --eval-rng (fork: evaluation's random draws leave "
@@ -293,9 +293,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for flag in ("epochs", "every"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1")
-    training.refuse_unwritable(p, args, "--json")
+    cli.refuse_unwritable(p, args, "--json")
     if args.recipe is None:
-        training.refuse_float_epochs_past_training(p, args)
+        cli.refuse_float_epochs_past_training(p, args)
     payload = trace(args.model, args.dataset, args.row, args.seed, epochs=args.epochs,
                     lsq_refit=args.lsq_refit, float_epochs=args.float_epochs,
                     refit_widen=args.refit_widen, step_lr=args.step_lr,
@@ -319,8 +319,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--recipe``: the row's flags would be ignored; ``--target-bits`` needs a recipe
     that has a budget, and one it can build."""
-    from examples import training
-
     for flag, given in (("--row", args.row is not None), ("--lsq-refit", args.lsq_refit),
                         ("--float-epochs", args.float_epochs),
                         ("--refit-widen", args.refit_widen),
@@ -350,8 +348,6 @@ def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def _check_row(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from examples import dq_table, training
-
     known = dq_table.rows(args.protect or dq_table.DEFAULT_PROTECT)
     if args.row not in known:
         p.error(f"--row {args.row!r} is not a dq_table.py row; known: {sorted(known)}")
@@ -360,7 +356,7 @@ def _check_row(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--protect sets Degree-Quant's protection; the {args.row} row protects no "
                 "nodes, so it would be ignored")
     args.protect = args.protect or dq_table.DEFAULT_PROTECT
-    training.refuse_idle_eval_rng(p, args.eval_rng, [cfg], f" (the {args.row} row)")
+    cli.refuse_idle_eval_rng(p, args.eval_rng, [cfg], f" (the {args.row} row)")
     if args.step_lr is not None and not (math.isfinite(args.step_lr) and args.step_lr > 0):
         p.error(f"--step-lr must be a finite number above 0, got {args.step_lr}")
     if cfg.number is None and args.float_epochs:

@@ -12,14 +12,17 @@ and quantized runs start from the same initial weights.
 
 Run (data: ``FXQUANT_DATA`` or ``--root`` pointing at a folder with ``Cora/raw/ind.cora.*``):
 
-    python examples/train_cora.py                                # FP32 vs top-16 bits, 5 seeds
-    python examples/train_cora.py --sweep 32,16,12,10,9,8 --plot sweep.png --json sweep.json
-    python examples/train_cora.py --format e4m3 --scale tensor   # FP8 with a per-tensor scale
-    python examples/train_cora.py --sweep e4m3,e5m2,e3m2,e2m3,e2m1 --scale row --plot f.png
-    python examples/train_cora.py --bits 10 --rounding nearest --super-nodes 0.1:8
-    python examples/train_cora.py --bits 16 --grad zero          # no straight-through gradient
-    python examples/train_cora.py --sites all --format int4 --range lsq --protect 0.0:0.2
-    python examples/train_cora.py --sites all --format e2m1 --scale block32 --model gin
+    python -m experiments.train_cora                                # FP32 vs top-16 bits, 5 seeds
+    python -m experiments.train_cora --sweep 32,16,12,10,9,8 --plot sweep.png --json sweep.json
+    python -m experiments.train_cora --format e4m3 --scale tensor   # FP8, a per-tensor scale
+    python -m experiments.train_cora --sweep e4m3,e5m2,e3m2,e2m3,e2m1 --scale row --plot f.png
+    python -m experiments.train_cora --bits 10 --rounding nearest --super-nodes 0.1:8
+    python -m experiments.train_cora --bits 16 --grad zero          # no straight-through gradient
+    python -m experiments.train_cora --sites all --format int4 --range lsq --protect 0.0:0.2
+    python -m experiments.train_cora --sites all --format e2m1 --scale block32 --model gin
+
+(run from the repository root; ``python examples/train_cora.py`` is the short version of
+the first line).
 
 ``--sites`` rounds inside the layers too: ``input``, ``weight``, ``message``,
 ``aggregate`` and ``output`` of every GNN layer (``all``); protection (Degree-Quant) keeps
@@ -41,13 +44,10 @@ from torch_geometric.data import Data
 from tqdm import tqdm
 
 import fxquant
+from experiments import cli, training
+from experiments.stats import paired
 from fxquant.datasets import PLANETOID_NAMES
 from fxquant.formats import IntFormat, parse
-
-try:  # imported as examples.train_cora (python -m, tests)
-    from examples import training
-except ModuleNotFoundError:  # run as a script: this folder is on sys.path
-    import training  # type: ignore[no-redef]
 
 ROUNDINGS = ("toward_zero", "nearest", "stochastic")
 SITES, MODELS = training.SITES, training.MODELS
@@ -123,24 +123,33 @@ class Config:
 NODE_SITES = frozenset({"output", "input", "aggregate", "message"})
 
 
+def site_settings(cfg: Config, site: str) -> tuple[int | str, list[tuple[str, str, object]]]:
+    """The number and the :class:`fxquant.QuantConfig` settings of one configuration at one
+    site, each with the flag it comes from: ``(number, [(flag, keyword, value), ...])``."""
+    protect: tuple[float, float] | fxquant.Protection | None = \
+        cfg.protect if site != "weight" else None
+    if protect is not None and site in ("linear", "edge"):  # inside the layer: its mask
+        protect = fxquant.Protection(*protect, share="layer")
+    number = cfg.number if cfg.kind != "top" else int(cfg.number)  # type: ignore[arg-type]
+    if site == "edge" and cfg.edge_number is not None:
+        number = cfg.edge_number
+    scaled = cfg.kind in ("format", "int")  # (top-N truncation has no scale)
+    message = site == "message" and cfg.message_rounding
+    rounding = cfg.message_rounding if message else cfg.rounding
+    assert number is not None
+    return number, [("--scale", "scale", cfg.scale if scaled else None),
+                    ("--range", "range", cfg.range),
+                    ("--momentum", "momentum", cfg.momentum if scaled else None),
+                    ("--message-rounding" if message else "--rounding", "rounding", rounding),
+                    ("--grad", "grad", cfg.grad), ("--protect", "protect", protect)]
+
+
 def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
     """The quantization points of one configuration, at every site it names."""
     mapping = fxquant.QuantMapping()
     for site in cfg.sites:
-        protect: tuple[float, float] | fxquant.Protection | None = \
-            cfg.protect if site != "weight" else None
-        if protect is not None and site in ("linear", "edge"):  # inside the layer: its mask
-            protect = fxquant.Protection(*protect, share="layer")
-        number = cfg.number if cfg.kind != "top" else int(cfg.number)  # type: ignore[arg-type]
-        if site == "edge" and cfg.edge_number is not None:
-            number = cfg.edge_number
-        scale = cfg.scale if cfg.kind in ("format", "int") else None
-        momentum = cfg.momentum if scale is not None and scale.startswith("tensor") and \
-            cfg.range != "lsq" else None
-        rounding = cfg.message_rounding if site == "message" and cfg.message_rounding \
-            else cfg.rounding
-        config = fxquant.QuantConfig(number, rounding, scale=scale, range=cfg.range,
-                                     momentum=momentum, grad=cfg.grad, protect=protect)
+        number, settings = site_settings(cfg, site)
+        config = fxquant.QuantConfig(number, **{keyword: value for _, keyword, value in settings})
         if cfg.layers:
             for layer in cfg.layers:
                 mapping.set_name(layer, config, site=site)
@@ -169,8 +178,18 @@ def build(cfg: Config, data, num_classes: int, seed: int, model_kind: str = "gcn
     return fxquant.transform(model, mapping_for(cfg, data))
 
 
+def _bits(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 32:
+        raise argparse.ArgumentTypeError(f"must be in 1..32, got {text!r}")
+    return value
+
+
 def _number_list(text: str) -> list[int | str]:
-    numbers = [training.number_arg(t) for t in text.split(",") if t.strip()]
+    numbers = [cli.number_arg(t) for t in text.split(",") if t.strip()]
     if not numbers:  # an empty sweep would run the default instead
         raise argparse.ArgumentTypeError(f"expected a comma list of bits or formats, got {text!r}")
     twice = sorted({str(n) for n in numbers if numbers.count(n) > 1})
@@ -202,16 +221,16 @@ def _super_nodes(text: str) -> tuple[float, int | str]:
     if not sep or not 0 < parsed < 1:  # (1: every node, the same as BITS for all)
         raise argparse.ArgumentTypeError(f"expected FRACTION:BITS like 0.1:8 (FRACTION in "
                                          f"(0, 1)), got {text!r}")
-    return parsed, training.number_arg(number)
+    return parsed, cli.number_arg(number)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--bits", type=int, default=None,
+    what.add_argument("--bits", type=_bits, default=None,
                       help="keep the top BITS of each float32 pattern (default 16)")
-    what.add_argument("--format", default=None, type=training.number_arg,
+    what.add_argument("--format", default=None, type=cli.number_arg,
                       help="round to a number format instead: e4m3, e5m2, e3m2, e2m3, e2m1, eXmY, "
                            "or integers: int8, int4, uint8, int8:asym, ...")
     p.add_argument("--scale", default="tensor", choices=["tensor", "row", "none", "tensor-pow2",
@@ -219,15 +238,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="scaling for formats (default: tensor; block32: OCP MX)")
     p.add_argument("--range", default="minmax", type=_range, metavar="{minmax,percentile:Q,lsq}",
                    help="where a scale's range comes from (default: minmax)")
-    p.add_argument("--lsq-refit", type=training.epochs_arg, default=0, metavar="N",
+    p.add_argument("--lsq-refit", type=cli.epochs_arg, default=0, metavar="N",
                    help="with --range lsq: fit the learned steps again on each of the first N "
                         "epochs (fxquant.refit_steps), then learn them (default: first only)")
-    p.add_argument("--momentum", type=training.fraction_arg, default=None,
+    p.add_argument("--momentum", type=cli.fraction_arg, default=None,
                    help="formats with --scale tensor: running range for eval")
-    p.add_argument("--sites", type=training.sites_arg, default=["output"], metavar="SITES",
+    p.add_argument("--sites", type=cli.sites_arg, default=["output"], metavar="SITES",
                    help="comma list of output,input,weight,message,aggregate, or all "
                         "(default: output)")
-    p.add_argument("--protect", type=training.protect_arg, default=None, metavar="P_MIN:P_MAX",
+    p.add_argument("--protect", type=cli.protect_arg, default=None, metavar="P_MIN:P_MAX",
                    help="Degree-Quant protection: nodes stay at full precision in training "
                         "with a probability from P_MIN to P_MAX, growing with in-degree")
     p.add_argument("--model", default="gcn", choices=list(MODELS),
@@ -264,10 +283,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
                    help="no training: table and --plot from earlier --json files (merged)")
     args = p.parse_args(argv)
-    if args.seeds < 1 or args.epochs < 1:
-        p.error("--seeds and --epochs must be >= 1")
-    if args.bits is not None and not 1 <= args.bits <= 32:
-        p.error("--bits must be in 1..32")
+    cli.refuse_counts(p, args, "seeds", "epochs")
     if args.sweep and (args.bits is not None or args.format is not None):
         flag = "--bits" if args.bits is not None else "--format"
         p.error(f"{flag} with --sweep: the sweep's widths and formats are the ones trained, so "
@@ -277,15 +293,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available here")
     numbers = args.sweep or [args.format or args.bits or 16]
-    if args.range != "minmax" and not all(isinstance(n, str) for n in numbers):
-        p.error("--range needs --format (integers or formats with --scale tensor/row)")
-    if args.range == "lsq" and not all(isinstance(parse(n), IntFormat) for n in numbers
-                                       if isinstance(n, str)):
-        p.error("--range lsq learns the step of an integer format; please use --format int4 ...")
     if args.protect is not None and args.sites == ["weight"]:
         p.error("--protect needs a site that belongs to nodes (input, message, aggregate, output)")
     _check_combinations(p, args, numbers)
-    training.refuse_unwritable(p, args, "--json", "--plot")
+    cli.refuse_unwritable(p, args, "--json", "--plot")
     return args
 
 
@@ -294,8 +305,8 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
     """Flags that would be ignored or fail only after training has started: a usage error
     naming the flag, before any work."""
     if args.from_json:  # (--dataset names the plot)
-        training.refuse_training_flags(p, args, keep=("dataset",) if args.plot else ())
-        training.refuse_results_files(p, args.from_json, ("name", "accs"), "train_cora.py",
+        cli.refuse_training_flags(p, args, keep=("dataset",) if args.plot else ())
+        cli.refuse_results_files(p, args.from_json, ("name", "accs"), "train_cora.py",
                                       one_subject=True)
         return
     if args.rounding == "all" and not any(isinstance(n, int) for n in numbers):
@@ -304,21 +315,13 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
     if args.super_nodes is not None and not set(args.sites) & NODE_SITES:
         p.error("--super-nodes gives nodes other bits at node sites (input, message, "
                 f"aggregate, output); with --sites {','.join(args.sites)} it would be ignored")
-    formats = [parse(n) for n in numbers if isinstance(n, str)]
-    if args.momentum is not None:
-        if not formats:
-            p.error("--momentum keeps a running range for a scaled format; with --bits (top-N "
-                    "truncation) it would be ignored. Please drop --momentum or use --format.")
-        if args.scale not in ("tensor", "tensor-pow2") or args.range == "lsq":
-            why = "a learned step (--range lsq)" if args.range == "lsq" else f"--scale {args.scale}"
-            p.error(f"--momentum keeps a running per-tensor range; {why} has none, so it would be "
-                    "ignored. Please drop --momentum or use --scale tensor.")
-    if args.scale == "none" and args.range != "minmax":
-        p.error(f"--range {args.range} sets the range of a scale; with --scale none there is "
-                "none. Please pass --scale tensor (or row).")
-    if args.scale != "tensor" and not formats:
-        p.error(f"--scale {args.scale} applies to formats; with --bits (top-N truncation) it "
-                "would be ignored. Please drop --scale or use --format.")
+    if not any(isinstance(n, str) for n in numbers):  # (only formats have a scale)
+        for flag, given in (("--scale", args.scale != "tensor"), ("--range", args.range != "minmax"),
+                            ("--momentum", args.momentum is not None)):
+            if given:
+                p.error(f"{flag} sets the scale of a format; with --bits (top-N truncation) "
+                        f"there is none, so it would be ignored. Please drop {flag} or use "
+                        "--format.")
     if args.message_rounding is not None and "message" not in args.sites:
         p.error("--message-rounding rounds the messages; without 'message' in --sites none "
                 "are rounded, so it would be ignored. Please add it (e.g. --sites all).")
@@ -328,21 +331,19 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
     if args.super_nodes is not None and args.model != "gcn" and not args.layers:
         p.error("--super-nodes names conv1/conv2 of the GCN; with --model gin/gat/gat64 please "
                 "also pass --layers convs.0,convs.1")
-    training.refuse_idle_eval_rng(p, args.eval_rng, configs_for(args)[1:])
-    # Everything else a configuration can get wrong, on a stand-in of the same model.
+    cli.refuse_idle_eval_rng(p, args.eval_rng, configs_for(args)[1:])
+    # What a configuration may be is the config's to say: each row's config, built one flag
+    # at a time, then the mapping and the transformed stand-in of the same model.
     graph = Data(edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), num_nodes=4)
     model = training.make_model(args.model, 8, 3)
+    number_flag = "--sweep" if args.sweep else "--format" if args.format else "--bits"
     for cfg in configs_for(args)[1:]:
-        try:
-            mapping = mapping_for(cfg, graph)
-        except fxquant.FxquantError as e:
-            p.error(f"--format/--bits, --scale, --range, --momentum, --protect, --super-nodes, "
-                    f"--message-rounding: {e}")
-        try:
-            fxquant.transform(model, mapping, lint="off")
-        except fxquant.FxquantError as e:
-            flag = "--layers" if args.layers else "--sites"
-            p.error(f"{flag}: {e}")
+        for site in cfg.sites:
+            number, settings = site_settings(cfg, site)
+            cli.config_from_flags(p, (number_flag, number), *settings)
+        mapping = cli.guarded(p, "--super-nodes", lambda cfg=cfg: mapping_for(cfg, graph))
+        cli.guarded(p, "--layers" if args.layers else "--sites",
+                    lambda mapping=mapping: fxquant.transform(model, mapping, lint="off"))
 
 
 def configs_for(args: argparse.Namespace) -> list[Config]:
@@ -445,7 +446,8 @@ def report(configs: list[Config], args: argparse.Namespace) -> None:
     rows = []
     for c in configs:
         row = c.row()
-        row.insert(-1, training.paired(fp32.accs, c.accs) if fp32 is not None else "-")
+        difference = paired(c.accs, fp32.accs) if fp32 is not None and c is not fp32 else None
+        row.insert(-1, str(difference or "-"))
         rows.append(row)
     print(tabulate(rows, headers=headers, tablefmt="github"))
     for rounding in ROUNDINGS:

@@ -2,13 +2,13 @@
 
 Launch (gloo on CPU, nccl on CUDA; one process per GPU)::
 
-    torchrun --nproc-per-node 2 examples/train_ddp.py --dataset Cora --format int8 --sites all
+    torchrun --nproc-per-node 2 -m experiments.train_ddp --dataset Cora --format int8 --sites all
 
 and across machines, the same script with torchrun's rendezvous (each machine runs this,
 ``--node-rank`` 0..N-1; tested here on loopback only)::
 
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
-        --rdzv-endpoint HOST:29400 --rdzv-id job1 examples/train_ddp.py ...
+        --rdzv-endpoint HOST:29400 --rdzv-id job1 -m experiments.train_ddp ...
 
 What each rank does, per step: the epoch's shuffled training nodes are cut into global
 batches of ``--batch-size x world`` seed nodes (the same permutation on every rank, from
@@ -40,20 +40,15 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch_geometric.data import Batch, Data
-from torch_geometric.nn import GCNConv
 from torch_geometric.utils import k_hop_subgraph
 from tqdm import tqdm
 
 import fxquant
+from experiments import cli, training
+from experiments.training import GCN
 from fxquant.datasets import PLANETOID_NAMES
-
-try:  # imported as examples.train_ddp (python -m, tests)
-    from examples import training
-except ModuleNotFoundError:  # run as a script (torchrun examples/train_ddp.py)
-    import training  # type: ignore[no-redef]
 
 SITES = training.SITES
 SCALES = ("tensor", "tensor-pow2", "row", "row-pow2", "block32", "none")
@@ -62,28 +57,12 @@ EXTENSION_HINT = ("--loader neighbor needs PyG's neighbour sampler: pip install 
                   "torch-scatter torch-sparse (or pip install fxquant[scale]), or use --loader khop")
 
 
-class GCN(nn.Module):
-    """PyG's gcn.py model with a dropout argument (0 makes runs comparable across launches)."""
-
-    def __init__(self, in_channels: int, hidden: int, out_channels: int, dropout: float) -> None:
-        super().__init__()
-        self.conv1 = GCNConv(in_channels, hidden)
-        self.conv2 = GCNConv(hidden, out_channels)
-        self.dropout = dropout
-
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        x = F.dropout(x, p=self.dropout, training=self.training)
-        x = self.conv1(x, edge_index).relu()
-        x = F.dropout(x, p=self.dropout, training=self.training)
-        return self.conv2(x, edge_index)
-
-
 def _momentum(text: str) -> float | None:
-    return None if text.strip().lower() == "none" else training.fraction_arg(text)
+    return None if text.strip().lower() == "none" else cli.fraction_arg(text)
 
 
 def _dropout(text: str) -> float:
-    return training.fraction_arg(text)
+    return cli.fraction_arg(text)
 
 
 def _positive(text: str) -> float:
@@ -96,19 +75,26 @@ def _positive(text: str) -> float:
     return value
 
 
-def build_config(args: argparse.Namespace) -> fxquant.QuantConfig:
-    """Every site's config: kept bits, or a format with ``--scale`` and ``--momentum``."""
+def config_settings(args: argparse.Namespace) -> list[tuple[str, str, object]]:
+    """Every site's config settings, each with its flag: a format's ``--scale`` and
+    ``--momentum`` (kept bits have neither), and ``--rounding``."""
     formatted = isinstance(args.format, str)
     scale = None if args.scale == "none" else args.scale
-    return fxquant.QuantConfig(args.format, args.rounding, scale=scale if formatted else None,
-                               momentum=args.momentum if formatted else None)
+    return [("--scale", "scale", scale if formatted else None),
+            ("--momentum", "momentum", args.momentum if formatted else None),
+            ("--rounding", "rounding", args.rounding)]
+
+
+def build_config(args: argparse.Namespace) -> fxquant.QuantConfig:
+    """Every site's config: kept bits, or a format with ``--scale`` and ``--momentum``."""
+    return fxquant.QuantConfig(args.format, **{k: v for _, k, v in config_settings(args)})
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--dataset", default="Cora", choices=list(PLANETOID_NAMES))
     p.add_argument("--root", default=None, help="Planetoid data (default: FXQUANT_DATA)")
-    p.add_argument("--format", type=training.number_arg, default="int8",
+    p.add_argument("--format", type=cli.number_arg, default="int8",
                    help="kept bits or a format for every site (default int8)")
     p.add_argument("--scale", default="tensor", choices=SCALES,
                    help="scaling for formats (default tensor)")
@@ -117,7 +103,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "the current batch's range; --scale row/block32 need 'none' "
                         "(default 0.1)")
     p.add_argument("--rounding", default="nearest", choices=["nearest", "stochastic", "toward_zero"])
-    p.add_argument("--sites", type=training.sites_arg, default=["output"],
+    p.add_argument("--sites", type=cli.sites_arg, default=["output"],
                    help=f"comma list of {SITES} or all (default output)")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=32, help="seed nodes per rank and step")
@@ -137,8 +123,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dump-state", default=None, metavar="DIR",
                    help="every rank writes its state_dict to DIR/rank{r}.pt (for tests)")
     args = p.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.emulate_world < 1:
-        p.error("--epochs, --batch-size and --emulate-world must be >= 1")
+    cli.refuse_counts(p, args, "epochs", "batch_size", "emulate_world")
     if args.emulate_world > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         p.error(f"--emulate-world {args.emulate_world} emulates ranks on one process; under "
                 f"torchrun (WORLD_SIZE={os.environ['WORLD_SIZE']}) each rank would do every "
@@ -152,13 +137,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"{', '.join(given)} with --format {args.format}: kept bits (top-N "
                     "truncation) have no scale or range, so these would be ignored; please "
                     "drop them or give a format (e.g. int8, e4m3)")
-    if args.momentum is not None and formatted and args.scale not in ("tensor", "tensor-pow2"):
-        p.error(f"--momentum {args.momentum:g} keeps a running per-tensor range; --scale "
-                f"{args.scale} has none. Please pass --momentum none with --scale {args.scale}.")
-    try:
-        build_config(args)
-    except fxquant.FxquantError as e:
-        p.error(f"--format/--scale/--momentum/--rounding: {e}")
+    cli.config_from_flags(p, ("--format", args.format), *config_settings(args))
     try:
         args.num_neighbors = [int(n) for n in args.num_neighbors.split(",")]
     except ValueError:
@@ -174,7 +153,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "khop takes every neighbour within as many hops as counts are given, so the "
                 f"counts would be ignored; please pass --num-neighbors={hops} or --loader "
                 "neighbor")
-    training.refuse_unwritable(p, args, "--json", "--checkpoint")
+    cli.refuse_unwritable(p, args, "--json", "--checkpoint")
     if args.dump_state and os.path.exists(args.dump_state) and not os.path.isdir(args.dump_state):
         p.error(f"--dump-state {args.dump_state}: a file, not a folder")
     if args.loader == "neighbor":
@@ -205,7 +184,7 @@ def setup() -> tuple[int, int, torch.device]:
 def build(args: argparse.Namespace, data: Data, num_classes: int) -> torch.nn.Module:
     """The transformed model, identical on every rank (built from ``--seed``)."""
     torch.manual_seed(args.seed)
-    model = GCN(data.num_features, 16, num_classes, args.dropout)
+    model = GCN(data.num_features, 16, num_classes, dropout=args.dropout, cached=False)
     config = build_config(args)
     mapping = fxquant.QuantMapping()
     for site in args.sites:

@@ -1,4 +1,4 @@
-"""examples/bits_pareto.py: the command-line contract other tools call (1 seed, 2 epochs)."""
+"""experiments/bits_pareto.py: the command-line contract other tools call (1 seed, 2 epochs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from examples import bits_pareto, training
+from experiments import bits_pareto, training
 from fxquant.recipes import RECOMMENDED, QuantTraining
 from tests.support.data import needs_data
 

@@ -1,0 +1,13 @@
+"""Moved to ``experiments/bits_pareto.py``: please run ``python -m experiments.bits_pareto`` from the
+repository root. This forward runs it with the same arguments, for one release."""
+
+import os
+import subprocess
+import sys
+
+if __name__ == "__main__":
+    print("examples/bits_pareto.py moved: please run python -m experiments.bits_pareto (this forward "
+          "goes in the next release)", file=sys.stderr)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")])
+    sys.exit(subprocess.call([sys.executable, "-m", "experiments.bits_pareto", *sys.argv[1:]]))
