@@ -94,6 +94,7 @@ from experiments import training
 from experiments.cli import refuse_overridden, refuse_unwritable
 from experiments.stats import Difference, paired
 from experiments.training import param_groups
+from fxquant import QuantMapping
 from fxquant.datasets import PLANETOID_NAMES, load_planetoid
 
 SITES = ("input", "weight", "message", "aggregate", "output")
@@ -155,7 +156,7 @@ class Row:
     #: fxquant's side is ``fxquant.recipes.DegreeQuant(**recipe, protect=...)`` instead
     recipe: dict[str, Any] | None = None
 
-    def mapping(self, protect: tuple[float, float]) -> fxquant.QuantMapping | None:
+    def mapping(self, protect: tuple[float, float]) -> QuantMapping | None:
         """fxquant's every-site mapping (protection on every site but the weights)."""
         if self.fxquant is None or self.recipe is not None:
             return None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from functools import partial
 from typing import Any
 
 import torch
@@ -57,8 +58,7 @@ def speed_rows(shape: tuple[int, int], rounds: int, min_run_time: float,
                     got.isnan() & expected.isnan())
                 if not bool(same.all()):
                     raise AssertionError(f"compiled {name} differs from eager")
-                _, rc = interleaved_ratio(lambda fn=fn, args=args: fn(*args), clone, rounds,
-                                          min_run_time)
+                _, rc = interleaved_ratio(partial(fn, *args), clone, rounds, min_run_time)
                 row.append(f"{rc:.2f}x")
             row[-2:] = [f"{row[-2]} (<= 1.3x)", f"{row[-1]} (<= 1.5x)"]
         rows.append(row)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -73,12 +74,13 @@ def bench_size(shape: tuple[int, int], device: torch.device, min_run_time: float
     x = torch.randn(shape, device=device)
     g = torch.randn(shape, device=device)
     xg = x.clone().requires_grad_()
-    rows: list[tuple[str, Callable[[], Any]]] = [
-        ("x.clone()", lambda: x.clone()),
+    clone: Callable[[], Any] = lambda: x.clone()  # noqa: E731
+    rows: list[tuple[str, Callable[[], Any] | _Fused]] = [
+        ("x.clone()", clone),
         ("x.to(bfloat16).float()", lambda: x.to(torch.bfloat16).float()),
     ]
     for r in ROUNDINGS:
-        rows.append((f"truncate {r}", lambda r=r: fxquant.truncate(x, BITS, r)))
+        rows.append((f"truncate {r}", partial(fxquant.truncate, x, BITS, r)))
 
     def fwd_bwd() -> None:
         xg.grad = None
@@ -93,10 +95,8 @@ def bench_size(shape: tuple[int, int], device: torch.device, min_run_time: float
     times: dict[str, float] = {}
     ratios: dict[str, float] = {}
     table = []
-    clone = rows[0][1]
-    for name, fn in rows:
-        if isinstance(fn, _Fused):
-            fn = fn.compile()
+    for name, row in rows:
+        fn = row.compile() if isinstance(row, _Fused) else row
         seed = name.startswith("seed")
         if seed:
             t = median_seconds(fn, min_run_time / 4, device)

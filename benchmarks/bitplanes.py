@@ -1,4 +1,5 @@
 # ruff: noqa: RUF005  (written the way the user's code writes it)
+# mypy: disable-error-code="no-untyped-def"
 """The bit-plane baseline of ``bench_truncate``: a user's float -> bit-planes -> float
 rounding, as written in the report that fxquant's truncation replaces (do not copy).
 

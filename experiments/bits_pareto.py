@@ -437,8 +437,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.first_seed:
         payload["first_seed"] = args.first_seed
     if args.method == "recommended":  # what ran is the recipe's, not the flags' defaults
-        recipe = fxquant.recipes.get("recommended")
-        settings = {f.name: getattr(recipe, f.name) for f in fields(recipe)  # type: ignore[arg-type]
+        recipe: Any = fxquant.recipes.get("recommended")  # (a HubMessages)
+        settings = {f.name: getattr(recipe, f.name) for f in fields(recipe)
                     if f.name != "target_bits"}
         payload.update(recipe={"name": recipe.name, "settings": settings},
                        select=recipe.select, shared_step=recipe.shared_step,
@@ -512,7 +512,8 @@ def plot(payloads: list[dict[str, Any]], path: str) -> None:
 
     datasets = sorted({p["dataset"] for p in payloads})
     fig, axes = plt.subplots(1, len(datasets), figsize=(7 * len(datasets), 7.5), squeeze=False)
-    colors = plt.get_cmap("tab20").colors
+    # (tab20 is a ListedColormap: its 20 colors)
+    colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
     for ax, name in zip(axes[0], datasets, strict=True):
         by_method: dict[str, list[tuple[float, float, float]]] = {}
         fp32 = []

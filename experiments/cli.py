@@ -283,7 +283,7 @@ def refuse_results_files(p: argparse.ArgumentParser, paths: Sequence[str],
 def results_subject(payload: dict[str, Any]) -> tuple[str, str]:
     """``(model, dataset)`` of a ``--json`` file (files written before either was recorded:
     the GCN, on the dataset of its arguments, else Cora)."""
-    args = payload.get("args") if isinstance(payload.get("args"), dict) else {}
+    args: dict[str, Any] = payload["args"] if isinstance(payload.get("args"), dict) else {}
     return (str(payload.get("model", args.get("model", "gcn"))),
             str(payload.get("dataset", args.get("dataset", "Cora"))))
 

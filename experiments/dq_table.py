@@ -39,10 +39,8 @@ import torch
 import fxquant
 from experiments import cli, train_cora, training
 from experiments.stats import paired
+from experiments.train_cora import SITES, Config
 from fxquant.datasets import PLANETOID_NAMES
-
-SITES, Config = train_cora.SITES, train_cora.Config
-
 
 #: Degree-Quant's protection probabilities ``(p_min, p_max)`` unless ``--protect`` says
 DEFAULT_PROTECT = (0.0, 0.2)
@@ -303,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> list[Config]:
             with open(path) as f:
                 payloads.append(json.load(f))
         plot(payloads, args.plot)
-        configs = []
+        configs: list[Config] = []
         for path in args.from_json:  # one file per model x dataset: a table each
             configs, payload = merge([path])
             print(table(configs, f"{payload['model']} on {payload['dataset']}") + "\n")

@@ -100,14 +100,14 @@ def trace(model_kind: str, dataset: str, row: str | None, seed: int, *, epochs: 
         steps.remove()
         zeros.remove()
     reported = run.best.epoch if run.best is not None else None
-    payload = {"model": model_kind, "dataset": dataset, "row": row, "seed": seed,
+    payload: dict[str, Any] = {"model": model_kind, "dataset": dataset, "row": row, "seed": seed,
                "epochs": epochs, "lsq_refit": lsq_refit, "float_epochs": float_epochs,
                "refit_widen": refit_widen, "step_lr": step_lr, "eval_rng": eval_rng,
                "reported_epoch": reported,
                "val": result.val, "test": result.test, "trace": rows,
                "torch": torch.__version__}
     if recipe is not None:
-        used = run.recipe  # the settings it ran with (hub-messages may lower its quantile)
+        used: Any = run.recipe  # the settings it ran with (hub-messages may lower its quantile)
         payload.update(recipe={"name": used.name, "settings": {
             f.name: getattr(used, f.name) for f in fields(used)}} if used else {"name": recipe},
             lsq_refit=None, refit_widen=None, step_lr=None)
@@ -153,7 +153,7 @@ class StepTrace(_EvaluationHooks):
                       if isinstance(point, fxquant.QuantPoint) and point.log_step is not None]
 
     def _hook(self, name: str) -> Any:
-        def hook(point: torch.nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        def hook(point: Any, args: tuple[Any, ...], out: Any) -> None:
             x = args[0] if args else None
             if point.training or not isinstance(x, torch.Tensor) or not isinstance(
                     out, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
@@ -342,9 +342,10 @@ def _check_recipe(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                     lint="off")
         except fxquant.FxquantError as e:
             p.error(f"--target-bits {args.target_bits:g} with --recipe {args.recipe}: {e}")
-    if getattr(recipe, "float_epochs", 0) >= args.epochs:
+    float_epochs = getattr(recipe, "float_epochs", 0)
+    if float_epochs >= args.epochs:
         p.error(f"--epochs {args.epochs}: the {args.recipe} recipe trains its first "
-                f"{recipe.float_epochs} epochs in float32, so nothing rounded would be traced")
+                f"{float_epochs} epochs in float32, so nothing rounded would be traced")
 
 
 def _check_row(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -36,7 +36,9 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
+from typing import Any
 
 import torch
 from tabulate import tabulate
@@ -123,13 +125,13 @@ class Config:
 NODE_SITES = frozenset({"output", "input", "aggregate", "message"})
 
 
-def site_settings(cfg: Config, site: str) -> tuple[int | str, list[tuple[str, str, object]]]:
+def site_settings(cfg: Config, site: str) -> tuple[int | str, list[tuple[str, str, Any]]]:
     """The number and the :class:`fxquant.QuantConfig` settings of one configuration at one
     site, each with the flag it comes from: ``(number, [(flag, keyword, value), ...])``."""
     protect: tuple[float, float] | fxquant.Protection | None = \
         cfg.protect if site != "weight" else None
-    if protect is not None and site in ("linear", "edge"):  # inside the layer: its mask
-        protect = fxquant.Protection(*protect, share="layer")
+    if cfg.protect is not None and site in ("linear", "edge"):  # inside the layer: its mask
+        protect = fxquant.Protection(*cfg.protect, share="layer")
     number = cfg.number if cfg.kind != "top" else int(cfg.number)  # type: ignore[arg-type]
     if site == "edge" and cfg.edge_number is not None:
         number = cfg.edge_number
@@ -144,7 +146,7 @@ def site_settings(cfg: Config, site: str) -> tuple[int | str, list[tuple[str, st
                     ("--grad", "grad", cfg.grad), ("--protect", "protect", protect)]
 
 
-def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
+def mapping_for(cfg: Config, data: Any) -> fxquant.QuantMapping:
     """The quantization points of one configuration, at every site it names."""
     mapping = fxquant.QuantMapping()
     for site in cfg.sites:
@@ -165,7 +167,7 @@ def mapping_for(cfg: Config, data) -> fxquant.QuantMapping:
     return mapping
 
 
-def build(cfg: Config, data, num_classes: int, seed: int, model_kind: str = "gcn"
+def build(cfg: Config, data: Any, num_classes: int, seed: int, model_kind: str = "gcn"
           ) -> torch.nn.Module:
     torch.manual_seed(seed)
     # (initialised on the CPU, the same weights on every device; transformed where the data is)
@@ -341,9 +343,9 @@ def _check_combinations(p: argparse.ArgumentParser, args: argparse.Namespace,
         for site in cfg.sites:
             number, settings = site_settings(cfg, site)
             cli.config_from_flags(p, (number_flag, number), *settings)
-        mapping = cli.guarded(p, "--super-nodes", lambda cfg=cfg: mapping_for(cfg, graph))
+        mapping = cli.guarded(p, "--super-nodes", partial(mapping_for, cfg, graph))
         cli.guarded(p, "--layers" if args.layers else "--sites",
-                    lambda mapping=mapping: fxquant.transform(model, mapping, lint="off"))
+                    partial(fxquant.transform, model, mapping, lint="off"))
 
 
 def configs_for(args: argparse.Namespace) -> list[Config]:
@@ -421,7 +423,7 @@ def plot(configs: list[Config], path: str, dataset: str) -> None:
 def load_results(paths: Sequence[str]) -> list[Config]:
     """Configs from earlier --json runs; one FP32 line (the first file's) for all of them."""
     configs: list[Config] = []
-    names = {f.name for f in Config.__dataclass_fields__.values()}  # type: ignore[attr-defined]
+    names = {f.name for f in fields(Config)}
     for path in paths:
         with open(path) as f:
             for r in json.load(f)["results"]:

@@ -35,7 +35,8 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -75,7 +76,7 @@ def _positive(text: str) -> float:
     return value
 
 
-def config_settings(args: argparse.Namespace) -> list[tuple[str, str, object]]:
+def config_settings(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
     """Every site's config settings, each with its flag: a format's ``--scale`` and
     ``--momentum`` (kept bits have neither), and ``--rounding``."""
     formatted = isinstance(args.format, str)
@@ -181,7 +182,7 @@ def setup() -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-def build(args: argparse.Namespace, data: Data, num_classes: int) -> torch.nn.Module:
+def build(args: argparse.Namespace, data: Data, num_classes: int) -> torch.fx.GraphModule:
     """The transformed model, identical on every rank (built from ``--seed``)."""
     torch.manual_seed(args.seed)
     model = GCN(data.num_features, 16, num_classes, dropout=args.dropout, cached=False)
@@ -257,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 def run(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> dict:
     data, num_classes = training.load_data(args.dataset, args.root, "train_ddp.py")
     gm = build(args, data, num_classes).to(device)
-    model: torch.nn.Module = gm
+    model: Callable[..., torch.Tensor] = gm
     if world > 1:
         model = DistributedDataParallel(gm, device_ids=[device.index] if device.type == "cuda"
                                         else None)

@@ -203,17 +203,17 @@ def test_degree_flags_in_the_json_and_their_errors(tmp_path, capsys):
     assert bits_pareto._label(payload, "degree") == ("degree (midrise, hub-messages, last "
                                                      "aggregate 4 bits, anneal 1, refit 1 "
                                                      "after each drop, within budget)")
-    for bad, message in ((["--method", "learned", "--anneal", "5"], "--anneal E"),
-                         (["--method", "degree", "--anneal-refit", "5"], "--anneal-refit R"),
+    for bad, message in ((["--method", "learned", "--anneal", "5"], "--anneal"),
+                         (["--method", "degree", "--anneal-refit", "5"], "--anneal-refit"),
                          (["--method", "degree", "--anneal", "5", "--anneal-refit", "-1"],
-                          "--anneal-refit R"),
+                          "--anneal-refit"),
                          (["--method", "topn", "--last-aggregate-bits", "4"],
                           "--last-aggregate-bits"),
-                         (["--method", "int", "--last-aggregate-bits", "9"], "2..8 bits"),
-                         (["--method", "int", "--last-aggregate-bits", "1"], "2..8 bits"),
+                         (["--method", "int", "--last-aggregate-bits", "9"], "--last-aggregate-bits"),
+                         (["--method", "int", "--last-aggregate-bits", "1"], "--last-aggregate-bits"),
                          (["--method", "learned", "--max-bits", "1"], "--max-bits"),
                          (["--method", "int", "--max-bits", "4"], "--max-bits"),
-                         (["--method", "int", "--bits-lr", "0.1"], "--bits-lr are for"),
+                         (["--method", "int", "--bits-lr", "0.1"], "--bits-lr"),
                          (["--method", "degree", "--hub-quantile", "0.5"], "--hub-quantile"),
                          (["--method", "degree", "--refit-widen"], "--refit-widen"),
                          (["--method", "degree", "--degree-rule", "hub-messages",

@@ -4,6 +4,7 @@ the drivers' command lines."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -55,7 +56,7 @@ def test_script_smoke_with_json(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--bits", "40"], "--bits must be in 1..32"),
+        (["--bits", "40"], "--bits: must be in 1..32"),
         (["--plot", "x.png"], "--plot needs --sweep"),
         (["--sweep", "16,e9z"], "unknown format 'e9z'"),
         (["--super-nodes", "2:8"], "FRACTION:BITS"),
@@ -149,8 +150,8 @@ def test_zoo_models_smoke(model, tmp_path):
         (["--sites", "edges"], "unknown site(s) ['edges']"),
         (["--protect", "0.5:0.1"], "P_MIN:P_MAX"),
         (["--range", "percentile:40"], "percentile"),
-        (["--bits", "8", "--range", "lsq"], "--range needs --format"),
-        (["--format", "e4m3", "--range", "lsq"], "--range lsq learns the step of an integer"),
+        (["--bits", "8", "--range", "lsq"], "--range sets the scale of a format"),
+        (["--format", "e4m3", "--range", "lsq"], "--range: range='lsq'"),
         (["--sites", "weight", "--protect", "0:0.1"], "--protect needs a site"),
     ],
 )
@@ -411,3 +412,22 @@ def test_eval_rng_reaches_every_fit_of_the_scripts(monkeypatch):
                      "--message-rounding", "stochastic", "--seeds", "1", "--epochs", "2",
                      "--eval-rng", "fork"])
     assert seen == ["fork", "fork"]
+
+
+ACCELERATOR = torch.device(os.environ.get("FXQUANT_TEST_DEVICE", "cuda"))
+
+
+@needs_data
+@pytest.mark.skipif(ACCELERATOR.type == "cuda" and not torch.cuda.is_available(),
+                    reason="no CUDA device here")
+def test_train_cora_runs_on_the_device(tmp_path, capsys):
+    """``--device``: the transformed graph's summary and lint run on the device's data, and
+    every row trains there (INT4, learned steps, protection). ``FXQUANT_TEST_DEVICE=cpu``
+    runs it with the CPU standing in for the accelerator."""
+    out = tmp_path / "r.json"
+    configs = train_cora.main(["--device", ACCELERATOR.type, "--format", "int4", "--range",
+                               "lsq", "--sites", "all", "--protect", "0:0.2", "--seeds", "1",
+                               "--epochs", "3", "--json", str(out)])
+    assert "Lint of the transformed graph" in capsys.readouterr().out
+    assert [len(c.accs) for c in configs] == [1, 1]
+    assert json.loads(out.read_text())["device"].startswith(ACCELERATOR.type)
