@@ -12,7 +12,7 @@ this repository: the script imports its ``dq`` package from the checkout that
 is none. Its ``torch_scatter`` import is served by a stand-in over PyG's ``scatter`` when
 the compiled package is missing (:mod:`benchmarks.dq_reference_support`).
 
-Protocol (``examples/train_cora.py``, PyG's ``gcn.py``): NormalizeFeatures, two GCN layers
+Protocol (``experiments/train_cora.py``, PyG's ``gcn.py``): NormalizeFeatures, two GCN layers
 with 16 hidden units, dropout 0.5, Adam with lr 0.01 and weight decay 5e-4 on the first
 layer, 200 epochs, test accuracy at the best validation epoch. For every seed both sides
 start from the same weights (fxquant's GCN is built under ``torch.manual_seed(seed)``
@@ -76,10 +76,9 @@ import torch.nn.functional as F
 import torch_geometric.transforms as T
 from tabulate import tabulate
 from torch import nn
-from torch_geometric.nn import GCNConv
 
 import fxquant
-from benchmarks.common import machine, publish, refuse_overridden, refuse_unwritable
+from benchmarks.common import machine, publish
 from benchmarks.dq_reference_support import (
     ENV,
     REFERENCE_COMMIT,
@@ -91,38 +90,31 @@ from benchmarks.dq_reference_support import (
     load_reference,
     reference_path,
 )
+from experiments import training
+from experiments.cli import refuse_overridden, refuse_unwritable
+from experiments.stats import Difference, paired
+from experiments.training import param_groups
+from fxquant import QuantMapping
 from fxquant.datasets import PLANETOID_NAMES, load_planetoid
-from fxquant.fx.standardize import FastDropout
-from fxquant.quant.mapping import QuantMapping
 
 SITES = ("input", "weight", "message", "aggregate", "output")
 
 
-class GCN(nn.Module):
-    """PyG's ``examples/gcn.py`` model (as ``examples/train_cora.py`` builds it)."""
+class GCN(training.GCN):
+    """The experiments' GCN (PyG's ``examples/gcn.py`` model) with its dropout as an
+    ``nn.Dropout`` module, as the reference code has it, so that :func:`fxquant.fast_dropout`
+    can replace it on both sides."""
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.conv1 = GCNConv(in_channels, hidden_channels, cached=True)
-        self.conv2 = GCNConv(hidden_channels, out_channels, cached=True)
-        self.dropout = nn.Dropout(0.5)  # F.dropout(x, 0.5, self.training), as a module
+        super().__init__(in_channels, hidden_channels, out_channels)
+        self.drop = nn.Dropout(self.dropout)  # F.dropout(x, 0.5, self.training), as a module
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(x)
-        x = self.conv1(x, edge_index).relu()
-        x = self.dropout(x)
-        return self.conv2(x, edge_index)
-
-
-def param_groups(model: nn.Module) -> list[dict[str, Any]]:
-    """``gcn.py``'s weight decay (5e-4) on the first layer's parameters only, never on a
-    quantization point's own parameters."""
-    quant = {id(p) for m in model.modules() if isinstance(m, fxquant.QuantPoint)
-             for p in m.parameters()}
-    first = [p for p in model.get_submodule("conv1").parameters() if id(p) not in quant]
-    mine = {id(p) for p in first}
-    rest = [p for p in model.parameters() if id(p) not in mine]
-    return [{"params": first, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0.0}]
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
+                edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.drop(x)
+        x = self.conv1(x, edge_index, edge_weight).relu()
+        x = self.drop(x)
+        return self.conv2(x, edge_index, edge_weight)
 
 
 def _step(model: nn.Module, optimizer: torch.optim.Optimizer, data: Any) -> None:
@@ -153,14 +145,6 @@ def train(model: nn.Module, data: Any, epochs: int) -> tuple[float, float, list[
     return test, best_val, times
 
 
-def t95(dof: int) -> float:
-    """Two-sided 95% quantile of Student's t with ``dof`` degrees of freedom."""
-    table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-             10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 24: 2.06,
-             29: 2.05}
-    return next((v for k, v in sorted(table.items()) if dof <= k), 1.96)
-
-
 @dataclass(frozen=True)
 class Row:
     """One configuration on both sides."""
@@ -176,7 +160,7 @@ class Row:
         """fxquant's every-site mapping (protection on every site but the weights)."""
         if self.fxquant is None or self.recipe is not None:
             return None
-        mapping = QuantMapping()
+        mapping = fxquant.QuantMapping()
         for site in SITES:
             config = fxquant.QuantConfig(**self.fxquant,
                                          protect=None if site == "weight" else protect)
@@ -241,24 +225,17 @@ class Result:
                 "fxquant_config": fx_desc, "seeds": self.seeds,
                 "reference_acc": self.reference, "fxquant_acc": self.fxquant,
                 "reference_val": self.reference_val, "fxquant_val": self.fxquant_val,
-                "difference": paired(self.fxquant, self.reference),
+                "difference": _as_dict(paired(self.fxquant, self.reference)),
                 "reference_epoch_ms": statistics.median(self.reference_ms),
                 "fxquant_epoch_ms": statistics.median(self.fxquant_ms)}
 
 
-def paired(a: Sequence[float], b: Sequence[float]) -> dict[str, float] | None:
-    """Mean of ``a - b`` in points and its 95% t interval (None below two pairs)."""
-    n = len(a)
-    if n < 2 or len(b) != n:
-        return None
-    diffs = [100 * (x - y) for x, y in zip(a, b, strict=True)]
-    mean = statistics.mean(diffs)
-    half = t95(n - 1) * statistics.stdev(diffs) / n ** 0.5
-    return {"mean": mean, "low": mean - half, "high": mean + half}
+def _as_dict(d: Difference | None) -> dict[str, float] | None:
+    return None if d is None else d.as_dict()
 
 
-def _interval(d: dict[str, float] | None) -> str:
-    return "-" if d is None else f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+def _interval(d: Difference | None) -> str:
+    return "-" if d is None else str(d)
 
 
 class Sides:
@@ -381,7 +358,8 @@ def run_timing(sides: Sides, row: Row, warmup: int, rounds: int, steps: int,
         fast_ref, fast_ref_c, fast_c = (fxquant.fast_dropout(m)
                                         for m in (fast_ref, fast_ref_c, fast_c))
         for m in (fast_ref, fast_c):  # a model without nn.Dropout would time the same twice
-            if not any(isinstance(d, FastDropout) for d in m.modules()):
+            if not any(isinstance(d, nn.Dropout) and type(d) is not nn.Dropout
+                       for d in m.modules()):  # (fast_dropout's subclass in its place)
                 raise RuntimeError(f"{row.key}: fast_dropout found no nn.Dropout in "
                                    f"{type(m).__name__}")
         to_compile += [fast_ref_c, fast_c]
@@ -601,7 +579,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.reference is not None and reference_path(args.reference) is None:
         p.error(f"--reference {args.reference}: not a Degree-Quant checkout (it lacks "
                 "dq/multi_quant.py)")
-    refuse_unwritable(p, args.json, "--json")
+    refuse_unwritable(p, args, "--json")
     args.rows, args.time_rows = rows, timed
     return args
 

@@ -25,18 +25,17 @@ from tabulate import tabulate
 
 import fxquant
 from benchmarks.common import ROOT, interleaved_ratio, machine, publish
-from fxquant.quant.points import QuantPoint
 
 ROUNDINGS = ("nearest", "stochastic")
 ROWS, COLUMNS = 400_000, 64
 
 
-def point(rounding: str, rows: int) -> QuantPoint:
+def point(rounding: str, rows: int) -> fxquant.QuantPoint:
     """A training message point: 2-bit mid-rise rows, one learned step."""
     bits = fxquant.NodeBits(torch.full((rows,), 2), min_bits=1)
     config = fxquant.QuantConfig("int8:midrise", rounding, scale="tensor", range="lsq",
                                  node_bits=bits)
-    p = QuantPoint(config, "conv", "message")
+    p = fxquant.QuantPoint(config, "conv", "message")
     p.train()
     return p
 

@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch_geometric.transforms as T
@@ -23,9 +23,10 @@ from torch._inductor.utils import run_and_get_code
 from torch_geometric.data import Data
 
 import fxquant
-from benchmarks.common import machine, publish, refuse_counts, refuse_overridden
-from examples import training
-from examples.training import GCN
+from benchmarks.common import machine, publish
+from experiments import training
+from experiments.cli import refuse_counts, refuse_overridden
+from experiments.training import GCN
 from fxquant.datasets import load_planetoid
 
 
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> str:
         if "learned bits" in kind:
             model = fxquant.transform(model, learned_midrise if "mid-rise" in kind else learned)
         if "compiled" in kind:
-            model = torch.compile(model)
+            return cast(torch.nn.Module, torch.compile(model))
         return model
 
     kinds = ["FP32 eager", "bits=16 eager", "int8 all sites eager", "learned bits eager",

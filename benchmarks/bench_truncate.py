@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,12 +23,11 @@ import torch.utils.benchmark as tbench
 from tabulate import tabulate
 
 import fxquant
+from benchmarks.bitplanes import bitplane_roundtrip
 from benchmarks.common import machine, peak_bytes, publish
-from examples.seed_model import bitplane_roundtrip
-from fxquant.modes import Rounding
 from fxquant.testing import devices_touched
 
-ROUNDINGS = [r.value for r in Rounding]
+ROUNDINGS = [r.value for r in fxquant.Rounding]
 
 SIZES = [(2708, 16), (2708, 1433), (1_000_000, 64)]
 SEED_MAX_ELEMENTS = 2708 * 1433  # the bit-plane baseline needs ~135 floats per value
@@ -74,12 +74,13 @@ def bench_size(shape: tuple[int, int], device: torch.device, min_run_time: float
     x = torch.randn(shape, device=device)
     g = torch.randn(shape, device=device)
     xg = x.clone().requires_grad_()
-    rows: list[tuple[str, Callable[[], Any]]] = [
-        ("x.clone()", lambda: x.clone()),
+    clone: Callable[[], Any] = lambda: x.clone()  # noqa: E731
+    rows: list[tuple[str, Callable[[], Any] | _Fused]] = [
+        ("x.clone()", clone),
         ("x.to(bfloat16).float()", lambda: x.to(torch.bfloat16).float()),
     ]
     for r in ROUNDINGS:
-        rows.append((f"truncate {r}", lambda r=r: fxquant.truncate(x, BITS, r)))
+        rows.append((f"truncate {r}", partial(fxquant.truncate, x, BITS, r)))
 
     def fwd_bwd() -> None:
         xg.grad = None
@@ -94,10 +95,8 @@ def bench_size(shape: tuple[int, int], device: torch.device, min_run_time: float
     times: dict[str, float] = {}
     ratios: dict[str, float] = {}
     table = []
-    clone = rows[0][1]
-    for name, fn in rows:
-        if isinstance(fn, _Fused):
-            fn = fn.compile()
+    for name, row in rows:
+        fn = row.compile() if isinstance(row, _Fused) else row
         seed = name.startswith("seed")
         if seed:
             t = median_seconds(fn, min_run_time / 4, device)

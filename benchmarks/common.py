@@ -1,9 +1,8 @@
 """Shared by the benchmark scripts: timing against a baseline, peak memory of a call, and
-the RESULTS.md sections."""
+the RESULTS.md sections (their command-line checks are :mod:`experiments.cli`'s)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import re
@@ -107,30 +106,3 @@ def publish(name: str, body: str, write: bool) -> str:
     if write:
         write_section(name, body)
     return body
-
-
-def refuse_overridden(p: argparse.ArgumentParser, args: argparse.Namespace, switch: str,
-                      names: tuple[str, ...], why: str = "") -> None:
-    """A usage error naming the flags of ``names`` given with ``switch`` (e.g. ``--quick``,
-    which sets them itself; or ``why`` they would not be read), so that none is silently
-    ignored."""
-    defaults = p.parse_args([])
-    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) != getattr(defaults, n)]
-    if given:
-        p.error(f"{', '.join(given)} with {switch}: {why or switch + ' sets them itself'}, so "
-                "they would be ignored; please drop one or the other")
-
-
-def refuse_counts(p: argparse.ArgumentParser, args: argparse.Namespace,
-                  *names: str) -> None:
-    """A usage error for each count flag (``seeds``, ``epochs``, ...) below 1."""
-    for n in names:
-        if getattr(args, n) < 1:
-            p.error(f"--{n.replace('_', '-')} must be >= 1, got {getattr(args, n)}")
-
-
-def refuse_unwritable(p: argparse.ArgumentParser, path: str | None, flag: str) -> None:
-    """A usage error for an output path that is a folder or lies in no existing folder."""
-    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
-        p.error(f"{flag} {path}: not a file in an existing folder")
-

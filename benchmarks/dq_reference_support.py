@@ -11,7 +11,7 @@ package from a checkout named by ``$FXQUANT_DQ_REFERENCE`` (commit 257d6bc; get 
 - :class:`ReferenceGCN`: PyG's ``gcn.py`` model (dropout 0.5, two layers, ReLU) built from
   the reference's ``GCNConvMultiQuant``, with one protection mask per layer drawn from the
   reference's in-degree probabilities (``ProbabilisticHighDegreeMask``), and
-  :func:`copy_gcn_weights` to start it from the weights of ``examples/train_cora.py``'s
+  :func:`copy_gcn_weights` to start it from the weights of ``experiments/train_cora.py``'s
   GCN (PyG's ``GCNConv`` keeps ``lin.weight`` as ``[out, in]``, the reference ``[in, out]``).
 - :func:`reference_quantizers`: the reference's quantizer dictionaries, as its
   ``reddit_binary/gin.py`` builds them (``IntegerQuantizer`` for the "low" keys, FP32 for
@@ -258,7 +258,7 @@ class ReferenceGCN(nn.Module):
 
 
 def copy_gcn_weights(source: nn.Module, target: ReferenceGCN) -> None:
-    """Copy ``examples/train_cora.py``'s GCN weights (PyG ``GCNConv``: ``lin.weight`` is
+    """Copy ``experiments/train_cora.py``'s GCN weights (PyG ``GCNConv``: ``lin.weight`` is
     ``[out, in]``) into :class:`ReferenceGCN` (``weight`` is ``[in, out]``)."""
     with torch.no_grad():
         for name in ("conv1", "conv2"):

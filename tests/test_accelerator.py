@@ -9,7 +9,6 @@ same tests with the CPU standing in for the accelerator (a check of the tests th
 from __future__ import annotations
 
 import copy
-import json
 import os
 
 import pytest
@@ -20,7 +19,6 @@ from torch_geometric.nn.models import GAT, GCN
 
 import fxquant
 from fxquant import QuantConfig, QuantMapping
-from tests.support.data import needs_data
 
 DEVICE = torch.device(os.environ.get("FXQUANT_TEST_DEVICE", "cuda"))
 
@@ -233,18 +231,3 @@ def test_check_names_the_culprit_line_on_device_inputs():
     clean = fxquant.check(GCN(16, 8, num_layers=2).to(DEVICE), x.to(DEVICE),
                           edge_index.to(DEVICE))
     assert not [f for f in clean.findings if f.rule == "FXQ001"]
-
-
-@needs_data
-def test_train_cora_example_runs_on_the_device(tmp_path, capsys):
-    """``examples/train_cora.py --device``: the transformed graph's summary and lint run on
-    the device's data, and every row trains there (INT4, learned steps, protection)."""
-    from examples import train_cora
-
-    out = tmp_path / "r.json"
-    configs = train_cora.main(["--device", DEVICE.type, "--format", "int4", "--range", "lsq",
-                               "--sites", "all", "--protect", "0:0.2", "--seeds", "1",
-                               "--epochs", "3", "--json", str(out)])
-    assert "Lint of the transformed graph" in capsys.readouterr().out
-    assert [len(c.accs) for c in configs] == [1, 1]
-    assert json.loads(out.read_text())["device"].startswith(DEVICE.type)

@@ -110,3 +110,95 @@ def test_op_arguments_are_read_by_name_in_one_place():
             if needle in text:
                 offenders.append(f"{module}: {needle}")
     assert not offenders
+
+
+# -- the house and the lab: examples, experiments and benchmarks stand on the public API --
+
+ROOT = PACKAGE.parent
+LAB = ("examples", "experiments", "benchmarks")
+#: what each part of the lab may import of the others (the library imports none of them)
+LAB_IMPORTS = {"examples": set(), "experiments": {"experiments"},
+               "benchmarks": {"benchmarks", "experiments"}}
+#: test folders that test the lab; every other test is a library test
+LAB_TESTS = {"examples", "experiments", "benchmarks"}
+
+
+def _lab_files() -> dict[str, Path]:
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+            for part in LAB for p in sorted((ROOT / part).rglob("*.py"))}
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_library_imports_nothing_of_the_lab():
+    """fxquant imports no example, experiment or benchmark, and names none of their command
+    lines or scripts (a recipe's commands are in the docs, beside its results)."""
+    wrong = [f"{module}:{line} imports {target}" for module, path in _modules().items()
+             for target, _, line in _imports(module, path) if _top(target) in LAB]
+    named = [f"{module}: {needle!r}" for module, path in _modules().items()
+             for needle in ("examples/", "experiments/", "benchmarks/", "python examples",
+                            "-m experiments", "-m benchmarks") if needle in path.read_text()]
+    assert not wrong + named, "\n".join(wrong + named)
+
+
+def _public(target: str, name: str) -> bool:
+    """Whether ``from target import name`` (``name`` empty: ``import target``) takes a public
+    name of fxquant: no private module on the way, and a name its module exports."""
+    if any(part.startswith("_") for part in target.split(".")):
+        return False
+    if not name or name == "*":
+        return True
+    module = importlib.import_module(target)
+    if isinstance(getattr(module, name, None), type(module)):  # a public submodule
+        return not name.startswith("_")
+    return name in getattr(module, "__all__", ())
+
+
+def test_the_lab_uses_only_the_public_api():
+    """examples/, experiments/ and benchmarks/ import only names fxquant exports (a public
+    module's ``__all__``), reach no ``fxquant._private`` attribute, and import each other
+    only downward: benchmarks -> experiments; examples import neither."""
+    wrong = []
+    for module, path in _lab_files().items():
+        tree = ast.parse(path.read_text())
+        for target, name, line in _imports(module, path):
+            if _top(target) == "fxquant" and not _public(target, name):
+                wrong.append(f"{module}:{line} imports {target}.{name} (not public)")
+            if _top(target) in LAB and _top(target) not in LAB_IMPORTS[_top(module)]:
+                wrong.append(f"{module}:{line} imports {target} (the lab imports downward)")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
+                    not node.attr.startswith("__") and ast.unparse(node.value).startswith(
+                        "fxquant"):
+                wrong.append(f"{module}:{node.lineno} reads {ast.unparse(node)} (private)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_lab_edits_no_import_path():
+    """No script puts a folder on ``sys.path`` to import the repository's code: the lab is
+    run from the repository root (``python -m experiments.NAME``). The one exception loads
+    the Degree-Quant reference checkout, code from outside this repository."""
+    allowed = {"benchmarks.dq_reference_support"}
+    wrong = [f"{module}:{node.lineno}" for module, path in _lab_files().items()
+             if module not in allowed for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Attribute) and ast.unparse(node) == "sys.path"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_library_tests_import_nothing_of_the_lab():
+    """Tests of the library import no example, experiment or benchmark (the lab's tests
+    live in tests/examples, tests/experiments and tests/benchmarks)."""
+    tests = ROOT / "tests"
+    wrong = []
+    for path in sorted(tests.rglob("*.py")):
+        rel = path.relative_to(tests)
+        if rel.parts[0] in LAB_TESTS:
+            continue
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        wrong += [f"{module}:{line} imports {target}" for target, _, line in
+                  _imports(module, path) if _top(target) in LAB]
+        wrong += [f"{module}: names {folder}/" for folder in LAB
+                  if f"ROOT / \"{folder}\"" in path.read_text()]
+    assert not wrong, "\n".join(wrong)

@@ -16,7 +16,7 @@ from fxquant.cli import main
 from tests.support.sarif import validate_sarif
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED = f"{ROOT / 'examples' / 'seed_model.py'}:seed"
+SEED = f"{ROOT / 'tests' / 'support' / 'models.py'}:seed"
 MODELS = ROOT / "tests" / "support" / "models.py"
 
 

@@ -10,8 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the test files and modules that read a dataset
-NEEDS_DATA = ["tests/test_datasets.py", "tests/examples/test_train_cora.py",
-              "tests/examples/test_bits_pareto.py", "tests/examples/test_short_examples.py",
+NEEDS_DATA = ["tests/test_datasets.py", "tests/experiments/test_train_cora.py",
+              "tests/experiments/test_bits_pareto.py", "tests/examples/test_short_examples.py",
               "fxquant/datasets.py"]
 
 

@@ -1,20 +1,21 @@
-"""fxquant.recipes: each recipe builds its mapping on any PyG model, says what training does
-around it, and reproduces the accuracy of the example command it stands for."""
+"""fxquant.recipes: each recipe builds its mapping on any PyG model and says what training
+does around it (tests/experiments/test_recipe_commands.py: each reproduces the accuracy of
+the experiment command it stands for)."""
 
 import copy
-import json
 import warnings
 
 import pytest
 import torch
+import torch_geometric.transforms as T
 from torch_geometric.data import Data
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 import fxquant
-from benchmarks import select_bits
-from examples import bits_pareto, cora_recipe, dq_table, training
+from fxquant.datasets import load_planetoid
 from fxquant.recipes import HubMessages, LearnedBits, LsqProtect, QuantTraining
 from tests.support.data import needs_data
+from tests.support.models import PygGCN
 
 
 def _learned_widths(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -137,8 +138,9 @@ def test_fit_budget_warns_where_it_cannot_count():
 def test_the_recommended_recipe_fits_cora_and_citeseer_as_chosen(name):
     """On the graphs it was chosen on, the rule is within its budget at the 0.9 quantile:
     fit_budget changes nothing there (no warning, the same quantile and widths)."""
-    data, classes = training.load_data(name, None, "test")
-    model = training.make_model("gcn", data.num_features, classes)
+    dataset = load_planetoid(name, transform=T.NormalizeFeatures(), download=False)
+    data = dataset[0]
+    model = PygGCN(data.num_features, 16, dataset.num_classes)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run = fxquant.recipes.get("recommended").prepare(model, data, lint="off")
@@ -437,52 +439,6 @@ def test_inexact_raw_features_warn():
             GCN(6, 8, num_layers=2, out_channels=3), graph(binary=False), lint="off")
 
 
-def _trial_as_json(out, candidate):
-    """One selection trial (Cora, seed 0, 8 epochs), written as bits_pareto writes JSON."""
-    row = select_bits.trial(candidate, "Cora", 0, 8)
-    with open(out, "w") as f:
-        json.dump({"results": [{"accs": [row["test"]]}]}, f)
-
-
-COMMANDS = {
-    "hub-messages": lambda out: bits_pareto.main([
-        "--method", "degree", "--degree-rule", "hub-messages", "--target-bits", "2",
-        "--signed-grid", "midrise", "--shared-step", "--anneal", "50", "--last-aggregate-bits",
-        "4", "--select", "budget", "--seeds", "1", "--epochs", "8", "--json", out]),
-    "learned-bits": lambda out: bits_pareto.main([
-        "--method", "learned", "--target-bits", "2", "--signed-grid", "midrise", "--shared-step",
-        "--select", "budget", "--penalty", "10", "--seeds", "1", "--epochs", "8", "--json", out]),
-    "budget-bits": lambda out: _trial_as_json(out, "budget"),
-    "recommended": lambda out: bits_pareto.main([
-        "--method", "recommended", "--target-bits", "2", "--seeds", "1", "--epochs", "8",
-        "--json", out]),
-    "degree-quant": lambda out: dq_table.main(["--only", "int8-dq", "--seeds", "1", "--epochs",
-                                               "8", "--json", out]),
-    "lsq-protect": lambda out: dq_table.main(["--only", "int4-lsq-p", "--seeds", "1", "--epochs",
-                                              "8", "--json", out]),
-    "mx": lambda out: dq_table.main(["--only", "mxfp4", "--seeds", "1", "--epochs", "8",
-                                     "--json", out]),
-}
-
-
-@needs_data
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_recipe_reproduces_its_example_command(name, tmp_path):
-    """The recipe in a plain loop (examples/cora_recipe.py) gives the accuracy its example
-    command gives, for the same seed."""
-    assert sorted(COMMANDS) == fxquant.recipes.available()
-    out = str(tmp_path / "out.json")
-    COMMANDS[name](out)
-    with open(out) as f:
-        results = json.load(f)["results"]
-    expected = results[-1]["accs"][0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got = cora_recipe.main(["--recipe", name, "--epochs", "8", "--seed", "0"])
-    assert got == expected
-
-
 def _budget_run(target=2.0, n=40, **settings):
     data = graph(n=n)
     torch.manual_seed(0)
@@ -701,21 +657,13 @@ def test_distillation_errors_are_clear():
         QuantTraining(run.model).set_teacher(torch.randn(30, 3))
 
 
-@needs_data
-@pytest.mark.slow
-def test_a_distilling_recipe_learns_from_the_fp32_run_of_its_seed(monkeypatch):
-    """bits_pareto.py gives a distilling recommended recipe the logits of the FP32 run of
-    the same seed (training.teacher_logits trains the same one), at its best epoch."""
-    name, settings = fxquant.recipes.RECOMMENDED
-    monkeypatch.setattr(fxquant.recipes, "RECOMMENDED",
-                        (name, {**settings, "distill": 1.0, "float_epochs": 2}))
-    given = []
-    monkeypatch.setattr(QuantTraining, "set_teacher",
-                        lambda self, logits: (given.append(logits.clone()),
-                                              setattr(self, "_teacher", logits))[0])
-    args = bits_pareto.parse_args(["--method", "recommended", "--target-bits", "2",
-                                   "--seeds", "1", "--epochs", "6"])
-    payload = bits_pareto.run(args)
-    data, classes = training.load_data("Cora", None, "test")
-    assert len(given) == 1 and payload["recipe"]["settings"]["distill"] == 1.0
-    torch.testing.assert_close(given[0], training.teacher_logits("gcn", data, classes, 0, 6))
+@pytest.mark.parametrize("name", fxquant.recipes.available())
+def test_command_is_deprecated_and_names_no_script(name):
+    """``Recipe.command`` warns at the caller's line and is empty: the library names no
+    command line (the docs' results list each recipe's command)."""
+    recipe = fxquant.recipes.get(name)
+    with pytest.warns(FutureWarning, match="Recipe.command is deprecated") as caught:
+        assert recipe.command == ""
+    assert caught[0].filename == __file__
+    with pytest.warns(FutureWarning):
+        assert type(recipe).command == ""

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import fxquant
+
+# autodoc reads every attribute of the recipe classes, the deprecated one too
+warnings.filterwarnings("ignore", "Recipe.command is deprecated", FutureWarning)
 
 project = "fxquant"
 author = "the fxquant authors"

@@ -205,7 +205,7 @@ def truncate_fused(x: Tensor, bits: int, rounding: str, random: Tensor | None) -
     """What torch.compile fuses: the fast kernel's arithmetic, NaN patched without a branch.
 
     Every step is an integer op on the pattern (the NaN test too), which inductor turns into
-    one vectorized loop; measured at about clone speed (benchmarks/RESULTS.md). Bit widths
+    one vectorized loop; measured at about clone speed (the speed results). Bit widths
     that cut the exponent use :func:`truncate_exact`. Rounds exactly like both.
     """
     layout = layout_of(x.dtype)

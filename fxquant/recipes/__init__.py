@@ -68,8 +68,8 @@ _RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in (
 
 
 #: the recipe ``get("recommended")`` builds: the per-node bit-width method chosen on the
-#: validation accuracy of Cora and CiteSeer jointly, and its chosen settings
-#: (``benchmarks/select_bits.py`` records every trial and makes the choice)
+#: validation accuracy of Cora and CiteSeer jointly, and its chosen settings (the
+#: documentation's results on per-node bits record every trial and the choice)
 RECOMMENDED: tuple[str, dict[str, Any]] = (
     "hub-messages", {"hub_quantile": 0.9, "last_aggregate_bits": 4, "anneal_every": 50,
                      "anneal_bits": 2, "midrise": True, "shared_step": True,

@@ -245,10 +245,6 @@ class HubMessages(_BitsRecipe):
     """
 
     name: ClassVar[str] = "hub-messages"
-    command: ClassVar[str] = (
-        "python examples/bits_pareto.py --method degree --degree-rule hub-messages "
-        "--target-bits 2 --signed-grid midrise --shared-step --anneal 50 "
-        "--last-aggregate-bits 4 --select budget")
 
     hub_quantile: float = 0.9
     last_aggregate_bits: int | None = 4
@@ -351,9 +347,6 @@ class LearnedBits(_BitsRecipe):
     """
 
     name: ClassVar[str] = "learned-bits"
-    command: ClassVar[str] = (
-        "python examples/bits_pareto.py --method learned --target-bits 2 --signed-grid midrise "
-        "--shared-step --select budget --penalty 10")
 
     penalty: float = 10.0
     bits_lr: float = 0.01
@@ -440,9 +433,6 @@ class BudgetBits(_BitsRecipe):
     """
 
     name: ClassVar[str] = "budget-bits"
-    command: ClassVar[str] = (
-        "python -m benchmarks.select_bits --candidates budget --datasets Cora,CiteSeer "
-        "--seeds 0,1")
 
     bits_lr: float = 0.05
     max_bits: int = 4

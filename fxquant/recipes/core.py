@@ -549,6 +549,19 @@ class _BudgetProjection:
             w.sub_(high).clamp_(*allowed)
 
 
+class _DeprecatedCommand:
+    """``Recipe.command``, deprecated: a :class:`FutureWarning` at the caller's line, and
+    an empty string (the library names no command line; the documentation's results list
+    each recipe's command)."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> str:
+        warnings.warn("Recipe.command is deprecated and will be removed in the next release; "
+                      "it is an empty string now: the command that reproduces each recipe's "
+                      "published numbers is listed with the results in the documentation",
+                      FutureWarning, stacklevel=2)
+        return ""
+
+
 class Recipe:
     """Base class of the recipes: a frozen dataclass of the recipe's settings that builds
     a :class:`fxquant.QuantMapping` on a traced model and says what training does around
@@ -557,8 +570,9 @@ class Recipe:
 
     #: the name :func:`get` knows it by
     name: ClassVar[str] = ""
-    #: the command of the example that reproduces the recipe's published numbers
-    command: ClassVar[str] = ""
+    #: deprecated, an empty string: the commands that reproduce the recipes' published
+    #: numbers are listed with the results in the documentation
+    command = _DeprecatedCommand()
 
     def mapping(self, gm: GraphModule, data: Any = None) -> QuantMapping:
         """The mapping for the traced model ``gm`` (``data``: the graph, where the recipe

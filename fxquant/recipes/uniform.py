@@ -94,7 +94,6 @@ class DegreeQuant(Recipe):
     """
 
     name: ClassVar[str] = "degree-quant"
-    command: ClassVar[str] = "python examples/dq_table.py --only int8-dq,int4-dq"
 
     bits: int = 8
     protect: tuple[float, float] | None = (0.0, 0.2)
@@ -151,8 +150,8 @@ class LsqProtect(_EverySite):
         refit_widen (bool, optional): refits never narrow a grid
             (:class:`~fxquant.recipes.QuantTraining`). (default: False)
         float_epochs (int, optional): train the first epochs in float32, then fit the steps
-            to the trained activations (:class:`~fxquant.recipes.QuantTraining`; the
-            ``--float-epochs`` of ``examples/dq_table.py``). (default: 0)
+            to the trained activations (:class:`~fxquant.recipes.QuantTraining`).
+            (default: 0)
         message_rounding (str, optional): ``"nearest"``, or ``"stochastic"``: each message
             rounds up with probability its fraction of a step, so that a node's sum of
             many rounded messages carries no rounding bias (GAT's messages, scaled by
@@ -170,7 +169,6 @@ class LsqProtect(_EverySite):
     """
 
     name: ClassVar[str] = "lsq-protect"
-    command: ClassVar[str] = "python examples/dq_table.py --only int4-lsq-p"
 
     bits: int = 4
     protect: tuple[float, float] | None = (0.0, 0.2)
@@ -216,7 +214,6 @@ class MX(_EverySite):
     """
 
     name: ClassVar[str] = "mx"
-    command: ClassVar[str] = "python examples/dq_table.py --only mxfp4"
 
     format: str = "e2m1"
 

@@ -1,5 +1,9 @@
-"""The short examples: each is at most 100 lines, has --help, and runs (shortened)."""
+"""The examples: each is at most 120 lines, has --help, and runs (shortened); the README's
+job (``examples/train_cora.py``) prints the table it printed before the drivers moved to
+``experiments/``, and the old paths of the drivers forward to them."""
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,16 +13,28 @@ import pytest
 from examples import cora_recipe, ddp, fix_inplace, per_node_bits, quickstart
 from tests.support.data import needs_data
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-SHORT = ["quickstart.py", "cora_recipe.py", "fix_inplace.py", "per_node_bits.py", "ddp.py"]
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+#: the drivers' old paths, kept one release as forwards to ``python -m experiments.NAME``
+FORWARDS = ["bits_pareto.py", "dq_table.py", "train_ddp.py"]
 
 
-@pytest.mark.parametrize("name", SHORT)
-def test_short_and_helpful(name):
-    """At most 100 lines; --help prints the usage and trains nothing."""
-    assert len((EXAMPLES / name).read_text().splitlines()) <= 100
-    done = subprocess.run([sys.executable, str(EXAMPLES / name), "--help"], capture_output=True,
-                          text=True, timeout=120)
+def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-W", "ignore", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_every_example_is_short():
+    """At most 120 lines each: a user reads them."""
+    lengths = {p.name: len(p.read_text().splitlines()) for p in EXAMPLES.glob("*.py")}
+    assert lengths and not {name: n for name, n in lengths.items() if n > 120}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_every_example_has_help(name):
+    """--help prints the usage and trains nothing (a forward prints its driver's)."""
+    done = _run([str(EXAMPLES / name), "--help"], timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr
 
 
@@ -59,3 +75,41 @@ def test_ddp_example_ranks_agree(capsys):
     """Two gloo processes end with the same parameters and ranges."""
     ddp.main(["--steps", "2"])
     assert "both ranks hold the same parameters and ranges: True" in capsys.readouterr().out
+
+
+def _without_times(text: str) -> str:
+    """The table's last column (median epoch time, ms) blanked out."""
+    return re.sub(r"\|\s*[\d.]+\s*\|$", "| ms |", text, flags=re.M)
+
+
+@needs_data
+@pytest.mark.slow
+def test_train_cora_prints_the_table_it_printed_before_the_move():
+    """``python examples/train_cora.py`` (2 seeds, 3 epochs): the header, the transformed
+    graph, its lint and the table, as the full driver printed them before it moved (the
+    epoch times aside)."""
+    done = _run([str(EXAMPLES / "train_cora.py"), "--seeds", "2", "--epochs", "3"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    before = (Path(__file__).parent / "reference" / "train_cora_seeds2_epochs3.txt").read_text()
+    assert _without_times(done.stdout) == _without_times(before)
+
+
+@needs_data
+def test_train_cora_forwards_other_flags_to_the_driver():
+    """Any flag but --seeds and --epochs runs ``python -m experiments.train_cora``: the
+    same output (here a table from published results, no training)."""
+    args = ["--from-json", "docs/results/cora_grad_zero.json"]
+    forwarded = _run([str(EXAMPLES / "train_cora.py"), *args])
+    driver = _run(["-m", "experiments.train_cora", *args])
+    assert forwarded.returncode == driver.returncode == 0, forwarded.stderr
+    assert forwarded.stdout == driver.stdout and "| FP32" in driver.stdout
+
+
+@pytest.mark.parametrize("name", FORWARDS)
+def test_old_paths_forward_to_the_drivers(name):
+    """``python examples/NAME.py`` runs ``python -m experiments.NAME`` with its arguments
+    (a usage error here: exit 2, the driver's message), saying where the driver went."""
+    done = _run([str(EXAMPLES / name), "--epochs", "0"], timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"python -m experiments.{name[:-3]}" in done.stderr
+    assert "--epochs must be >= 1" in done.stderr

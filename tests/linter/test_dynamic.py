@@ -12,12 +12,11 @@ import torch
 from torch_geometric.nn.models import GCN as PygGCN
 
 import fxquant
-from examples.seed_model import SeedGCN, bitplane_roundtrip
 from tests.support.lint_models import DataScale, DetachAdd, FillLeaf, LegalInplace, Raises
-from tests.support.models import GCN, tiny_graph
+from tests.support.models import GCN, SeedGCN, bitplane_roundtrip, tiny_graph
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = ROOT / "examples" / "seed_model.py"
+SEED = ROOT / "tests" / "support" / "models.py"
 LINT = ROOT / "tests" / "support" / "lint_models.py"
 
 

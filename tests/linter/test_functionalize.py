@@ -19,11 +19,10 @@ from torch import nn
 from torch_geometric.nn import GCNConv, MessagePassing
 
 import fxquant
-from examples.seed_model import SeedGCN
 from fxquant.linter import FunctionalizeError, Rewrite
 from fxquant.linter.functionalize import HOW_KEY, REWRITES_KEY
 from tests.support.lint_models import LegalInplace, SymbolicTraps
-from tests.support.models import GCN, tiny_graph
+from tests.support.models import GCN, SeedGCN, tiny_graph
 
 
 def inplace_nodes(gm):

@@ -11,8 +11,8 @@ from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv
 
 import fxquant
-from examples.seed_model import seed
 from fxquant import ShapeSpec
+from tests.support.models import seed
 
 
 class SavedThenWritten(nn.Module):

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 import fxquant
-from examples.seed_model import SeedGCN
 from fxquant.linter import lint_graph
 from tests.support.lint_models import ParamWrite, SymbolicTraps
-from tests.support.models import GCN
+from tests.support.models import GCN, SeedGCN
 from tests.support.sarif import validate_sarif
 
 LINT = Path(__file__).resolve().parents[1] / "support" / "lint_models.py"
@@ -83,7 +82,7 @@ def test_symbolic_lint_of_an_untraceable_model_says_how():
     assert str(report).startswith("PARTIAL CHECK")
     (note,) = report.by_rule("FXQ010")
     assert note.node == "trace"
-    assert "seed_model.py" in note.message and "ShapeSpec" in note.hint
+    assert "models.py" in note.message and "ShapeSpec" in note.hint
     assert not report.errors
     assert not torch.is_anomaly_enabled()
 

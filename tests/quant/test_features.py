@@ -134,7 +134,7 @@ def test_transformed_gcn_trains_the_same(monkeypatch, request, reused):
     gradients of every parameter equal the plain path's, and the first layer's linear
     transform takes the entries' path (also where the features' outputs reuse memory from
     step to step, as they do from 1 MiB on)."""
-    from examples.training import GCN
+    from tests.support.models import PygGCN as GCN
 
     if reused:
         request.getfixturevalue("scratch")

@@ -1,5 +1,5 @@
-"""The per-node bits selection and held-out scripts, and the planted-community generator's
-degree skew (tiny sizes; the numbers are the scripts' own)."""
+"""The per-node bits selection, the held-out graphs and the training traces, and the
+planted-community generator's degree skew (tiny sizes; the numbers are the scripts' own)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from benchmarks import bench_heldout_bits, select_bits, trace_training
-from benchmarks.bench_scale import planted_communities
+from experiments import heldout_bits, select_bits, trace_training
+from experiments.graphs import planted_communities
 from tests.support.data import needs_data
 
 
@@ -124,9 +124,9 @@ def test_select_bits_reports_trials_of_one_epoch_count(tmp_path, capsys):
     assert "chosen: b" in select_bits.main(["--report", "--trials", str(trials), "--epochs", "2"])
 
 
-def test_bench_heldout_bits_quick():
+def test_heldout_bits_quick():
     """The held-out run trains FP32 and the recommended recipe on a generated graph."""
-    body = bench_heldout_bits.main(["--quick", "--no-write"])
+    body = heldout_bits.main(["--quick", "--no-write"])
     assert "| 0.7 | 0.5 |" in body
 
 

@@ -1,15 +1,17 @@
-"""examples/train_cora.py: real Cora training through truncations, and the script's CLI."""
+"""experiments/train_cora.py and dq_table.py: real Cora training through truncations, and
+the drivers' command lines."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 import torch_geometric.transforms as T
 
 import fxquant
-from examples import train_cora, training
+from experiments import cli, dq_table, train_cora, training
 from fxquant.datasets import load_planetoid
 from tests.support.data import needs_data
 
@@ -54,7 +56,7 @@ def test_script_smoke_with_json(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--bits", "40"], "--bits must be in 1..32"),
+        (["--bits", "40"], "--bits: must be in 1..32"),
         (["--plot", "x.png"], "--plot needs --sweep"),
         (["--sweep", "16,e9z"], "unknown format 'e9z'"),
         (["--super-nodes", "2:8"], "FRACTION:BITS"),
@@ -148,8 +150,8 @@ def test_zoo_models_smoke(model, tmp_path):
         (["--sites", "edges"], "unknown site(s) ['edges']"),
         (["--protect", "0.5:0.1"], "P_MIN:P_MAX"),
         (["--range", "percentile:40"], "percentile"),
-        (["--bits", "8", "--range", "lsq"], "--range needs --format"),
-        (["--format", "e4m3", "--range", "lsq"], "--range lsq learns the step of an integer"),
+        (["--bits", "8", "--range", "lsq"], "--range sets the scale of a format"),
+        (["--format", "e4m3", "--range", "lsq"], "error: --range: "),
         (["--sites", "weight", "--protect", "0:0.1"], "--protect needs a site"),
     ],
 )
@@ -162,7 +164,6 @@ def test_sites_usage_errors(argv, message, capsys):
 @needs_data
 def test_dq_table_smoke(tmp_path, capsys):
     """The Degree-Quant table script: two rows, one seed, two epochs, JSON and re-reading."""
-    from examples import dq_table
 
     out = tmp_path / "dq.json"
     dq_table.main(["--only", "int8,mxfp4", "--seeds", "1", "--epochs", "2", "--json", str(out)])
@@ -177,7 +178,6 @@ def test_dq_table_smoke(tmp_path, capsys):
 def test_dq_table_float_epochs(tmp_path):
     """--float-epochs reaches the quantized rows' training (the JSON records it) and runs
     through the float epochs into the rounded ones."""
-    from examples import dq_table
 
     out = tmp_path / "dq.json"
     dq_table.main(["--only", "int4-lsq-p", "--seeds", "1", "--epochs", "4", "--float-epochs",
@@ -189,7 +189,6 @@ def test_dq_table_float_epochs(tmp_path):
 
 def test_dq_table_rows_named_only_run_when_named():
     """The default table keeps its rows: INT8 LSQ runs only when --only names it."""
-    from examples import dq_table
 
     default = dq_table.selected(None, (0.0, 0.2))
     assert "int8-lsq-p" not in default and {"fp32", "int8", "int4-lsq-p"} <= set(default)
@@ -205,7 +204,6 @@ def test_dq_table_edge_row_rounds_attention():
 
     from torch_geometric.data import Data
 
-    from examples import dq_table
 
     data = Data(x=torch.rand(12, 6), edge_index=torch.randint(0, 12, (2, 40)), num_nodes=12)
     rows = dq_table.selected("int4-lsq-pe", (0.0, 0.2))
@@ -228,7 +226,6 @@ def test_dq_table_stochastic_message_row():
 
     from torch_geometric.data import Data
 
-    from examples import dq_table
 
     assert "int4-lsq-ps" not in dq_table.selected(None, (0.0, 0.2))
     cfg = dq_table.selected("int4-lsq-ps", (0.0, 0.2))["int4-lsq-ps"]
@@ -273,7 +270,6 @@ def test_dq_table_merge_by_row_and_seed(tmp_path, capsys):
     replaces the earlier one seed for seed, new seeds are appended, epoch times follow."""
     import json
 
-    from examples import dq_table
 
     def payload(first, rows):
         return {"args": {"first_seed": first, "epochs": 2, "seeds": 2}, "model": "gcn",
@@ -337,7 +333,6 @@ def test_dq_table_eval_rng_names_every_row_that_draws_in_evaluation():
     are exactly those whose evaluation moves the generator (measured, every row)."""
     import warnings
 
-    from examples import dq_table
 
     data = training.stand_in_graph()
     for key, cfg in dq_table.rows((0.0, 0.2)).items():
@@ -351,7 +346,7 @@ def test_dq_table_eval_rng_names_every_row_that_draws_in_evaluation():
             with torch.no_grad():
                 model(data.x, data.edge_index)
         moved = not torch.equal(before, torch.random.get_rng_state())
-        assert moved == training.draws_in_evaluation(cfg), key
+        assert moved == cli.draws_in_evaluation(cfg), key
 
 
 @needs_data
@@ -363,7 +358,6 @@ def test_fit_eval_rng_fork_keeps_float_epochs_on_the_fp32_run(eval_rng):
     epoch on."""
     import warnings
 
-    from examples import dq_table
 
     data, classes = training.load_data("Cora", None, "test")
     table = dq_table.rows((0.0, 0.2))
@@ -393,8 +387,7 @@ def test_fit_refuses_an_unknown_eval_rng():
 def test_eval_rng_reaches_every_fit_of_the_scripts(monkeypatch):
     """dq_table.py, train_cora.py and trace_training pass --eval-rng to each training run
     (on the stand-in graph, with fit replaced by a recorder)."""
-    from benchmarks import trace_training
-    from examples import dq_table
+    from experiments import trace_training
 
     seen: list[str] = []
 
@@ -419,3 +412,22 @@ def test_eval_rng_reaches_every_fit_of_the_scripts(monkeypatch):
                      "--message-rounding", "stochastic", "--seeds", "1", "--epochs", "2",
                      "--eval-rng", "fork"])
     assert seen == ["fork", "fork"]
+
+
+ACCELERATOR = torch.device(os.environ.get("FXQUANT_TEST_DEVICE", "cuda"))
+
+
+@needs_data
+@pytest.mark.skipif(ACCELERATOR.type == "cuda" and not torch.cuda.is_available(),
+                    reason="no CUDA device here")
+def test_train_cora_runs_on_the_device(tmp_path, capsys):
+    """``--device``: the transformed graph's summary and lint run on the device's data, and
+    every row trains there (INT4, learned steps, protection). ``FXQUANT_TEST_DEVICE=cpu``
+    runs it with the CPU standing in for the accelerator."""
+    out = tmp_path / "r.json"
+    configs = train_cora.main(["--device", ACCELERATOR.type, "--format", "int4", "--range",
+                               "lsq", "--sites", "all", "--protect", "0:0.2", "--seeds", "1",
+                               "--epochs", "3", "--json", str(out)])
+    assert "Lint of the transformed graph" in capsys.readouterr().out
+    assert [len(c.accs) for c in configs] == [1, 1]
+    assert json.loads(out.read_text())["device"].startswith(ACCELERATOR.type)

@@ -1,4 +1,4 @@
-"""examples/train_ddp.py under torchrun: 2 gloo ranks on 127.0.0.1, one thread each.
+"""experiments/train_ddp.py under torchrun: 2 gloo ranks on 127.0.0.1, one thread each.
 
 After training, every rank holds the same parameters and observer buffers, and they equal
 (within float tolerance) one process doing what the two ranks do per step
@@ -20,7 +20,7 @@ import fxquant
 from tests.support.data import SHARED, needs_data
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "train_ddp.py"
+MODULE = ["-m", "experiments.train_ddp"]
 COMMON = ["--epochs", "2", "--dropout", "0", "--sites", "all", "--batch-size", "24"]
 
 pytestmark = needs_data
@@ -33,12 +33,13 @@ def _free_port() -> int:
 
 
 def _run(args: list[str], ranks: int, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FXQUANT_DATA": SHARED, "TQDM_DISABLE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FXQUANT_DATA": SHARED, "TQDM_DISABLE": "1",
+           "PYTHONPATH": str(ROOT)}
     if ranks > 1:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                   "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(SCRIPT)]
+                   "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *MODULE]
     else:
-        command = [sys.executable, str(SCRIPT)]
+        command = [sys.executable, *MODULE]
     done = subprocess.run([*command, *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -63,9 +64,9 @@ def test_two_ranks_agree_with_each_other_and_with_one_process(tmp_path):
         torch.testing.assert_close(value.float(), one[key].float(), rtol=1e-5, atol=1e-6,
                                    msg=f"DDP and one process differ in {key}")
     # the checkpoint rank 0 wrote loads into a fresh model, with the same state
-    from examples.train_ddp import GCN
+    from experiments.training import GCN
 
-    loaded = fxquant.load(tmp_path / "gm.pt", GCN(1433, 16, 7, 0.0))
+    loaded = fxquant.load(tmp_path / "gm.pt", GCN(1433, 16, 7, dropout=0.0, cached=False))
     for key, value in loaded.state_dict().items():
         torch.testing.assert_close(value, rank0[key])
 

@@ -1,23 +1,19 @@
 # ruff: noqa: RUF005  (written the way the user's code writes it)
-"""A user's model: float -> bit-planes -> float code, as users write it (do not copy).
+# mypy: disable-error-code="no-untyped-def"
+"""The bit-plane baseline of ``bench_truncate``: a user's float -> bit-planes -> float
+rounding, as written in the report that fxquant's truncation replaces (do not copy).
 
-Lint it from the shell: ``python -m fxquant lint examples/seed_model.py:seed``.
-
-Rewritten from a user's report of a GCN with float -> bit-planes -> float rounding between
-layers: the report's ``float2bit``/``bit2float`` and the two helpers it calls (``integer2bit``,
-``remainder2bit``: powers of two from ``torch.arange``, ``% 1`` and ``floor``). It is the
-baseline of ``benchmarks/bench_truncate.py`` and the model the lint tests run on. It has
-every problem fxquant exists to fix: ``out *= ...`` into a saved pow result (backward
-fails), factories without ``device=``, anomaly mode in forward, zero gradient, a
-``[..., 135]`` float per value, and out-of-range indices for zeros and tiny values.
+``float2bit`` expands each value into ``1 + 8 + 23`` float "bits" through two helpers
+(``integer2bit``, ``remainder2bit``: powers of two from ``torch.arange``, ``% 1`` and
+``floor``), ``bit2float`` folds them back with ``out *=`` twice into a view of a saved pow
+result: a ``[..., 135]`` float per value, and a backward that fails.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch_geometric.data import Data
-from torch_geometric.nn import GCNConv
+
+__all__ = ["bit2float", "bitplane_roundtrip", "float2bit"]
 
 
 def integer2bit(integer, num_bits=8):
@@ -75,40 +71,3 @@ def bit2float(b, num_e_bits=8, num_m_bits=23, bias=127.0):
 def bitplane_roundtrip(x):
     """What the model does between layers: float -> bit-planes -> float."""
     return bit2float(float2bit(x))
-
-
-class SeedGCN(torch.nn.Module):
-    """The user's 2-layer GCN: bit-plane round trips after each layer, super-node masking.
-
-    Super nodes keep 12 bits (the user's code keeps 2, which collapses values to ~2**-127 and makes
-    the next ``float2bit`` index out of range).
-    """
-
-    def __init__(self, in_channels=4, hidden=8, out_channels=2, super_node=(0,)):
-        super().__init__()
-        self.conv1 = GCNConv(in_channels, hidden)
-        self.conv2 = GCNConv(hidden, out_channels)
-        self.super_node = torch.tensor(super_node)
-
-    def forward(self, data):
-        torch.autograd.set_detect_anomaly(True)
-        x, edge_index = data.x, data.edge_index
-        x = self.conv1(x, edge_index)
-        bit_x = float2bit(x)
-        float_x = bit2float(bit_x)
-        x = torch.sigmoid(float_x)
-        bit_x = float2bit(x)
-        bit_x[self.super_node, :, 12:] = 0
-        float_x = bit2float(bit_x)
-        x = self.conv2(float_x, edge_index)
-        bit_x = float2bit(x)
-        float_x = bit2float(bit_x)
-        return F.log_softmax(float_x, dim=1)
-
-
-def seed() -> tuple[SeedGCN, tuple[Data]]:
-    """(model, example inputs): the 2-layer GCN with bit-plane round trips, on 20 nodes."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.rand(20, 8, generator=g)
-    edge_index = torch.randint(0, 20, (2, 60), generator=g)
-    return SeedGCN(in_channels=8, hidden=16, out_channels=3), (Data(x=x, edge_index=edge_index),)
