@@ -38,7 +38,7 @@ from fxquant.linter import (
     lint,
 )
 from fxquant.modes import Grad, Rounding, Scale
-from fxquant.pipeline import transform
+from fxquant.pipeline import load, transform
 from fxquant.quant import (
     BitReport,
     NodeBits,
@@ -50,7 +50,6 @@ from fxquant.quant import (
     Site,
     bit_penalty,
     bit_report,
-    load,
     quantization_points,
     quantize,
     refit_steps,
