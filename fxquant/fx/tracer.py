@@ -638,11 +638,10 @@ def _trace(model: nn.Module, concrete_args: dict[str, Any] | None,
     Returns the graph, its constants, the arguments fixed and those of them fixed only
     because the graph does not read them.
     """
+    defaults = _default_args(model) if concrete_args is None else {}
     try:
         graph, consts = _trace_once(model, concrete_args, leaves, structure, state)
-        return graph, consts, concrete_args, frozenset()
     except Exception as first:
-        defaults = _default_args(model) if concrete_args is None else {}
         if not defaults:
             raise _trace_error(model, first) from first
         fixed = dict(defaults)
@@ -658,27 +657,51 @@ def _trace(model: nn.Module, concrete_args: dict[str, Any] | None,
                 continue
             fixed = trial
         graph, consts = result
-        # An argument the graph does not use may still have steered the forward's Python
-        # (`if y is not None:` is true of a traced value; BasicGNN reads
-        # num_sampled_edges_per_hop only when num_sampled_nodes_per_hop is a list): it is
-        # fixed too, so that another value raises instead of being silently ignored. A
-        # traced value stands for a tensor, so an argument annotated as a tensor, whose
-        # graph is the same fixed to its default, stays an argument that the traced model
-        # ignores as the original does (BasicGNN's batch= without a per-graph norm).
-        unused = {str(n.target) for n in graph.nodes if n.op == "placeholder" and not n.users}
-        tensors = _tensor_arguments(model)
-        extra = {}
-        for k, v in defaults.items():
-            if k in unused and k not in fixed and k not in tensors:
-                extra[k] = v
-            elif k in unused and k not in fixed:
-                trial_graph, _ = _trace_once(model, {**fixed, k: v}, leaves, structure, state)
-                if not _same_skeleton(trial_graph, {**fixed, k: v}, graph, fixed):
-                    extra[k] = v
-        if extra:
-            fixed = {k: v for k, v in defaults.items() if k in fixed or k in extra}
-            graph, consts = _trace_once(model, fixed, leaves, structure, state)
-        return graph, consts, fixed, frozenset(extra)
+        # BasicGNN reads num_sampled_edges_per_hop only when num_sampled_nodes_per_hop is
+        # a list: of the arguments left unused, only tensors may stay free
+        extra = _steering(model, graph, fixed, defaults, leaves, structure, state,
+                          only_tensors=True)
+    else:
+        if not defaults:
+            return graph, consts, concrete_args, frozenset()
+        fixed = {}
+        extra = _steering(model, graph, fixed, defaults, leaves, structure, state,
+                          only_tensors=False)
+        if not extra:
+            return graph, consts, concrete_args, frozenset()
+    if extra:
+        fixed = {k: v for k, v in defaults.items() if k in fixed or k in extra}
+        graph, consts = _trace_once(model, fixed, leaves, structure, state)
+    return graph, consts, fixed, frozenset(extra)
+
+
+def _steering(model: nn.Module, graph: Graph, fixed: dict[str, Any], defaults: dict[str, Any],
+              leaves: tuple[LeafSpec, ...], structure: ExampleStructure, state: ModuleState,
+              only_tensors: bool) -> dict[str, Any]:
+    """The defaulted arguments ``graph`` does not read that must be fixed too.
+
+    An argument the graph does not use may still have steered the forward's Python (``if
+    y is not None:`` is true of a traced value): where the graph traced with it fixed to
+    its default differs, it is fixed, so that the traced model computes what the model
+    computes when it is left out, and another value raises instead of taking the traced
+    branch. With ``only_tensors``, every unused argument not annotated as a tensor is
+    fixed as well (a list, unlike a traced value, passes ``isinstance(v, list)``). An
+    argument left free is one the traced model ignores as the original does (BasicGNN's
+    ``batch=`` without a per-graph normalization).
+    """
+    unused = {str(n.target) for n in graph.nodes if n.op == "placeholder" and not n.users}
+    tensors = _tensor_arguments(model)
+    extra = {}
+    for k, v in defaults.items():
+        if k not in unused or k in fixed:
+            continue
+        if only_tensors and k not in tensors:
+            extra[k] = v
+            continue
+        trial_graph, _ = _trace_once(model, {**fixed, k: v}, leaves, structure, state)
+        if not _same_skeleton(trial_graph, {**fixed, k: v}, graph, fixed):
+            extra[k] = v
+    return extra
 
 
 def _tensor_arguments(model: nn.Module) -> set[str]:
