@@ -338,7 +338,7 @@ def load_tu(
 
     Example:
         >>> dataset = load_tu("MUTAG", root="/data/TU")  # doctest: +SKIP
-        >>> dataset.num_classes
+        >>> dataset.num_classes  # doctest: +SKIP
         2
     """
     source = _given_root(root, f"TU dataset {name}")
@@ -393,7 +393,7 @@ def load_dblp(
 
     Example:
         >>> data = load_dblp("/data/DBLP")[0]  # doctest: +SKIP
-        >>> data["author"].y.unique().tolist()
+        >>> data["author"].y.unique().tolist()  # doctest: +SKIP
         [0, 1, 2, 3]
     """
     if importlib.util.find_spec("scipy") is None:
@@ -513,7 +513,7 @@ def load_ogb_mag(
 
     Example:
         >>> data = load_ogb_mag("/data/ogb")[0]  # doctest: +SKIP
-        >>> data["paper"].num_nodes
+        >>> data["paper"].num_nodes  # doctest: +SKIP
         736389
     """
     source = _given_root(root, "OGB-MAG")

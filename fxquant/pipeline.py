@@ -149,6 +149,7 @@ given, and the QuantConfig already says how values are rounded; please put forma
         node_formats=node_formats, inplace=inplace, concrete_args=concrete_args,
         leaf_modules=leaf_modules, node_bits=node_bits)
     _remember_structure(gm)
+    _points_in_mode(gm)
     if lint != "off":
         report = lint_graph(gm, note=False)
         if lint == "raise" and report.errors:
@@ -207,16 +208,25 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         True
     """
     saved = _saved_structure(path)
-    if saved is None:
-        return quant.load(path, model, leaf_modules)
-    structure, record = saved
-    leaves = list(leaf_modules) if leaf_modules is not None else _saved_leaves(model, record)
-    if leaves is None:  # a saved class the model lacks: quant.load says which
-        return quant.load(path, model, leaf_modules)
-    traced = trace(model, record.get("concrete_args"), leaves, structure=structure)
-    gm = quant.load(path, traced, leaves)
-    _remember_structure(gm)
+    leaves = None
+    if saved is not None:
+        structure, record = saved
+        leaves = list(leaf_modules) if leaf_modules is not None else _saved_leaves(model, record)
+    if saved is None or leaves is None:  # (a saved class the model lacks: quant.load says)
+        gm = quant.load(path, model, leaf_modules)
+    else:
+        traced = trace(model, record.get("concrete_args"), leaves, structure=structure)
+        gm = quant.load(path, traced, leaves)
+        _remember_structure(gm)
+    _points_in_mode(gm)
     return gm
+
+
+def _points_in_mode(gm: GraphModule) -> None:
+    """The quantization points take the model's mode (a model transformed or loaded in
+    evaluation rounds with its running ranges, and does not update them)."""
+    for _, point in quant.quantization_points(gm):
+        point.train(gm.training)
 
 
 def _saved_structure(path: str | os.PathLike[str]) -> tuple[ExampleStructure, dict[str, Any]] | None:

@@ -123,7 +123,7 @@ class Structure:
             expected, got = set(self.keys), set(value.keys())
             if expected != got:
                 missing = [key_text(k) for k in self.keys if k not in got]
-                extra = [key_text(k) for k in value.keys() if k not in expected]
+                extra = [key_text(k) for k in value if k not in expected]
                 return (f"{where} " + (f"lacks {missing}" if missing else "")
                         + (" and " if missing and extra else "")
                         + (f"has keys it was not traced with: {extra}" if extra else ""))
@@ -177,7 +177,7 @@ class Structure:
         return f"Structure({self.kind} of {len(self.items)})"
 
 
-class _TracedDict(dict):  # type: ignore[type-arg]
+class _TracedDict(dict[Any, Any]):
     """A plain dict to the forward's code. Being a subclass, torch.fx's pytree handling
     treats it as one value, so the argument stays one placeholder (the graph keeps the
     forward's signature instead of one flattened argument per leaf)."""

@@ -420,7 +420,17 @@ def trace(
         _guard_fixed_arguments(gm, fixed, unused, type(model).__name__)
     if structure:
         _guard_structures(gm, structure, type(model).__name__)
+    _same_mode(model, gm)
     return gm
+
+
+def _same_mode(model: nn.Module, gm: GraphModule) -> None:
+    """The modules the GraphModule adds (torch.fx's containers for qualified names, the
+    guards) take the model's mode: a model traced in evaluation is in evaluation."""
+    own = {id(m) for m in model.modules()}
+    for m in gm.modules():
+        if id(m) not in own:
+            m.training = model.training
 
 
 #: The key of ``GraphModule.meta`` that holds the :class:`ExampleStructure` a model was

@@ -3,8 +3,6 @@ extra arguments, and classifiers over mini-batches of many small graphs transfor
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 import torch
 from torch import Tensor, nn
@@ -81,7 +79,7 @@ def test_an_unused_argument_that_steers_python_stays_fixed():
             super().__init__()
             self.conv = GINConv(nn.Linear(8, 8))
 
-        def forward(self, x, edge_index, scale: Optional[Tensor] = None):
+        def forward(self, x, edge_index, scale: Tensor | None = None):
             if scale is not None:
                 x = x * 2
             return self.conv(x, edge_index)

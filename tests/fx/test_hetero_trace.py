@@ -177,7 +177,10 @@ def test_transform_runs_trains_and_saves(tmp_path, name):
             else out.square().sum()
 
     data = hetero_graph()
-    make = (lambda: _models(data)[name])
+
+    def make():
+        return _models(data)[name]
+
     model = make().eval()
     exact = fxquant.transform(model, bits=32, example_inputs=inputs(data), lint="off").eval()
     assert _equal(exact(*inputs(data)), model(*inputs(data)))
