@@ -29,7 +29,7 @@ from torch import nn
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.module_state import ModuleState
 
-__all__ = ["ExampleStructure", "Structure", "has_placeholders", "key_text"]
+__all__ = ["ExampleStructure", "Structure", "as_one_value", "has_placeholders", "key_text"]
 
 #: A dict key as PyG spells node and edge types: ``"paper"``, ``("author", "writes", "paper")``.
 Key = str | int | tuple[Any, ...]
@@ -181,6 +181,32 @@ class _TracedDict(dict[Any, Any]):
     """A plain dict to the forward's code. Being a subclass, torch.fx's pytree handling
     treats it as one value, so the argument stays one placeholder (the graph keeps the
     forward's signature instead of one flattened argument per leaf)."""
+
+
+class _OneDict(dict[Any, Any]):
+    """A dict fixed in ``concrete_args``, that torch.fx's pytree handling leaves whole."""
+
+
+class _OneList(list[Any]):
+    """A list fixed in ``concrete_args``, left whole (see :class:`_OneDict`)."""
+
+
+class _OneTuple(tuple[Any, ...]):
+    """A tuple fixed in ``concrete_args``, left whole (see :class:`_OneDict`)."""
+
+
+def as_one_value(value: Any) -> Any:
+    """``value``, where it is a dict, list or tuple, as an equal one that torch.fx does not
+    flatten: a container fixed in ``concrete_args`` would otherwise make torch.fx generate a
+    forward that flattens its arguments, which stops being valid code once a pass adds an
+    argument (:func:`fxquant.transform` adds ``node_ids``)."""
+    if isinstance(value, dict) and not isinstance(value, _OneDict):
+        return _OneDict(value)
+    if type(value) is list:
+        return _OneList(value)
+    if type(value) is tuple:
+        return _OneTuple(value)
+    return value
 
 
 def _is_ph(value: Any) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import operator
 import typing
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,7 +40,7 @@ from fxquant.fx.locations import traceback_location
 from fxquant.fx.module_state import ModuleState, Rebound, write_buffer
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.fx.standardize import functional_dropout_to_module
-from fxquant.fx.structure import ExampleStructure, has_placeholders
+from fxquant.fx.structure import ExampleStructure, as_one_value, has_placeholders
 
 __all__ = ["PYG_GRAPH_NORMS", "STRUCTURE_KEY", "GNNTracer", "LeafSpec", "TraceError", "trace"]
 
@@ -394,7 +395,14 @@ def trace(
     leaves = check_leaf_modules(leaf_modules)
     concrete_args, structure = _structures(model, concrete_args, leaves, example_inputs,
                                            structure)
-    with PROCESS_LOCK:
+    # containers fixed in concrete_args: passed whole, checked by a FixedArguments guard
+    containers = {k: v for k, v in (concrete_args or {}).items() if as_one_value(v) is not v}
+    if containers:
+        concrete_args = {k: as_one_value(v) for k, v in (concrete_args or {}).items()}
+    with PROCESS_LOCK, warnings.catch_warnings():
+        for name in containers:  # (torch.fx cannot check them: the guard does)
+            warnings.filterwarnings("ignore", message=f"Was not able to add assertion to "
+                                    f"guarantee correct input {name} to")
         modes = {name: m.training for name, m in model.named_modules()}
         # Tracing runs forward's Python: undo global switches it makes (set_detect_anomaly).
         anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
@@ -418,6 +426,8 @@ def trace(
     functional_dropout_to_module(gm, train_graph, eval_graph)
     if concrete_args is None and fixed:
         _guard_fixed_arguments(gm, fixed, unused, type(model).__name__)
+    if containers:
+        _guard_fixed_arguments(gm, containers, frozenset(), type(model).__name__)
     if structure:
         _guard_structures(gm, structure, type(model).__name__)
     _same_mode(model, gm)
@@ -765,21 +775,26 @@ def _guard_fixed_arguments(gm: GraphModule, fixed: dict[str, Any], unused: froze
     """
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+
+    def base(ph: torch.fx.Node) -> str:
+        original = str(ph.target)
+        return original[:-2] if original.endswith("_1") and original[:-2] in fixed else original
+
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target is _ASSERT_IS_NONE:
+        if node.op == "call_function" and node.target is _ASSERT_IS_NONE and node.args \
+                and isinstance(node.args[0], torch.fx.Node) and base(node.args[0]) in fixed:
             graph.erase_node(node)
     by_name = {}
     for ph in placeholders:
-        original = str(ph.target)
-        base = original[:-2] if original.endswith("_1") and original[:-2] in fixed else original
-        if base in fixed:
-            ph.target = base
-            ph.name = base
-            by_name[base] = ph
-    name = free_name(gm, "fixed_arguments")
-    gm.add_submodule(name, FixedArguments({k: fixed[k] for k in by_name}, model, unused))
+        name = base(ph)
+        if name in fixed:
+            ph.target = name
+            ph.name = name
+            by_name[name] = ph
+    guard = free_name(gm, "fixed_arguments")
+    gm.add_submodule(guard, FixedArguments({k: fixed[k] for k in by_name}, model, unused))
     with graph.inserting_after(placeholders[-1]):
-        graph.call_module(name, tuple(by_name[k] for k in by_name))
+        graph.call_module(guard, tuple(by_name[k] for k in by_name))
     graph.lint()
     gm.recompile()
 

@@ -227,3 +227,27 @@ def test_compiles_with_fullgraph(name):
                            example_inputs=inputs(data), lint="off").eval()
     compiled = torch.compile(gm, fullgraph=True)
     assert _equal(compiled(*inputs(data)), gm(*inputs(data)))
+
+
+def test_a_container_fixed_in_concrete_args_gives_valid_code():
+    """A dict fixed in concrete_args (no PH) is one value: transform (which adds node_ids)
+    generates valid code, the call takes it by name or position, another value raises."""
+
+    class Options(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, opts=None):
+            if opts is not None and opts["double"]:
+                x = x * 2
+            return self.lin(x)
+
+    model = Options()
+    gm = fxquant.transform(model, bits=32, layers="lin", concrete_args={"opts": {"double": True}},
+                           lint="off")
+    x = torch.randn(3, 4)
+    assert torch.equal(gm(x, {"double": True}), model(x, {"double": True}))
+    assert torch.equal(gm(x, opts={"double": True}), model(x, {"double": True}))
+    with pytest.raises(TypeError, match=r"opts=\{'double': True\} fixed"):
+        gm(x, {"double": False})
