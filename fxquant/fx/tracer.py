@@ -164,6 +164,16 @@ class GNNTracer(Tracer):
         while node.op == "call_method" and node.target in ("items", "keys", "values") \
                 and node.args and isinstance(node.args[0], torch.fx.Node):
             node = node.args[0]
+        if node.op == "call_function" and node.target is getattr and len(node.args) == 2 \
+                and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder":
+            e = torch.fx.proxy.TraceError(
+                f"forward iterates over {node.args[0].target}.{node.args[1]}, an attribute of "
+                "an argument, whose keys a symbolic trace cannot know")
+            e.fxquant_hint = (  # type: ignore[attr-defined]
+                "fxquant traces dicts that forward takes as arguments: please give forward "
+                "the dicts themselves (forward(self, x_dict, edge_index_dict), called as "
+                "model(data.x_dict, data.edge_index_dict)) and pass example_inputs=(...).")
+            raise e
         if node.op == "placeholder":
             what = f"the argument {str(node.target)!r}"
         elif node.op == "call_module":

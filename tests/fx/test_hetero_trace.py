@@ -251,3 +251,20 @@ def test_a_container_fixed_in_concrete_args_gives_valid_code():
     assert torch.equal(gm(x, opts={"double": True}), model(x, {"double": True}))
     with pytest.raises(TypeError, match=r"opts=\{'double': True\} fixed"):
         gm(x, {"double": False})
+
+
+def test_iterating_a_dict_attribute_of_an_argument_says_to_pass_the_dicts():
+    """forward(self, data) iterating data.x_dict: the error says to take the dicts as
+    arguments."""
+
+    class FromData(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = HeteroConvNet()
+
+        def forward(self, data):
+            return self.inner(data.x_dict, data.edge_index_dict)
+
+    with pytest.raises(fxquant.TraceError, match=r"(?s)iterates over data\.x_dict.*"
+                       r"forward\(self, x_dict, edge_index_dict\)"):
+        fxquant.trace(FromData(), example_inputs=(hetero_graph(),))
