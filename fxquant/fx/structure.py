@@ -34,9 +34,6 @@ __all__ = ["ExampleStructure", "Structure", "as_one_value", "has_placeholders", 
 #: A dict key as PyG spells node and edge types: ``"paper"``, ``("author", "writes", "paper")``.
 Key = str | int | tuple[Any, ...]
 
-_KINDS = ("dict", "tuple", "list", "value", "none")
-
-
 def key_text(key: Any) -> str:
     """A key as users read it: ``author__writes__paper`` for an edge type (PyG's spelling)."""
     return "__".join(map(str, key)) if isinstance(key, tuple) else str(key)

@@ -186,9 +186,9 @@ class GNNTracer(Tracer):
             "know")
         e.fxquant_hint = (  # type: ignore[attr-defined]
             "Please pass example inputs (forward's positional arguments as a tuple), e.g. "
-            "example_inputs=(data.x_dict, data.edge_index_dict): dicts, tuples and lists "
-            "among them, and those leaf layers return on them, are then traced as the "
-            "containers they are, one branch per key.")
+            "example_inputs=(data.x_dict, data.edge_index_dict): the trace then knows the "
+            "keys of the dicts among them and of the dicts leaf layers return, and unrolls "
+            "each loop over them, one branch per key.")
         raise e
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> Graph:
@@ -326,9 +326,12 @@ def trace(
     argument stays an input of the graph, by its own name and position, so the traced
     model takes ``edge_weight=``, ``batch=`` and the like as the original does. A fixed
     argument is checked by a :class:`~fxquant.fx.guards.FixedArguments` module at run time.
-    An argument the graph does not read is fixed too, unless it is annotated as a tensor
-    and fixing it changes nothing (the traced model then ignores it as the original does:
-    BasicGNN's ``batch=`` without a per-graph normalization).
+    An argument with a default that the graph does not read is fixed too where it changed
+    which branch the trace took (``if y is not None:``), and, where arguments had to be
+    fixed, unless it is annotated as a tensor; one left free is ignored by the traced model
+    as the original ignores it (BasicGNN's ``batch=`` without a per-graph normalization).
+    A dict, list or tuple fixed in ``concrete_args`` is passed whole and checked by the same
+    guard.
 
     Dicts of tensors (a heterogeneous GNN's ``forward(self, x_dict, edge_index_dict)``)
     need their keys, which a symbolic trace cannot see: give ``example_inputs`` (or mark
@@ -488,7 +491,7 @@ def _guard_structures(gm: GraphModule, structure: ExampleStructure, model: str) 
     the structures themselves go to ``gm.meta[STRUCTURE_KEY]``."""
     graph = gm.graph
     placeholders = {str(n.target): n for n in graph.nodes if n.op == "placeholder"}
-    guarded = {k: s for k, s in structure.inputs.items() if k in placeholders}
+    guarded = {k: s for k, s in structure.inputs.items() if k in placeholders and not s.is_leaf}
     gm.meta[STRUCTURE_KEY] = structure
     if not guarded:
         return
