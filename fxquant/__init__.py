@@ -38,7 +38,7 @@ from fxquant.linter import (
     lint,
 )
 from fxquant.modes import Grad, Rounding, Scale, ScaleKind, register_scale
-from fxquant.pipeline import transform
+from fxquant.pipeline import load, transform
 from fxquant.quant import (
     BitReport,
     NodeBits,
@@ -51,7 +51,6 @@ from fxquant.quant import (
     SiteKind,
     bit_penalty,
     bit_report,
-    load,
     quantization_points,
     quantize,
     refit_steps,

@@ -3,14 +3,22 @@
 :func:`fxquant.quant.transform` inserts quantization points; this wrapper hands the result
 to :func:`fxquant.linter.lint_graph` (``lint="warn"`` by default). ``quant`` and
 ``linter`` never import each other.
+
+A model that takes dicts (a heterogeneous GNN) is traced here with its example inputs
+(:func:`fxquant.trace`), and the structures of its dicts travel with the model:
+:func:`fxquant.save` writes them beside the trace arguments, and :func:`load` traces the
+user's model with them again.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 from torch.fx import GraphModule
 
@@ -18,11 +26,15 @@ from fxquant import quant
 from fxquant.errors import FxquantValueError
 from fxquant.formats import Format
 from fxquant.fx.selectors import LayerSpec
-from fxquant.fx.tracer import LeafSpec
+from fxquant.fx.structure import ExampleStructure, has_placeholders
+from fxquant.fx.tracer import STRUCTURE_KEY, LeafSpec, refuse_compiled, refuse_lazy, trace
 from fxquant.linter import LintError, lint_graph
-from fxquant.quant.api import NodeFormats
+from fxquant.quant.api import TRACE_KEY, NodeFormats
 
-__all__ = ["transform"]
+__all__ = ["load", "transform"]
+
+#: The entry of a saved trace record that holds a dict model's structures.
+_STRUCTURE_ENTRY = "structure"
 
 _LINT_MODES = ("warn", "raise", "off")
 
@@ -45,6 +57,7 @@ def transform(
     concrete_args: dict[str, Any] | None = None,
     leaf_modules: Iterable[LeafSpec] = (),
     lint: str = "warn",
+    example_inputs: tuple[Any, ...] | None = None,
 ) -> GraphModule:
     """Trace ``model``, round values where ``mapping`` (or the keywords) say, and lint the
     result.
@@ -92,6 +105,10 @@ def transform(
         leaf_modules (optional): module classes or qualified names traced as single calls.
         lint (str, optional): ``"warn"`` turns findings into warnings, ``"raise"`` raises
             :class:`fxquant.LintError` on errors, ``"off"`` skips it. (default: ``"warn"``)
+        example_inputs (tuple, optional): forward's positional arguments, e.g.
+            ``(data.x_dict, data.edge_index_dict)``: a model that takes or returns dicts
+            (a heterogeneous GNN) needs them for their keys (:func:`fxquant.trace`).
+            (default: :obj:`None`)
 
     Returns:
         torch.fx.GraphModule: the model with a :class:`fxquant.QuantPoint` at each
@@ -115,11 +132,22 @@ given, and the QuantConfig already says how values are rounded; please put forma
     """
     if lint not in _LINT_MODES:
         raise FxquantValueError(f"fxquant.transform: lint={lint!r} is not one of {list(_LINT_MODES)}")
+    structured = example_inputs is not None or (isinstance(concrete_args, dict) and any(
+        has_placeholders(v) for v in concrete_args.values()))
+    if structured and not isinstance(model, GraphModule) and isinstance(model, nn.Module):
+        # traced here, with its structures; quant.transform then rounds the GraphModule
+        refuse_compiled(model, "transform")
+        refuse_lazy(model, "transform")
+        traced = trace(model, concrete_args, leaf_modules, example_inputs=example_inputs)
+        kept = {k: v for k, v in (concrete_args or {}).items() if not has_placeholders(v)}
+        model, concrete_args = traced, kept or None
     gm = quant.transform(
         model, mapping, bits=bits, format=format, scale=scale, momentum=momentum, layers=layers,
         rounding=rounding, grad=grad, grad_bits=grad_bits, grad_format=grad_format,
         node_formats=node_formats, inplace=inplace, concrete_args=concrete_args,
         leaf_modules=leaf_modules)
+    _remember_structure(gm)
+    _points_in_mode(gm)
     if lint != "off":
         report = lint_graph(gm, note=False)
         if lint == "raise" and report.errors:
@@ -129,3 +157,99 @@ given, and the QuantConfig already says how values are rounded; please put forma
                 warnings.warn(f"fxquant lint {f.rule} ({f.severity}) at {f.where or f.node}: "
                               f"{f.message} Hint: {f.hint}", stacklevel=2)
     return gm
+
+
+def _remember_structure(gm: GraphModule) -> None:
+    """Add the structures ``gm`` was traced with to the trace record :func:`fxquant.save`
+    writes (JSON)."""
+    structure = gm.meta.get(STRUCTURE_KEY)
+    record = getattr(gm, TRACE_KEY, None)
+    if isinstance(structure, ExampleStructure) and structure and isinstance(record, dict):
+        record[_STRUCTURE_ENTRY] = structure.to_json()
+
+
+def load(path: str | os.PathLike[str], model: nn.Module,
+         leaf_modules: Iterable[LeafSpec] | None = None) -> GraphModule:
+    """Rebuild a model written by :func:`fxquant.save` from the user's own (untransformed)
+    ``model``, as :func:`fxquant.quant.load` does; a model that takes dicts is traced again
+    with the keys saved with it, so no example inputs are needed.
+
+    Args:
+        path (str or Path): a file :func:`fxquant.save` wrote.
+        model (torch.nn.Module): a fresh instance of the model that was transformed (its
+            weights are replaced by the saved ones).
+        leaf_modules (iterable, optional): the ``leaf_modules`` classes of the original
+            transform, when the saved names cannot be found among ``model``'s submodules.
+
+    Example:
+        >>> import os, tempfile, fxquant
+        >>> from torch_geometric.nn import HeteroConv, SAGEConv
+        >>> def make():
+        ...     torch.manual_seed(0)
+        ...     return HeteroConv({("user", "rates", "item"): SAGEConv((4, 4), 8),
+        ...                        ("item", "rev_rates", "user"): SAGEConv((4, 4), 8)})
+        >>> class Model(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.conv = make()
+        ...     def forward(self, x_dict, edge_index_dict):
+        ...         return self.conv(x_dict, edge_index_dict)
+        >>> x_dict = {"user": torch.randn(3, 4), "item": torch.randn(2, 4)}
+        >>> edge_index_dict = {("user", "rates", "item"): torch.tensor([[0, 2], [1, 0]]),
+        ...                    ("item", "rev_rates", "user"): torch.tensor([[1, 0], [0, 2]])}
+        >>> gm = fxquant.transform(Model(), format="int8", scale="tensor",
+        ...                        example_inputs=(x_dict, edge_index_dict))
+        >>> path = os.path.join(tempfile.mkdtemp(), "hetero.pt")
+        >>> fxquant.save(gm, path)
+        >>> again = fxquant.load(path, Model())
+        >>> torch.equal(again(x_dict, edge_index_dict)["item"], gm(x_dict, edge_index_dict)["item"])
+        True
+    """
+    saved = _saved_structure(path)
+    leaves = None
+    if saved is not None:
+        structure, record = saved
+        leaves = list(leaf_modules) if leaf_modules is not None else _saved_leaves(model, record)
+    if saved is None or leaves is None:  # (a saved class the model lacks: quant.load says)
+        gm = quant.load(path, model, leaf_modules)
+    else:
+        traced = trace(model, record.get("concrete_args"), leaves, structure=structure)
+        gm = quant.load(path, traced, leaves)
+        _remember_structure(gm)
+    _points_in_mode(gm)
+    return gm
+
+
+def _points_in_mode(gm: GraphModule) -> None:
+    """The quantization points take the model's mode (a model transformed or loaded in
+    evaluation rounds with its running ranges, and does not update them)."""
+    for _, point in quant.quantization_points(gm):
+        point.train(gm.training)
+
+
+def _saved_structure(path: str | os.PathLike[str]) -> tuple[ExampleStructure, dict[str, Any]] | None:
+    """The structures and trace record in a file :func:`fxquant.save` wrote, or None where
+    it has none (or is no such file: :func:`fxquant.quant.load` then says why)."""
+    try:
+        blob = torch.load(path, weights_only=True)
+        record = json.loads(blob["trace"])
+        data = record[_STRUCTURE_ENTRY]
+    except Exception:  # not readable, or no structure: quant.load reports or loads it
+        return None
+    try:
+        return ExampleStructure.from_json(data), record
+    except FxquantValueError as e:
+        raise FxquantValueError(f"fxquant.load: {path}: its saved dict structures cannot be "
+                                f"read ({e}); the file was edited, please save the model "
+                                "again with fxquant.save") from e
+
+
+def _saved_leaves(model: nn.Module, record: dict[str, Any]) -> list[LeafSpec] | None:
+    """The saved leaf modules: names as they are, classes found among ``model``'s modules;
+    None where a saved class is not among them."""
+    classes = {f"{type(m).__module__}.{type(m).__qualname__}": type(m) for m in model.modules()}
+    names = [n for n in record.get("leaf_names", []) if isinstance(n, str)]
+    wanted = [c for c in record.get("leaf_classes", []) if isinstance(c, str)]
+    if any(c not in classes for c in wanted):
+        return None
+    return [*names, *(classes[c] for c in wanted)]

@@ -16,7 +16,7 @@ LAYERS = {
     "fxquant.formats": 0, "fxquant.modes": 0, "fxquant._ops": 1, "fxquant.fx": 2,
     "fxquant.quant": 3, "fxquant.linter": 3, "fxquant.datasets": 0, "fxquant._safe_path": 0,
     "fxquant.pipeline": 4, "fxquant.testing": 4, "fxquant.recipes": 5, "fxquant.cli": 5,
-    "fxquant.__main__": 6, "fxquant.errors": 0, "fxquant._version": 0,
+    "fxquant.__main__": 6, "fxquant.errors": 0, "fxquant._version": 0, "fxquant.planted": 0,
     "fxquant": 6,
 }
 

@@ -8,6 +8,11 @@ reloaded. Instead the graph keeps the argument in its signature (so positional c
 line up with the original forward) and passes it to a :class:`FixedArguments` module,
 which raises a clear error when a caller gives another value. Being a module call, the
 check survives pickling, ``deepcopy`` and ``torch.compile``.
+
+Likewise a dict argument traced with its keys (a heterogeneous GNN's ``x_dict``) is
+unrolled into one branch per key: a :class:`StructureGuard` refuses a call whose dicts
+have other keys, which the traced model would otherwise ignore or fail on with a bare
+``KeyError``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fxquant.errors import FxquantTypeError
+from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.fx.structure import Structure, key_text
 
-__all__ = ["FixedArguments"]
+__all__ = ["FixedArguments", "StructureGuard"]
 
 
 class FixedArguments(nn.Module):
@@ -73,3 +79,54 @@ batch_size=None, or trace with concrete_args={'batch_size': 8}.
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.fixed.items())
+
+
+class StructureGuard(nn.Module):
+    """Checks that the dict, tuple and list arguments a graph was traced with the structure
+    of (see :mod:`fxquant.fx.structure`) come with the same keys and lengths.
+
+    Args:
+        structures (dict): argument name -> :class:`~fxquant.fx.structure.Structure`.
+        model (str): the traced model's class name, for the message.
+        source (str, optional): where the structures came from, for the message.
+            (default: ``"example_inputs"``)
+
+    Example:
+        >>> guard = StructureGuard({"x_dict": Structure.of({"paper": 0, "author": 0})}, "HGT")
+        >>> guard({"paper": torch.zeros(1), "author": torch.zeros(1)})
+        >>> guard({"paper": torch.zeros(1)})
+        Traceback (most recent call last):
+        ...
+        fxquant.errors.FxquantValueError: HGT was traced with x_dict having keys \
+['paper', 'author'] (from example_inputs); in this call x_dict lacks ['author']. The traced \
+graph has one branch per key; please trace again with example inputs that have the keys \
+of this call.
+    """
+
+    _is_impure = True  # torch.fx's dead-code elimination keeps the call
+
+    def __init__(self, structures: dict[str, Structure], model: str = "the model",
+                 source: str = "example_inputs") -> None:
+        super().__init__()
+        self.structures = dict(structures)
+        self.model = model
+        self.source = source
+
+    def forward(self, *values: Any) -> None:
+        for (name, structure), value in zip(self.structures.items(), values, strict=True):
+            problem = structure.mismatch(value, name)
+            if problem is not None:
+                raise FxquantValueError(
+                    f"{self.model} was traced with {_traced(name, structure)} (from "
+                    f"{self.source}); in this call {problem}. The traced graph has one branch "
+                    "per key; please trace again with example inputs that have the keys of "
+                    "this call.")
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={s!r}" for k, s in self.structures.items())
+
+
+def _traced(name: str, structure: Structure) -> str:
+    if structure.kind == "dict":
+        return f"{name} having keys {[key_text(k) for k in structure.keys]}"
+    return f"{name} a {structure.kind} of {len(structure.items)}"
