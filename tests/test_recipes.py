@@ -548,8 +548,9 @@ def test_budget_annealing_and_infeasible_budgets():
         seen.append(run.budget_now())
     assert seen == [4.0, 4.0, 3.0, 3.0, 2.0, 2.0]
     run, data = _budget_run(0.5)
-    with pytest.warns(UserWarning, match="below what the narrowest widths cost"):
+    with pytest.warns(UserWarning, match="below what the narrowest widths cost") as caught:
         _train_epochs(run, data, 2)
+    assert [w.filename for w in caught if "narrowest" in str(w.message)] == [__file__]
     assert all(bool((widths == 1).all()) for widths in _learned_widths(run.model))
     with pytest.raises(fxquant.FxquantError, match="init"):
         fxquant.recipes.BudgetBits(init="hubs")
