@@ -745,7 +745,6 @@ class _BudgetProjection:
         if budget is not None:
             self.project(budget)
 
-    @torch.no_grad()
     def project(self, budget: float) -> None:
         """Shift every width by one common amount (up or down) to the largest count within
         ``budget``, then clamp each to its range: bits a row's loss gradient gives up go to
@@ -770,8 +769,9 @@ class _BudgetProjection:
             for _ in range(50):
                 mid = (low + high) / 2
                 low, high = (low, mid) if self.count(mid) <= goal else (mid, high)
-        for w, allowed in zip(self.widths, self.ranges, strict=True):
-            w.sub_(high).clamp_(*allowed)
+        with torch.no_grad():
+            for w, allowed in zip(self.widths, self.ranges, strict=True):
+                w.sub_(high).clamp_(*allowed)
 
 
 class _DeprecatedCommand:
