@@ -129,3 +129,27 @@ def test_the_right_types_still_work():
     check_type(None, "x", int | None)
     with pytest.raises(FxquantTypeError, match=r"x must be an int or None, got 'a' \(a str\)"):
         check_type("a", "x", int | None)
+
+
+def test_a_recipe_of_ones_own_is_checked_even_with_annotations_it_cannot_resolve():
+    """A recipe whose module annotates a field with a name imported only for type checkers:
+    its scalar fields are still checked, the unresolvable one left alone."""
+    namespace: dict[str, Any] = {}
+    exec(compile(
+        "from __future__ import annotations\n"
+        "from dataclasses import dataclass\n"
+        "from typing import TYPE_CHECKING\n"
+        "from fxquant.recipes import Recipe\n"
+        "if TYPE_CHECKING:\n"
+        "    from somewhere import Thing\n"
+        "@dataclass(frozen=True)\n"
+        "class Mine(Recipe):\n"
+        "    flag: bool = True\n"
+        "    rate: float | None = None\n"
+        "    thing: Thing | None = None\n", "mine.py", "exec"), namespace)
+    mine = namespace["Mine"]
+    assert mine(thing="anything").flag is True
+    with pytest.raises(FxquantTypeError, match=r"Mine: flag must be a bool.*'False'"):
+        mine(flag="False")
+    with pytest.raises(FxquantTypeError, match=r"Mine: rate must be a number.*or None"):
+        mine(rate="0.1")

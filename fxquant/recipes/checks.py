@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import operator
 import types
 import typing
 from collections.abc import Mapping
@@ -83,8 +84,28 @@ def check_type(value: object, name: str, hint: Any) -> Any:
 
 @functools.cache
 def hints(owner: Any) -> dict[str, Any]:
-    """The resolved annotations of a class or function (cached)."""
-    return typing.get_type_hints(owner)
+    """The resolved annotations of a class or function (cached). Where one cannot be
+    resolved (a name imported only for type checkers, in a recipe of one's own), the
+    annotations are read as written: ``"bool"``, ``"int | None"`` and the like still
+    check, the others are left alone."""
+    try:
+        return typing.get_type_hints(owner)
+    except (NameError, TypeError, AttributeError):
+        written: dict[str, Any] = {}
+        for cls in reversed(getattr(owner, "__mro__", (owner,))):
+            written.update(getattr(cls, "__annotations__", {}))
+        return {name: _written(hint) for name, hint in written.items()}
+
+
+def _written(hint: Any) -> Any:
+    """A scalar annotation written as a string (``"float | None"``), else None."""
+    if not isinstance(hint, str):
+        return hint
+    names = {**{k.__name__: k for k in _KINDS}, "None": type(None)}
+    parts = [names.get(part.strip()) for part in hint.split("|")]
+    if any(part is None for part in parts):
+        return None
+    return functools.reduce(operator.or_, parts)
 
 
 def check_settings(owner: Any, settings: Mapping[str, object], prefix: str = ""
