@@ -112,7 +112,7 @@ def test_hub_messages_fits_its_budget_on_a_graph_without_hubs():
     assert bool(hubs.any()) and bool((msg[hubs] == 1).all()) and bool((msg[~hubs] == 2).all())
     with pytest.warns(UserWarning, match="even hub_quantile=0.05 counts .* raise target_bits"):
         HubMessages(target_bits=1.0).prepare(model, data, lint="off")
-    with pytest.raises(ValueError, match="fit_budget must be True or False"):
+    with pytest.raises(TypeError, match=r"fit_budget must be a bool \(True or False\)"):
         HubMessages(fit_budget="yes")
 
 
@@ -205,7 +205,7 @@ def test_refit_widen_keeps_the_steps_from_narrowing_in_the_warm_up(widen):
     else:
         assert all(a < b / 10 for a, b in zip(after, before, strict=True))
     assert ("refit_widen=True" in repr(run)) == widen
-    with pytest.raises(ValueError, match="refit_widen"):
+    with pytest.raises(TypeError, match="refit_widen"):
         HubMessages(refit_widen="yes")
 
 
@@ -548,8 +548,9 @@ def test_budget_annealing_and_infeasible_budgets():
         seen.append(run.budget_now())
     assert seen == [4.0, 4.0, 3.0, 3.0, 2.0, 2.0]
     run, data = _budget_run(0.5)
-    with pytest.warns(UserWarning, match="below what the narrowest widths cost"):
+    with pytest.warns(UserWarning, match="below what the narrowest widths cost") as caught:
         _train_epochs(run, data, 2)
+    assert [w.filename for w in caught if "narrowest" in str(w.message)] == [__file__]
     assert all(bool((widths == 1).all()) for widths in _learned_widths(run.model))
     with pytest.raises(fxquant.FxquantError, match="init"):
         fxquant.recipes.BudgetBits(init="hubs")
@@ -617,7 +618,7 @@ def test_distillation_adds_the_tempered_kl_to_the_teacher(float_epochs):
     nodes = torch.tensor([4, 0, 7])
     p = torch.softmax(teacher[nodes] / 2, -1)
     kl = (p * (p.log() - torch.log_softmax(out[nodes] / 2, -1))).sum(-1).mean()
-    torch.testing.assert_close(run.loss(plain, output=out[nodes], nodes=nodes),
+    torch.testing.assert_close(run.loss(plain, output=out[nodes], node_ids=nodes),
                                plain + 0.5 * 4 * kl)
 
 
@@ -643,7 +644,7 @@ def test_distillation_errors_are_clear():
     run.set_teacher(torch.randn(30, 3))
     with pytest.warns(FutureWarning, match=r"output=out"):
         assert run.loss(out.sum()) is not None
-    with pytest.raises(fxquant.FxquantError, match="pass nodes="):
+    with pytest.raises(fxquant.FxquantError, match="pass node_ids="):
         run.loss(out.sum(), output=out[:5])
     run.set_teacher(torch.randn(30, 4))
     with pytest.raises(fxquant.FxquantError, match="the same classes"):

@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.degree import in_degree
 
-__all__ = ["LayerMasks", "NodeIds", "as_index", "lookup", "new_masks", "set_node_ids",
-           "top_degree_nodes"]
+__all__ = ["LayerMasks", "NodeIds", "as_index", "check_node_ids", "lookup", "new_masks",
+           "set_node_ids", "top_degree_nodes"]
 
 
 class NodeIds(nn.Module):
@@ -54,19 +54,31 @@ def set_node_ids(context: NodeIds, ids: Tensor | None) -> Any:
     Traced symbolically (a GraphModule is re-traced when unpickled) it records itself."""
     if isinstance(ids, torch.fx.Proxy):
         return ids.tracer.create_proxy("call_function", set_node_ids, (context, ids), {})
+    context.ids = None if ids is None else check_node_ids(ids)
+    return None
+
+
+def check_node_ids(ids: object, name: str = "node_ids") -> Tensor:
+    """``ids``, the global node id of each row, as ``int64`` (:func:`as_index`): a 1-D
+    tensor of any integer dtype; a bool mask, a float tensor or a list is an error naming
+    ``name``. The values are not read (so it compiles); a caller with a table checks them.
+
+    Example:
+        >>> check_node_ids(torch.tensor([7, 2], dtype=torch.int16))
+        tensor([7, 2])
+    """
     if isinstance(ids, Tensor) and ids.dtype == torch.bool:
         raise FxquantTypeError(
-            f"node_ids must be the global node id of each row (PyG's batch.n_id), got a bool "
+            f"{name} must be the global node id of each row (PyG's batch.n_id), got a bool "
             f"tensor of shape {tuple(ids.shape)}: a mask says which nodes, not which node each "
             "row is. Please pass mask.nonzero().view(-1) for the rows of the masked nodes.")
-    if ids is not None and (not isinstance(ids, Tensor) or ids.dim() != 1
-                            or ids.is_floating_point() or ids.is_complex()):
+    if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.is_floating_point() \
+            or ids.is_complex():
         got = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, Tensor) \
             else type(ids).__name__
-        raise FxquantTypeError(f"node_ids must be a 1-D integer tensor of global node ids (PyG's "
-                        f"batch.n_id), got a {got}")
-    context.ids = None if ids is None else as_index(ids)
-    return None
+        raise FxquantTypeError(f"{name} must be a 1-D integer tensor of global node ids (PyG's "
+                               f"batch.n_id), got a {got}")
+    return as_index(ids)
 
 
 class LayerMasks(nn.Module):

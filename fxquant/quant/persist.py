@@ -12,6 +12,7 @@ first so the ops are registered).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable
@@ -33,6 +34,7 @@ from fxquant.quant.config import QuantConfig
 from fxquant.quant.describe import quantization_points
 from fxquant.quant.legacy import upgrade_point_keys
 from fxquant.quant.mapping import QuantMapping
+from fxquant.quant.node_bits import NodeBits
 from fxquant.quant.points import QuantPoint
 from fxquant.quant.sharing import share_bits, share_step
 
@@ -91,8 +93,15 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
         raise FxquantFileNotFoundError(f"fxquant.save: the folder of {os.fspath(path)!r} does not "
                                        "exist; please create it first")
     shared = any(p["step_source"] is not None or p["bits_source"] is not None for p in points)
-    torch.save({"format": FORMAT_SHARED if shared else FORMAT, "points": json.dumps(points),
-                "trace": trace_json, "state_dict": gm.state_dict()}, path)
+    blob = {"format": FORMAT_SHARED if shared else FORMAT, "points": json.dumps(points),
+            "trace": trace_json, "state_dict": gm.state_dict()}
+    # the widths each NodeBits config gives (the state holds the table as it is now, which
+    # training may have moved: annealing starts wider)
+    tables = {name: p.config.node_bits.bits for name, p in quantization_points(gm)
+              if p.config.node_bits is not None}
+    if tables:
+        blob["node_bits"] = tables
+    torch.save(blob, path)
 
 
 def _layer_calls(gm: GraphModule) -> dict[str, str]:
@@ -202,7 +211,7 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         # one call of a layer called several times: its node, as the saved model named it
         layer: Any = _NodeNamed(p["node"]) if p.get("node") is not None else p["layer"]
         try:
-            config = QuantConfig.from_dict(p["config"])
+            config = _with_table(QuantConfig.from_dict(p["config"]), p["name"], blob, state)
             if isinstance(layer, _NodeNamed):
                 mapping.set_pattern(layer, config, site=p["site"])
             else:
@@ -252,6 +261,23 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         if p.get("step_source") is not None:
             share_step(gm, p["name"], p["step_source"])
     return gm
+
+
+def _with_table(config: QuantConfig, name: str, blob: dict[str, Any],
+                state: dict[str, Any]) -> QuantConfig:
+    """``config`` with its NodeBits widths as saved (``from_dict`` reads only the table's
+    shape); a file without them (older versions) gives the saved table's."""
+    rb = config.node_bits
+    if rb is None:
+        return config
+    tables = blob.get("node_bits")
+    bits = tables.get(name) if isinstance(tables, dict) else None
+    if bits is None:
+        bits = state.get(f"{name}.node_widths.bits")
+    if not isinstance(bits, torch.Tensor) or bits.shape != rb.bits.shape:
+        return config
+    return dataclasses.replace(config, node_bits=NodeBits(bits, rb.learned, rb.min_bits,
+                                                          rb.max_bits, rb.stored))
 
 
 _EDITED = ("the file was not written by this version of fxquant.save, or it was edited; "

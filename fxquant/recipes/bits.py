@@ -19,15 +19,8 @@ from fxquant.fx.degree import in_degree
 from fxquant.fx.selectors import layer_name
 from fxquant.fx.tracer import trace
 from fxquant.quant import NodeBits, QuantConfig, QuantMapping, bit_report, quantize, share_bits
-from fxquant.recipes.core import (
-    SELECTIONS,
-    QuantTraining,
-    Recipe,
-    check_count,
-    check_flag,
-    check_positive,
-    check_rounding,
-)
+from fxquant.recipes.checks import check_count, check_flag, check_positive, check_rounding
+from fxquant.recipes.core import SELECTIONS, QuantTraining, Recipe
 from fxquant.recipes.graph import (
     gnn_layers,
     input_after_relu,
@@ -65,6 +58,7 @@ class _BitsRecipe(Recipe):
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_positive(self.target_bits, "target_bits")
         check_positive(self.distill, "distill", zero=True)
         check_positive(self.temperature, "temperature")
@@ -256,12 +250,11 @@ class HubMessages(_BitsRecipe):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_flag(self.fit_budget, "fit_budget")
-        if not (isinstance(self.hub_quantile, float | int) and 0 < self.hub_quantile < 1):
+        if not 0 < self.hub_quantile < 1:
             raise FxquantValueError(f"hub_quantile must lie in (0, 1), got {self.hub_quantile!r}")
         lowest = 1 if self.midrise else 2
         last = self.last_aggregate_bits
-        if last is not None and (isinstance(last, bool) or not isinstance(last, int)
-                                 or not lowest <= last <= 8):
+        if last is not None and not lowest <= last <= 8:
             raise FxquantValueError(f"last_aggregate_bits must be a whole number in {lowest}..8 "
                                     f"(or None), got {last!r}")
         check_count(self.anneal_every, "anneal_every")
@@ -358,8 +351,7 @@ class LearnedBits(_BitsRecipe):
         check_positive(self.penalty, "penalty", zero=True)
         check_positive(self.bits_lr, "bits_lr")
         lowest = 1 if self.midrise else 2
-        if isinstance(self.max_bits, bool) or not isinstance(self.max_bits, int) \
-                or not lowest <= self.max_bits <= 8:
+        if not lowest <= self.max_bits <= 8:
             raise FxquantValueError(f"max_bits must be a whole number in {lowest}..8, got "
                                     f"{self.max_bits!r}")
         if self.shared_bits not in ("none", "layer", "all"):
@@ -448,8 +440,7 @@ class BudgetBits(_BitsRecipe):
         if self.init not in ("random", "degree"):
             raise FxquantValueError(f"init={self.init!r} is not one of ['random', 'degree']")
         lowest = 1 if self.midrise else 2
-        if isinstance(self.max_bits, bool) or not isinstance(self.max_bits, int) \
-                or not lowest <= self.max_bits <= 8:
+        if not lowest <= self.max_bits <= 8:
             raise FxquantValueError(f"max_bits must be a whole number in {lowest}..8, got "
                                     f"{self.max_bits!r}")
         if self.shared_bits not in ("none", "layer", "all"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -15,11 +15,21 @@ from torch import Tensor, nn
 from torch.fx import GraphModule
 from torch_geometric.data import Data
 
-from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.errors import FxquantIndexError, FxquantTypeError, FxquantValueError, warn_renamed
 from fxquant.fx.tracer import trace
 from fxquant.pipeline import transform
 from fxquant.quant import BitReport, QuantMapping, QuantPoint, bit_penalty, bit_report, refit_steps
-from fxquant.quant.bits import average_bits
+from fxquant.quant.bits import SiteBits, average_bits
+from fxquant.quant.nodes import check_node_ids
+from fxquant.recipes.checks import (
+    check_count,
+    check_fields,
+    check_flag,
+    check_positive,
+    check_rounding,
+    check_settings,
+    real_number,
+)
 
 __all__ = ["SELECTIONS", "Choice", "QuantTraining", "Recipe", "check_count", "check_flag",
            "check_positive", "check_rounding", "unique"]
@@ -160,60 +170,43 @@ class QuantTraining:
                  target_bits: float | None = None, bits_lr: float | None = None,
                  step_lr: float | None = None, select: str = "best-val",
                  project: bool = False, distill: float = 0.0, temperature: float = 1.0) -> None:
-        check_count(refit_epochs, "refit_epochs")
-        check_count(float_epochs, "float_epochs")
-        check_count(anneal_every, "anneal_every")
-        check_count(anneal_bits, "anneal_bits")
-        check_count(anneal_refit_epochs, "anneal_refit_epochs")
-        check_flag(refit_widen, "refit_widen")
-        check_positive(penalty, "penalty", zero=True)
-        check_positive(distill, "distill", zero=True)
-        check_positive(temperature, "temperature")
-        if target_bits is not None:
-            check_positive(target_bits, "target_bits")
-        if bits_lr is not None:
-            check_positive(bits_lr, "bits_lr")
-        if step_lr is not None:
-            check_positive(step_lr, "step_lr")
-        if select not in SELECTIONS:
-            raise FxquantValueError(f"select={select!r} is not one of {list(SELECTIONS)}")
-        if select == "budget" and target_bits is None:
-            raise FxquantValueError("select='budget' chooses the epoch under target_bits; "
-                                    "please give target_bits")
-        if project and target_bits is None:
-            raise FxquantValueError("project=True keeps the learned bit-widths within "
-                                    "target_bits; please give target_bits")
+        settings = _checked_settings({
+            "refit_epochs": refit_epochs, "refit_widen": refit_widen,
+            "float_epochs": float_epochs, "anneal_every": anneal_every,
+            "anneal_bits": anneal_bits, "anneal_refit_epochs": anneal_refit_epochs,
+            "penalty": penalty, "target_bits": target_bits, "bits_lr": bits_lr,
+            "step_lr": step_lr, "select": select, "project": project, "distill": distill,
+            "temperature": temperature})
         self.model = model
         self.recipe: Recipe | None = None
-        self.refit_epochs = refit_epochs
-        self.refit_widen = refit_widen
-        self.float_epochs = float_epochs
-        self.anneal_every = anneal_every
-        self.anneal_bits = anneal_bits
-        self.anneal_refit_epochs = anneal_refit_epochs
-        self.penalty = float(penalty)
-        self.target_bits = target_bits
-        self.bits_lr = bits_lr
-        self.step_lr = step_lr
-        self.select = select
-        self.distill = float(distill)
-        self.temperature = float(temperature)
+        self.refit_epochs: int = settings["refit_epochs"]
+        self.refit_widen: bool = settings["refit_widen"]
+        self.float_epochs: int = settings["float_epochs"]
+        self.anneal_every: int = settings["anneal_every"]
+        self.anneal_bits: int = settings["anneal_bits"]
+        self.anneal_refit_epochs: int = settings["anneal_refit_epochs"]
+        self.penalty = float(settings["penalty"])
+        self.target_bits: float | None = settings["target_bits"]
+        self.bits_lr: float | None = settings["bits_lr"]
+        self.step_lr: float | None = settings["step_lr"]
+        self.select: str = settings["select"]
+        self.distill = float(settings["distill"])
+        self.temperature = float(settings["temperature"])
+        self._settings = settings
         self._teacher: Tensor | None = None
         self._warned_distill = False
+        self._warned_score = False
         points = [m for m in model.modules() if isinstance(m, QuantPoint)]
         self._points = points
         self._widths = unique(m.node_widths.bits for m in points
                               if m.node_widths is not None and m.node_widths.learned)
         self._steps = unique(p for m in points for p in m.parameters()
                               if all(p is not w for w in self._widths))
-        # fixed per-node bit-widths and their final values, for annealing
-        self._tables = [(m, m.node_widths.bits.clone()) for m in points
-                        if m.node_widths is not None and not m.node_widths.learned] \
-            if anneal_every else []
+        self._tables = _annealed_tables(points) if self.anneal_every else []
         self._quantized = bool(points)
-        self.project = bool(project)
-        self._budget = _BudgetProjection(self._widths, points) if project and self._widths \
-            else None
+        self.project: bool = settings["project"]
+        self._budget = _BudgetProjection(self._widths, points) \
+            if self.project and self._widths else None
         self._epoch = -1
         self._observed = -1
         self._best: dict[bool, Choice | None] = {False: None, True: None}
@@ -285,8 +278,12 @@ class QuantTraining:
         """Before each training epoch (default: one more than the last call): anneal the
         fixed per-node bit-widths, and mark the learned steps for a refit on the first
         ``refit_epochs`` epochs (the first training batch fits them anyway) and on the first
-        ``anneal_refit_epochs`` after each annealing drop."""
-        self._epoch = self._epoch + 1 if epoch is None else epoch
+        ``anneal_refit_epochs`` after each annealing drop. The schedule depends on the epoch
+        alone, so a resumed run that names its epochs (or loads :meth:`state_dict`) goes on
+        exactly where it stopped."""
+        if epoch is not None:
+            check_count(epoch, "QuantTraining.start_epoch: epoch")
+        self._epoch = self._epoch + 1 if epoch is None else int(epoch)
         for point in self._points:  # a compiled fit that found no finite value fits again
             point.settle()
         fresh = bool(self.float_epochs) and self._epoch == self.float_epochs
@@ -302,7 +299,8 @@ class QuantTraining:
                 for point, final in self._tables:
                     rb = point.config.node_bits
                     assert rb is not None and point.node_widths is not None
-                    point.node_widths.bits.copy_((final + extra).clamp(max=rb.max_bits))
+                    table = point.node_widths.bits
+                    table.copy_((final.to(table.device) + extra).clamp(max=rb.max_bits))
         if not fresh and (0 < self._epoch < self.refit_epochs or self._after_drop()):
             refit_steps(self.model, widen=self.refit_widen)
         if self._budget is not None:
@@ -368,7 +366,7 @@ class QuantTraining:
                           "teacher is not used; give the run distill= to use it", stacklevel=2)
         self._teacher = logits.detach().clone()
 
-    def _distill_term(self, output: Tensor | None, nodes: Tensor | None) -> Tensor | None:
+    def _distill_term(self, output: Tensor | None, node_ids: Tensor | None) -> Tensor | None:
         missing = "no teacher (run.set_teacher(logits), the logits of the same model " \
             "trained without rounding)" if self._teacher is None else \
             "no output (run.loss(loss, output=out))" if not isinstance(output, Tensor) else ""
@@ -385,11 +383,11 @@ class QuantTraining:
         if self._teacher.device != output.device:  # moved once, kept there
             self._teacher = self._teacher.to(output.device)
         teacher = self._teacher
-        if nodes is not None:
-            teacher = teacher[nodes.to(output.device)]
+        if node_ids is not None:
+            teacher = teacher[node_ids.to(output.device)]
         if teacher.shape != output.shape:
-            fix = "in mini-batches pass nodes= (the batch's global node ids, one per output " \
-                "row)" if teacher.shape[1:] == output.shape[1:] else \
+            fix = "in mini-batches pass node_ids= (the batch's global node ids, one per " \
+                "output row)" if teacher.shape[1:] == output.shape[1:] else \
                 "the teacher must predict the same classes as the model"
             raise FxquantValueError(
                 f"distillation: the output {tuple(output.shape)} and the teacher's logits "
@@ -399,17 +397,57 @@ class QuantTraining:
                                               F.softmax(teacher.to(output.dtype) / t, dim=-1),
                                               reduction="batchmean")
 
+    def _checked_node_ids(self, node_ids: object) -> Tensor | None:
+        """``node_ids`` as int64 ids (as the model's ``node_ids=`` takes them: any integer
+        dtype, 1-D), each a row of the teacher's logits when there is a teacher."""
+        if node_ids is None:
+            return None
+        ids = check_node_ids(node_ids, "QuantTraining.loss: node_ids")
+        rows = self._teacher.shape[0] if self._teacher is not None else None
+        if rows is not None and ids.numel():
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= rows:
+                bad = low if low < 0 else high
+                raise FxquantIndexError(
+                    f"QuantTraining.loss: node_ids holds node {bad}, but the teacher's logits "
+                    f"have rows for nodes 0..{rows - 1}; node_ids are the global ids of the "
+                    "output's rows (PyG's batch.n_id), each >= 0 and < the graph's num_nodes")
+        return ids
+
     def loss(self, loss: Tensor, output: Tensor | None = None,
-             nodes: Tensor | None = None) -> Tensor:
+             node_ids: Tensor | None = None, *, nodes: Tensor | None = None) -> Tensor:
         """``loss`` plus the weighted bit penalty of the last forward (learned bit-widths
         with a target), else ``loss`` itself. With ``project=True`` it also records what one
         bit of each node's width costs in the last forward's count (for the projection).
         In the ``float_epochs`` nothing is rounded in training, so no bit penalty is added.
         With ``distill``, plus the distillation term of ``output`` (the model's output, one
-        row per node; in mini-batches, ``nodes`` gives each row's global node id), in the
-        float epochs too."""
+        row per node), in the float epochs too.
+
+        Args:
+            loss (Tensor): the training loss.
+            output (Tensor, optional): the model's output (for ``distill``).
+            node_ids (Tensor, optional): in mini-batches, the global node id of each row of
+                ``output`` (PyG's ``batch.n_id``, as the model's ``node_ids=``): a 1-D tensor
+                of any integer dtype, each id ``>= 0`` and below the teacher's rows; a bool
+                mask or a float tensor is refused. (default: :obj:`None`: row ``i`` is node
+                ``i``)
+            nodes (Tensor, optional): the old name of ``node_ids`` (a ``FutureWarning``).
+        """
+        if nodes is not None:
+            if node_ids is not None:
+                raise FxquantTypeError("QuantTraining.loss: nodes= is the old name of "
+                                       "node_ids=; please pass node_ids= alone")
+            warn_renamed("QuantTraining.loss(nodes=)", "QuantTraining.loss(node_ids=)")
+            node_ids = nodes
+        if not isinstance(loss, Tensor):
+            raise FxquantTypeError(f"QuantTraining.loss: loss must be a tensor (the training "
+                                   f"loss), got {loss!r} (a {type(loss).__name__})")
+        if output is not None and not isinstance(output, Tensor):
+            raise FxquantTypeError(f"QuantTraining.loss: output must be the model's output "
+                                   f"tensor or None, got a {type(output).__name__}")
+        ids = self._checked_node_ids(node_ids)
         if self.distill and self.model.training:
-            term = self._distill_term(output, nodes)
+            term = self._distill_term(output, ids)
             if term is not None:
                 loss = loss + term
         if self.model.training and 0 <= self._epoch < self.float_epochs:
@@ -422,33 +460,185 @@ class QuantTraining:
 
     def observe(self, val: float, **metrics: float) -> bool:
         """Record one evaluation, right after its forward (its bits are counted from it);
-        returns whether it is now :attr:`best`."""
-        self._observed += 1
+        returns whether it is now :attr:`best`.
+
+        Args:
+            val (float): the validation score (higher is better): a number or a
+                one-element tensor. An epoch whose score is not a finite number (NaN, as an
+                empty validation mask gives, or an infinity) counts as an epoch but is never
+                :attr:`best` and never displaces one; the first such epoch warns.
+            **metrics (float): kept with the epoch (:attr:`Choice.metrics`).
+        """
+        score = real_number(val, "QuantTraining.observe: val")
+        observed = self._observed + 1
+        if not math.isfinite(score):
+            if not self._warned_score:
+                warnings.warn(f"QuantTraining.observe: the validation score of epoch {observed} "
+                              f"is {score} (an empty validation mask gives NaN); an epoch "
+                              "without a finite score is never reported as the best. This "
+                              "warning is shown once per run.", stacklevel=2)
+                self._warned_score = True
+            self._observed = observed
+            return False
         constrained = self.select == "budget" and self._quantized
         report = bit_report(self.model) if constrained else None
-        changed = False
+        best = dict(self._best)
         for within in (False, True):
-            held = self._best[within]
-            if val <= (held.val if held is not None else 0.0):
+            held = best[within]
+            if score <= (held.val if held is not None else 0.0):
                 continue
             if within and not (constrained and report is not None
                                and self.target_bits is not None
                                and report.avg_bits <= self.target_bits):
                 continue
-            bits = report if report is not None else (
-                bit_report(self.model) if self._quantized else None)
-            self._best[within] = Choice(self._observed, float(val), dict(metrics), bits,
-                                        within or not constrained)
-            changed = True
-        return changed and self.best is not None and self.best.epoch == self._observed
+            if report is None and self._quantized:
+                report = bit_report(self.model)
+            best[within] = Choice(observed, score, dict(metrics), report,
+                                  within or not constrained)
+        # every check and count done: the run changes only now
+        self._observed, self._best = observed, best
+        chosen = self.best
+        return chosen is not None and chosen.epoch == observed
 
     @property
     def best(self) -> Choice | None:
-        """The epoch to report (see ``select``), or :obj:`None` before any score above 0
-        (the first epoch with the best score wins a tie)."""
+        """The epoch to report (see ``select``), or :obj:`None` before any finite score
+        above 0 (the first epoch with the best score wins a tie)."""
         if self.select == "budget" and self._best[True] is not None:
             return self._best[True]
         return self._best[False]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's progress, for resuming it (as an optimizer's ``state_dict``): the
+        epoch, the epochs observed and the best of them, and with ``project=True`` the
+        widths' own optimizer, the last forward's cost per bit and the widths' gradient
+        not yet applied. The model is not in it (``fxquant.save`` or ``state_dict()`` of
+        ``run.model``), nor the teacher's logits (give them again with :meth:`set_teacher`).
+        It holds tensors, numbers and strings only: ``torch.load(weights_only=True)``
+        reads it.
+
+        Example:
+            >>> from torch_geometric.nn.models import GCN
+            >>> from fxquant.recipes import HubMessages
+            >>> recipe = HubMessages(target_bits=2.0, anneal_every=2, fit_budget=False,
+            ...                      input_format=None)
+            >>> run = recipe.prepare(GCN(4, 8, num_layers=2, out_channels=2), _tiny_graph())
+            >>> run.start_epoch(); run.start_epoch()            # epochs 0 and 1
+            >>> again = QuantTraining(run.model, **recipe.training())
+            >>> again.load_state_dict(run.state_dict())
+            >>> again.start_epoch()                             # epoch 2: one bit above
+            >>> again.state_dict()["epoch"], again.budget_now()
+            (2, 3.0)
+        """
+        return {"settings": dict(self._settings), "epoch": self._epoch,
+                "observed": self._observed,
+                "best": [_choice_state(self._best[False]), _choice_state(self._best[True])],
+                "warned": {"distill": self._warned_distill, "score": self._warned_score},
+                "budget": None if self._budget is None else self._budget.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state_dict` of a run with the same settings, on a model that
+        holds the state it had then (``fxquant.load`` of a file ``fxquant.save`` wrote at
+        the same time, or ``run.model.load_state_dict``). Nothing changes on error."""
+        if not isinstance(state, dict) or not {"settings", "epoch", "observed", "best",
+                                               "warned", "budget"} <= set(state):
+            raise FxquantValueError("QuantTraining.load_state_dict: expected the dict "
+                                    "QuantTraining.state_dict() returns, got "
+                                    f"{type(state).__name__}")
+        saved = state["settings"]
+        differ = {k: (saved.get(k), v) for k, v in self._settings.items()
+                  if not isinstance(saved, dict) or saved.get(k) != v}
+        if differ:
+            listed = ", ".join(f"{k}={old!r} (this run: {new!r})"
+                               for k, (old, new) in differ.items())
+            raise FxquantValueError(f"QuantTraining.load_state_dict: the saved run had "
+                                    f"{listed}; please build the run with the saved settings: "
+                                    "QuantTraining(model, **state['settings'])")
+        for key in ("epoch", "observed"):  # -1: before the first
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise FxquantValueError(f"QuantTraining.load_state_dict: {key} must be an int "
+                                        f">= -1, got {value!r}")
+        if not isinstance(state["best"], list | tuple) or len(state["best"]) != 2 \
+                or not isinstance(state["warned"], dict):
+            raise FxquantValueError("QuantTraining.load_state_dict: its 'best' or 'warned' "
+                                    "entry is not what QuantTraining.state_dict() writes")
+        best = [_choice_from_state(c) for c in state["best"]]
+        budget = state["budget"]
+        if (budget is None) != (self._budget is None):
+            raise FxquantValueError("QuantTraining.load_state_dict: the saved run "
+                                    + ("projects" if budget is not None else "does not project")
+                                    + " learned bit-widths and this one "
+                                    + ("does not" if budget is not None else "does")
+                                    + "; is it the same model?")
+        if self._budget is not None:
+            self._budget.load_state_dict(budget)  # checks everything before it changes
+        self._epoch, self._observed = int(state["epoch"]), int(state["observed"])
+        self._best = {False: best[0], True: best[1]}
+        warned = state["warned"]
+        self._warned_distill = bool(warned.get("distill", False))
+        self._warned_score = bool(warned.get("score", False))
+
+
+def _checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """:class:`QuantTraining`'s settings checked (types first, then values), numpy numbers
+    as plain ones; nothing is built before they pass."""
+    settings = check_settings(QuantTraining.__init__, settings, prefix="QuantTraining: ")
+    for name in ("refit_epochs", "float_epochs", "anneal_every", "anneal_bits",
+                 "anneal_refit_epochs"):
+        check_count(settings[name], name)
+    for name in ("penalty", "distill"):
+        check_positive(settings[name], name, zero=True)
+    for name in ("temperature", "target_bits", "bits_lr", "step_lr"):
+        if settings[name] is not None:
+            check_positive(settings[name], name)
+    select, target_bits = settings["select"], settings["target_bits"]
+    if select not in SELECTIONS:
+        raise FxquantValueError(f"select={select!r} is not one of {list(SELECTIONS)}")
+    if select == "budget" and target_bits is None:
+        raise FxquantValueError("select='budget' chooses the epoch under target_bits; "
+                                "please give target_bits")
+    if settings["project"] and target_bits is None:
+        raise FxquantValueError("project=True keeps the learned bit-widths within "
+                                "target_bits; please give target_bits")
+    return settings
+
+
+def _annealed_tables(points: list[QuantPoint]) -> list[tuple[QuantPoint, Tensor]]:
+    """Each fixed per-node bit-width table once, with its final widths: those of its
+    ``NodeBits`` config (not the table as it is now: a model saved or handed over in the
+    middle of annealing holds wider widths). A table shared by several points
+    (:func:`fxquant.share_bits`) is its source's."""
+    tables = []
+    for point in points:
+        widths, rb = point.node_widths, point.config.node_bits
+        if widths is None or rb is None or widths.learned \
+                or point.__dict__.get("bits_source") is not None:
+            continue
+        tables.append((point, rb.bits.to(device=widths.bits.device, dtype=widths.bits.dtype)))
+    return tables
+
+
+def _choice_state(choice: Choice | None) -> dict[str, Any] | None:
+    if choice is None:
+        return None
+    return {"epoch": choice.epoch, "val": choice.val, "metrics": dict(choice.metrics),
+            "bits": None if choice.bits is None else [asdict(s) for s in choice.bits.sites],
+            "within_budget": choice.within_budget}
+
+
+def _choice_from_state(state: Any) -> Choice | None:
+    if state is None:
+        return None
+    try:
+        bits = None if state["bits"] is None else BitReport([SiteBits(**s)
+                                                             for s in state["bits"]])
+        return Choice(int(state["epoch"]), float(state["val"]), dict(state["metrics"]), bits,
+                      bool(state["within_budget"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise FxquantValueError(f"QuantTraining.load_state_dict: a saved best epoch cannot be "
+                                f"read ({type(e).__name__}: {e}); please pass the dict "
+                                "QuantTraining.state_dict() returned") from e
 
 
 class _BudgetProjection:
@@ -485,6 +675,41 @@ class _BudgetProjection:
         self.fixed = 0.0
         self.infeasible = False
 
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state, the last forward's costs and the pending gradient."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "costs": None if self.costs is None else [c.clone() for c in self.costs],
+                "fixed": self.fixed, "infeasible": self.infeasible,
+                "pending": [None if w.grad is None else w.grad.detach().clone()
+                            for w in self.widths]}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Go on from :meth:`state_dict`; checked whole before anything changes."""
+        def fits(tensors: Any, optional: bool) -> bool:
+            return isinstance(tensors, list | tuple) and len(tensors) == len(self.widths) \
+                and all((optional and t is None) or (isinstance(t, Tensor)
+                                                     and t.shape == w.shape)
+                        for t, w in zip(tensors, self.widths, strict=False))
+        if not isinstance(state, dict) or not isinstance(state.get("optimizer"), dict) \
+                or not (state.get("costs") is None or fits(state["costs"], False)) \
+                or not fits(state.get("pending"), True) \
+                or not isinstance(state.get("fixed"), float | int):
+            raise FxquantValueError(
+                "QuantTraining.load_state_dict: its 'budget' entry does not fit this run's "
+                f"{len(self.widths)} learned bit-width tables; is it the same model?")
+        optimizer = torch.optim.Adam(self.widths, lr=0.01)
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise FxquantValueError(f"QuantTraining.load_state_dict: its 'budget' entry does "
+                                    f"not fit this run's learned bit-widths ({e})") from e
+        self.optimizer = optimizer
+        self.costs = None if state["costs"] is None else \
+            [c.to(w.device) for c, w in zip(state["costs"], self.widths, strict=True)]
+        self.fixed, self.infeasible = float(state["fixed"]), bool(state.get("infeasible"))
+        for w, g in zip(self.widths, state["pending"], strict=True):
+            w.grad = None if g is None else g.to(device=w.device, dtype=w.dtype).clone()
+
     def measure(self, model: nn.Module) -> None:
         """Each node's cost per bit and the fixed part of the last forward's count."""
         avg, values = average_bits(model)
@@ -520,7 +745,6 @@ class _BudgetProjection:
         if budget is not None:
             self.project(budget)
 
-    @torch.no_grad()
     def project(self, budget: float) -> None:
         """Shift every width by one common amount (up or down) to the largest count within
         ``budget``, then clamp each to its range: bits a row's loss gradient gives up go to
@@ -537,7 +761,7 @@ class _BudgetProjection:
             if not self.infeasible:
                 warnings.warn(f"fxquant.recipes: the bit budget {budget:g} is below what the "
                               f"narrowest widths cost ({self.count(high):.3f} bits per value); "
-                              "the widths stay at their floor", stacklevel=3)
+                              "the widths stay at their floor", stacklevel=4)
             self.infeasible = True
         elif self.count(low) <= goal:  # every width at its ceiling fits
             high = low
@@ -545,8 +769,9 @@ class _BudgetProjection:
             for _ in range(50):
                 mid = (low + high) / 2
                 low, high = (low, mid) if self.count(mid) <= goal else (mid, high)
-        for w, allowed in zip(self.widths, self.ranges, strict=True):
-            w.sub_(high).clamp_(*allowed)
+        with torch.no_grad():
+            for w, allowed in zip(self.widths, self.ranges, strict=True):
+                w.sub_(high).clamp_(*allowed)
 
 
 class _DeprecatedCommand:
@@ -573,6 +798,12 @@ class Recipe:
     #: deprecated, an empty string: the commands that reproduce the recipes' published
     #: numbers are listed with the results in the documentation
     command = _DeprecatedCommand()
+
+    def __post_init__(self) -> None:
+        """Every setting has the type its annotation names: a
+        ``"False"`` given for a bool is an error, not ``True``. Subclasses check their
+        ranges after calling this."""
+        check_fields(self)
 
     def mapping(self, gm: GraphModule, data: Any = None) -> QuantMapping:
         """The mapping for the traced model ``gm`` (``data``: the graph, where the recipe
@@ -604,30 +835,6 @@ class Recipe:
         run.recipe = self
         return run
 
-
-
-def check_count(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FxquantValueError(f"{name} must be a whole number >= 0, got {value!r}")
-
-
-def check_flag(value: object, name: str) -> None:
-    if not isinstance(value, bool):
-        raise FxquantValueError(f"{name} must be True or False, got {value!r}")
-
-
-def check_rounding(value: object, name: str) -> None:
-    """An integer grid's rounding: ``"nearest"`` or ``"stochastic"``."""
-    if value not in ("nearest", "stochastic"):
-        raise FxquantValueError(f"{name} must be 'nearest' or 'stochastic', got {value!r}")
-
-
-def check_positive(value: object, name: str, zero: bool = False) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
-        and (value >= 0 if zero else value > 0)
-    if not ok:
-        raise FxquantValueError(f"{name} must be a finite number {'>= 0' if zero else '> 0'}, "
-                                f"got {value!r}")
 
 
 def unique(tensors: Iterable[Tensor]) -> list[Tensor]:

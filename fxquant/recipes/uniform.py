@@ -14,7 +14,8 @@ from fxquant.quant import QuantConfig, QuantMapping
 from fxquant.quant.protection import Protection
 from fxquant.quant.site import Site
 from fxquant.quant.sites import edge_arguments, linears_of, weights_of
-from fxquant.recipes.core import Recipe, check_count, check_flag, check_rounding
+from fxquant.recipes.checks import check_count, check_flag, check_rounding
+from fxquant.recipes.core import Recipe
 from fxquant.recipes.graph import gnn_layers
 
 __all__ = ["MX", "DegreeQuant", "LsqProtect"]
@@ -23,8 +24,8 @@ __all__ = ["MX", "DegreeQuant", "LsqProtect"]
 _ALL_SITES = ("input", "weight", "message", "aggregate", "output")
 
 
-def _check_bits(bits: object) -> None:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
+def _check_bits(bits: int) -> None:
+    if not 2 <= bits <= 16:  # (an int: Recipe.__post_init__ checked the type)
         raise FxquantValueError(f"bits must be a whole number in 2..16, got {bits!r}")
 
 
@@ -101,6 +102,7 @@ class DegreeQuant(Recipe):
     grad: str = "clipped"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_bits(self.bits)
         if self.grad not in ("clipped", "ste"):
             raise FxquantValueError(f"grad must be 'clipped' or 'ste', got {self.grad!r}")
@@ -178,6 +180,7 @@ class LsqProtect(_EverySite):
     message_rounding: str = "nearest"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_bits(self.bits)
         check_count(self.refit_epochs, "refit_epochs")
         check_count(self.float_epochs, "float_epochs")
@@ -218,6 +221,7 @@ class MX(_EverySite):
     format: str = "e2m1"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.config(None)
 
     def config(self, protect: tuple[float, float] | None, site: str = "output") -> QuantConfig:

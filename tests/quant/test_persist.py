@@ -156,3 +156,27 @@ def test_a_model_made_on_the_meta_device_loads_its_node_overrides(route):
     else:
         gm.load_state_dict(reference.state_dict(), assign=True)
     assert torch.equal(gm.eval()(x, ei), reference(x, ei))
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_node_bits_configs_keep_their_widths_apart_from_the_table_as_trained(tmp_path, learned):
+    """A point's NodeBits config (the widths the mapping gave: a fixed table's final
+    widths) round-trips apart from its table as training left it (annealing starts a fixed
+    table wider); a file without them (older versions) takes the saved table's."""
+    given = torch.tensor([2.0, 3.0, 4.0, 2.0, 3.0, 4.0])
+    bits = fxquant.NodeBits(given, learned=learned)
+    config = fxquant.QuantConfig("int8", scale="tensor", range="lsq", node_bits=bits)
+    gm = fxquant.transform(GCN(), fxquant.QuantMapping().set_name("conv1", config), lint="off")
+    (name, point), = fxquant.quantization_points(gm)
+    with torch.no_grad():
+        point.node_widths.bits.add_(1.0)  # as annealing leaves it
+    fxquant.save(gm, tmp_path / "gm.pt")
+    again = dict(fxquant.quantization_points(fxquant.load(tmp_path / "gm.pt", GCN())))[name]
+    assert torch.equal(again.config.node_bits.bits, given)
+    assert torch.equal(again.node_widths.bits.detach(), given + 1)
+    assert again.config.node_bits.learned == learned
+    blob = torch.load(tmp_path / "gm.pt", weights_only=True)
+    del blob["node_bits"]
+    torch.save(blob, tmp_path / "older.pt")
+    older = dict(fxquant.quantization_points(fxquant.load(tmp_path / "older.pt", GCN())))[name]
+    assert torch.equal(older.config.node_bits.bits, given + 1)
