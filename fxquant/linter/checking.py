@@ -44,6 +44,7 @@ from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import (
     BACKWARD_WRITES_GRADIENT,
     FORWARD_FAILED,
+    INPLACE_REFUSED_IN_FORWARD,
     PARAMETER_WITHOUT_GRADIENT,
     SILENTLY_WRONG_GRADIENT,
     hint_for_inplace,
@@ -219,12 +220,15 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
             real_inputs, _input_grads_of(run), rtol, atol)
         if wrong:
             _explain(wrong, run, report, lambda: _locate_unseen(model, inputs, rng, run))
+    if not wrong and rec.written_arguments():
+        rec.report = report
+        rec.report_argument_writes(harmful=False)
     crashed_there = real_error is not None and traceback_location(real_error) in {
         w.where for w in run.gradient_writes}
     _report_gradient_writes(run, report, bool(wrong) or crashed_there)
     if real is not None:
         _starved(real, rec, report, "")
-    elif protected is not None:
+    elif protected is not None and not rec.went_on_without_grad:
         _starved(protected, rec, report, " (once the errors above are fixed)")
         if real_error is not None and not report.errors:
             rec.report_checkpoint_writes(report)
@@ -264,7 +268,9 @@ def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any
             raise
         except BaseException as e:
             rec.report_modified()  # backward may never have run to see them
-            report_exception(report, "forward/backward", e)
+            if not report.by_rule(INPLACE_REFUSED_IN_FORWARD.id):  # (else a consequence of
+                # the write torch refuses: its forward would have stopped there)
+                report_exception(report, "forward/backward", e)
             return ProtectedRun(None, rec, outputs=out, error=e,
                                 gradient_writes=guard.written, unseen=unseen)
         return ProtectedRun(_grads(model), rec, outputs=out, input_grads=[t.grad for t in leaves],
@@ -297,6 +303,10 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
     changed its incoming gradient, a saved value changed where no instrument saw it (the
     line found by watching the user's lines, else the op that saved it), or nothing known."""
     rec = run.rec
+    if rec.written_arguments():  # the protected run differentiated as the function means
+        rec.report = report
+        rec.report_argument_writes(harmful=True)
+        return
     # hidden writes the recorder saw
     already = {f.location for f in report.by_rule(SILENTLY_WRONG_GRADIENT.id)}
     silent = [(entry, write) for entry in rec.saved for write in entry.silent

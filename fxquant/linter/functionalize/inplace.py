@@ -19,6 +19,7 @@ from fxquant.linter.functionalize.diagnose import reference, refuse_unfixable
 from fxquant.linter.functionalize.outcome import FunctionalizeError
 from fxquant.linter.functionalize.rewrite import rewrite_symbolically
 from fxquant.linter.functionalize.verify import verify
+from fxquant.linter.rules import INPLACE_WITHOUT_MARK_DIRTY
 from fxquant.linter.shapes import shape_only
 from fxquant.linter.state import copy_model, named_buffers, restored_state
 from fxquant.linter.torch_internals import module_buffers, module_parameters, non_persistent_buffers
@@ -127,7 +128,11 @@ def functionalize_inplace(
         rng = torch.get_rng_state()
         original = copy_model(model)
         ref = reference(original, example_inputs, rng)
-        refuse_unfixable(ref.report, ref.hidden)
+        refuse_unfixable(ref.report, ref.hidden, ref.output_writes, ref.argument_writes)
+        for f in ref.report.by_rule(INPLACE_WITHOUT_MARK_DIRTY.id):  # (custom Functions
+            # are not rewritten: what they break is said, the rest verified)
+            warnings.warn(f"functionalize_inplace: {f.where}: {f.message} Fix: {f.hint}",
+                          UserWarning, stacklevel=2)
         failures: list[str] = []
         candidates: list[tuple[str, Callable[[], GraphModule]]] = [
             ("the symbolic rewrite", lambda: rewrite_symbolically(copy_model(model), ref.calls,
