@@ -61,6 +61,7 @@ from fxquant.linter.torch_internals import (
     autograd_node_op,
     context_tensors,
     forward_class,
+    grad_fn,
     gradient_edge,
     in_backward,
     is_custom_function_node,
@@ -69,6 +70,7 @@ from fxquant.linter.torch_internals import (
     storage_id,
     tree_leaves,
     version,
+    view_base,
 )
 
 __all__ = ["Recorder"]
@@ -380,15 +382,24 @@ class Recorder:
         """``torch.autograd.functional.<api>`` hands ``arguments`` (prepared from ``given``)
         to the function it was given and differentiates with respect to them: a write the
         function makes into one changes what is differentiated
-        (:func:`~fxquant.linter.torch_internals.functional_arguments_watched`)."""
+        (:func:`~fxquant.linter.torch_internals.functional_arguments_watched`). Where the
+        tensor given is (a view of) a value with history, where its gradient enters the
+        graph is kept: the derivative the function as written means."""
         where = self.where()
         for g, a in zip(given, arguments, strict=False):
             if not (isinstance(a, Tensor) and a.requires_grad and storage_id(a)):
                 continue
-            edge = gradient_edge(g) if isinstance(g, Tensor) and g.grad_fn is not None \
-                else None
+            edge, within = None, None
+            base = view_base(g) if isinstance(g, Tensor) else None
+            if base is not None and grad_fn(base) is not None and base.is_contiguous():
+                # a view: its own node is not on the path a write reroutes through the base
+                edge = gradient_edge(base)
+                within = (tuple(g.shape), tuple(g.stride()),
+                          g.storage_offset() - base.storage_offset())
+            elif base is None and isinstance(g, Tensor) and grad_fn(g) is not None:
+                edge = gradient_edge(g)
             self.arguments.append(DifferentiatedArgument(weakref.ref(a), storage_id(a),
-                                                         version(a), api, where, edge))
+                                                         version(a), api, where, edge, within))
 
     def _note_argument_writes(self, written: list[Tensor], code: str, where: Location | None,
                               node: str) -> None:
@@ -404,16 +415,18 @@ class Recorder:
                          "changes).", INPLACE_ON_DIFFERENTIATED_ARGUMENT.hint,
                          related=argument.api, related_location=argument.where)
 
-    def differentiate_as_given(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def differentiate_as_given(self, args: tuple, kwargs: dict
+                               ) -> tuple[tuple, dict, Callable[[Any], Any] | None]:
         """Check: the arguments of ``torch.autograd.grad(outputs, inputs, ...)`` with each
         input that is a written argument of a ``torch.autograd.functional`` function
-        replaced by the gradient edge of the tensor it was given: the derivative the
-        function as written means."""
+        replaced by where the gradient of the tensor it was given entered the graph then:
+        the derivative the function as written means; and what maps the result back to
+        the inputs' shapes (None: nothing replaced)."""
         inputs = kwargs["inputs"] if "inputs" in kwargs else args[1] if len(args) > 1 else None
         if inputs is None:
-            return args, kwargs
-        single = isinstance(inputs, Tensor)
-        listed = [inputs] if single else list(inputs)
+            return args, kwargs, None
+        listed = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+        within: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
         changed = False
         for i, t in enumerate(listed):
             found = next((a for a in self.arguments if a.argument() is t), None) \
@@ -422,11 +435,26 @@ class Recorder:
                     and version(t) != found.version:
                 listed[i] = found.edge
                 changed = True
+                if found.within is not None:
+                    within[i] = found.within
         if not changed:
-            return args, kwargs
+            return args, kwargs, None
+        batched = bool(kwargs.get("is_grads_batched", False))
+
+        def back(result: Any) -> Any:
+            grads = list(result)
+            for i, (size, stride, offset) in within.items():
+                g = grads[i]
+                if isinstance(g, Tensor):
+                    g = g.contiguous()
+                    grads[i] = g.as_strided((g.shape[0], *size), (g[0].numel(), *stride),
+                                            offset) if batched else \
+                        g.as_strided(size, stride, offset)
+            return tuple(grads)
+
         if "inputs" in kwargs:
-            return args, {**kwargs, "inputs": tuple(listed)}
-        return (args[0], tuple(listed), *args[2:]), kwargs
+            return args, {**kwargs, "inputs": tuple(listed)}, back
+        return (args[0], tuple(listed), *args[2:]), kwargs, back
 
     def written_arguments(self) -> list[DifferentiatedArgument]:
         """The arguments of torch.autograd.functional functions that were written into."""
@@ -595,7 +623,7 @@ class Recorder:
         def after(out: Any) -> None:
             self.kept_in_context(function, out)
             outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
-            node = next((t.grad_fn for t in outputs if t.grad_fn is not None), None)
+            node = next((grad_fn(t) for t in outputs if grad_fn(t) is not None), None)
             if not is_custom_function_node(node):
                 return
             where = self.where()
@@ -603,7 +631,7 @@ class Recorder:
                                                      function.__name__, where)
                                       for t in outputs if t.requires_grad and storage_id(t)]
             for t, before in inputs:
-                if version(t) != before and t.grad_fn is not node:  # (mark_dirty rebases it)
+                if version(t) != before and grad_fn(t) is not node:  # (mark_dirty rebases it)
                     self._unmarked_write(function, t, self.function_writes[start:], where)
             del self.function_writes[start:]
 
@@ -789,7 +817,7 @@ class Recorder:
             # a write into ``t`` itself from a value that requires grad is recorded by
             # autograd (``buf.detach_()`` then ``buf.copy_(f(w))``): ``t`` now has history
             owners = [o for o in self._grad_owners(t)
-                      if not (o is t and grad_enabled and o.grad_fn is not None)]
+                      if not (o is t and grad_enabled and grad_fn(o) is not None)]
             changed = self.changes.pop(id(t), None)
             if owners:
                 how = ("through `.data`" if ".data" in code else
@@ -827,8 +855,10 @@ class Recorder:
                     self._report_unversioned(entry, code, where, node, hit)
         if self.function_outputs and not inside:
             self._note_function_output_writes(written, code, where, node)
-        # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there)
-        if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
+        # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there;
+        # a custom Function's forward: its backward says what passes gradient)
+        if not by_library and not inside \
+                and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
             self.add(INPLACE_OVERWRITES_GRAD_TENSOR.id, where, node,
                      f"`{code}` overwrites elements of a tensor that requires grad; legal, but "
                      "those elements pass no gradient to what computed them.",
@@ -911,7 +941,7 @@ class Recorder:
         """``t.detach_()``: it bumps no version, but backward refuses a saved tensor that
         was detached in place ("Trying to use a saved tensor that has been detached
         in-place"); named at its line when an autograd node still holds ``t``."""
-        if t.grad_fn is None:
+        if grad_fn(t) is None:
             return
         for entry in self.saved:  # (a saved output, or a value saved through hooks, is
             # re-attached or handed back by them: autograd raises for neither)

@@ -217,7 +217,10 @@ class DifferentiatedArgument:
     version: int
     api: str
     where: Location | None
-    #: the gradient edge of the tensor given (the derivative meant), None for a leaf
+    #: where the gradient of the tensor given entered the graph (the derivative meant):
+    #: its own, or its base's where it is a view; None for a leaf
     edge: Any = None
+    #: for a view: its size, strides and offset within its base
+    within: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
     #: ``(code, location, node)`` of each write into it
     writes: list[tuple[str, Location | None, str]] = field(default_factory=list)

@@ -91,6 +91,7 @@ __all__ = [
     "function_mode_stack",
     "functional_arguments_watched",
     "global_module_hooks",
+    "grad_fn",
     "gradient_edge",
     "has_internal_overlap",
     "in_backward",
@@ -121,6 +122,7 @@ __all__ = [
     "tree_map_only",
     "tree_unflatten",
     "version",
+    "view_base",
     "warn_missing",
     "writes_first_argument",
     "written_tensors",
@@ -241,6 +243,9 @@ INTERNALS: Final = (
     Internal("functional_arguments_watched", "torch.autograd.functional._grad_preprocess",
              "writes into the arguments of functions given to torch.autograd.functional "
              f"({INPLACE_ON_DIFFERENTIATED_ARGUMENT.id})"),
+    Internal("view_base", "torch.Tensor._base",
+             "the right derivative where a function given to torch.autograd.functional "
+             f"writes into its argument, a view ({INPLACE_ON_DIFFERENTIATED_ARGUMENT.id})"),
     Internal("gradient_edge", "torch.autograd.graph.get_gradient_edge",
              "the right derivative where a function given to torch.autograd.functional "
              f"writes into its argument ({INPLACE_ON_DIFFERENTIATED_ARGUMENT.id})"),
@@ -419,6 +424,12 @@ def storage_id(t: Tensor) -> int:
         return 0
 
 
+def view_base(t: Tensor) -> Tensor | None:
+    """The tensor ``t`` is a view of (the root of a chain of views), None for a tensor
+    that is not a view."""
+    return t._base
+
+
 def has_internal_overlap(t: Tensor) -> bool:
     """Whether several elements of ``t`` share one memory location (an ``expand``ed
     tensor): autograd refuses to write into it, fake tensors do not check."""
@@ -494,9 +505,10 @@ def autograd_nodes(outputs: Any) -> list[Any]:
 
     The nodes' Python objects are made on demand, and one freed while the graph is walked
     may give its ``id`` to another: every node visited is kept alive until the walk ends.
+    A tensor whose node autograd refuses to give (a custom Function's view changed since)
+    has none.
     """
-    todo: list[Any] = [t.grad_fn for t in tree_leaves(outputs)
-                       if isinstance(t, Tensor) and t.grad_fn is not None]
+    todo: list[Any] = [grad_fn(t) for t in tree_leaves(outputs) if isinstance(t, Tensor)]
     seen: dict[int, Any] = {}
     while todo:
         node = todo.pop()
@@ -505,6 +517,18 @@ def autograd_nodes(outputs: Any) -> list[Any]:
         seen[id(node)] = node
         todo.extend(next_node for next_node, _ in node.next_functions)
     return list(seen.values())
+
+
+def grad_fn(t: Tensor) -> Any:
+    """``t.grad_fn``, or None where autograd refuses to give it: a view a custom Function
+    returned, changed since ('... is a view and its base ... has been modified
+    inplace')."""
+    try:
+        return t.grad_fn
+    except RuntimeError as e:
+        if AFTER_REFUSED_VIEW_WRITE not in str(e):
+            raise
+        return None
 
 
 def is_custom_function_node(node: Any) -> bool:

@@ -118,8 +118,9 @@ class FunctionMode(TorchFunctionMode):
                 and isinstance(args[0], Tensor) and not args[0].is_leaf \
                 and callable(args[1]):  # check: a tensor hook gets a gradient of its own
             args = (args[0], rec.guarded_hook(args[1]))  # (dies with the forward's graph)
+        back = None
         if func is torch.autograd.grad and rec.copy_saved and rec.arguments:
-            args, kwargs = rec.differentiate_as_given(args, kwargs)  # (check)
+            args, kwargs, back = rec.differentiate_as_given(args, kwargs)  # (check)
         rec.writes = []
         rec.write_versions = []
         first_saved = len(rec.saved)
@@ -131,6 +132,8 @@ class FunctionMode(TorchFunctionMode):
         rec.calls_open += 1
         try:
             out = func(*args, **kwargs)
+            if back is not None:
+                out = back(out)
         except RuntimeError as e:
             if AFTER_REFUSED_VIEW_WRITE in str(e) and rec.changed_outputs:
                 rec.report_changed_outputs((args, kwargs))  # a custom Function's view, changed
