@@ -24,7 +24,9 @@ from torch import Tensor, nn
 from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
+from fxquant.fx.tracer import refuse_lazy
 from fxquant.linter.anomaly import watching_anomaly
+from fxquant.linter.arguments import with_concrete_args
 from fxquant.linter.backward import GradientGuard, GradientWrite, gradient_hint
 from fxquant.linter.dynamic import anomaly_finding, plain_error
 from fxquant.linter.locate import first_line_after
@@ -125,6 +127,7 @@ def _real_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
 def check(
     model: nn.Module,
     *example_inputs: Any,
+    concrete_args: dict[str, Any] | None = None,
     loss_fn: Callable[[Any], Tensor] | None = None,
     rtol: float = 1e-4,
     atol: float = 1e-6,
@@ -147,9 +150,16 @@ def check(
     Args:
         model (torch.nn.Module): the model, unmodified.
         *example_inputs: its forward arguments (copied; never written).
+        concrete_args (dict, optional): forward arguments fixed by name, as
+            :func:`fxquant.lint` takes them: the forward runs with them (put in their
+            places of forward's signature).
         loss_fn (callable, optional): maps the output to a scalar loss.
             (default: the sum of all floating-point outputs that require grad)
         rtol, atol (float, optional): tolerance of the gradient comparison.
+
+    Raises:
+        FxquantValueError: a lazy layer (``GCNConv(-1, 16)``, ``nn.LazyLinear``) is not
+            initialized yet: run the model once on example inputs first.
 
     Example:
         >>> class Doubler(torch.nn.Module):
@@ -166,12 +176,14 @@ def check(
     """
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"fxquant.check expects a torch.nn.Module, got {type(model).__name__}")
+    refuse_lazy(model, "check")
     if loss_fn is not None and not callable(loss_fn):
         raise FxquantTypeError(f"loss_fn must be a callable mapping the output to a scalar, got {loss_fn!r}")
     if shape_only(example_inputs):
         raise FxquantValueError("fxquant.check runs backward on values, but some example inputs are "
                          "shapes only (ShapeSpec or meta tensors): pass real tensors, or use "
                          "fxquant.lint(model, *shapes) to lint from shapes alone")
+    example_inputs = with_concrete_args(model, example_inputs, concrete_args, "check")
     loss = loss_fn if loss_fn is not None else _sum_outputs
     report = LintReport(mode="check")
     with PROCESS_LOCK, restored_state(model):

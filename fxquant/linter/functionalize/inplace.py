@@ -13,7 +13,8 @@ from torch.fx import GraphModule
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.serial import PROCESS_LOCK
-from fxquant.fx.tracer import LeafSpec, refuse_compiled
+from fxquant.fx.tracer import LeafSpec, refuse_compiled, refuse_lazy
+from fxquant.linter.arguments import with_concrete_args
 from fxquant.linter.functionalize.capture import capture
 from fxquant.linter.functionalize.diagnose import reference, refuse_unfixable
 from fxquant.linter.functionalize.outcome import FunctionalizeError
@@ -84,7 +85,11 @@ def functionalize_inplace(
     Args:
         model (torch.nn.Module): the model; not modified (the result owns a copy).
         *example_inputs: forward arguments; the rewrite is verified on them.
-        concrete_args, leaf_modules: passed to :func:`fxquant.trace`.
+        concrete_args (dict, optional): forward arguments fixed by name, as in
+            :func:`fxquant.trace`: the symbolic rewrite is traced with them, and the
+            original and the rewrite run with them (put in their places of forward's
+            signature) where they are verified.
+        leaf_modules: passed to :func:`fxquant.trace`.
         rtol, atol (float, optional): tolerance of the verification.
 
     Returns:
@@ -118,12 +123,15 @@ def functionalize_inplace(
         raise FxquantTypeError("fxquant.functionalize_inplace expects a torch.nn.Module, got "
                         f"{type(model).__name__}")
     refuse_compiled(model, "functionalize_inplace")
+    refuse_lazy(model, "functionalize_inplace")
     if not example_inputs:
         raise FxquantTypeError("functionalize_inplace verifies its rewrite on example inputs: please "
                         "pass them, functionalize_inplace(model, *inputs)")
     if shape_only(example_inputs):
         raise FxquantValueError("functionalize_inplace verifies its rewrite on values, but some example "
                          "inputs are shapes only (ShapeSpec or meta tensors): pass real tensors")
+    example_inputs = with_concrete_args(model, example_inputs, concrete_args,
+                                        "functionalize_inplace")
     with PROCESS_LOCK, restored_state(model), torch.enable_grad():
         rng = torch.get_rng_state()
         original = copy_model(model)
