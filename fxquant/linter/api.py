@@ -9,7 +9,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from fxquant.errors import FxquantError, FxquantTypeError
-from fxquant.fx.tracer import LeafSpec, TraceError, check_leaf_modules, refuse_lazy, trace
+from fxquant.fx.tracer import LeafSpec, TraceError, check_leaf_modules, trace
 from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.arguments import with_concrete_args
 from fxquant.linter.dynamic import lint_dynamic
@@ -19,6 +19,7 @@ from fxquant.linter.rules import (
     ANOMALY_MODE_IN_FORWARD,
     NOT_VISIBLE,
 )
+from fxquant.linter.state import refuse_lazy
 from fxquant.linter.symbolic import ORIGINAL_KEY, lint_graph
 
 __all__ = ["lint", "untraceable_note"]

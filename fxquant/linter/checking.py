@@ -24,7 +24,6 @@ from torch import Tensor, nn
 from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
-from fxquant.fx.tracer import refuse_lazy
 from fxquant.linter.anomaly import watching_anomaly
 from fxquant.linter.arguments import with_concrete_args
 from fxquant.linter.backward import GradientGuard, GradientWrite, gradient_hint
@@ -53,7 +52,7 @@ from fxquant.linter.rules import (
     strip_comment,
 )
 from fxquant.linter.shapes import shape_only
-from fxquant.linter.state import clone_inputs, restored_state
+from fxquant.linter.state import clone_inputs, refuse_lazy, restored_state
 from fxquant.linter.torch_internals import tree_leaves
 
 __all__ = ["ProtectedRun", "both_runs", "check", "protected_run"]

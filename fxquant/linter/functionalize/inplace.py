@@ -13,7 +13,7 @@ from torch.fx import GraphModule
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.serial import PROCESS_LOCK
-from fxquant.fx.tracer import LeafSpec, refuse_compiled, refuse_lazy
+from fxquant.fx.tracer import LeafSpec, refuse_compiled
 from fxquant.linter.arguments import with_concrete_args
 from fxquant.linter.functionalize.capture import capture
 from fxquant.linter.functionalize.diagnose import reference, refuse_unfixable
@@ -22,7 +22,7 @@ from fxquant.linter.functionalize.rewrite import rewrite_symbolically
 from fxquant.linter.functionalize.verify import verify
 from fxquant.linter.rules import INPLACE_WITHOUT_MARK_DIRTY
 from fxquant.linter.shapes import shape_only
-from fxquant.linter.state import copy_model, named_buffers, restored_state
+from fxquant.linter.state import copy_model, named_buffers, refuse_lazy, restored_state
 from fxquant.linter.torch_internals import module_buffers, module_parameters, non_persistent_buffers
 
 __all__ = ["carry_state", "functionalize_inplace"]
