@@ -190,7 +190,9 @@ class Recorder:
         self.cast_sources: dict[int, list[AutocastCast]] = {}
         #: the tensors torch.autograd.functional differentiates with respect to
         self.arguments: list[DifferentiatedArgument] = []
-        #: writes made inside custom Functions' forwards: (storage, code, line, node)
+        #: how many custom Functions' ``apply`` run now (watched), and the writes made inside
+        #: their forwards: (storage, code, line, node)
+        self.applying = 0
         self.function_writes: list[tuple[int, str, Location | None, str]] = []
 
     # where ------------------------------------------------------------------------------
@@ -619,8 +621,10 @@ class Recorder:
         inputs = [(t, version(t)) for t in tree_leaves(args) if isinstance(t, Tensor)
                   and t.requires_grad and not t.is_inference()]
         start = len(self.function_writes)
+        self.applying += 1
 
         def after(out: Any) -> None:
+            self.applying -= 1
             self.kept_in_context(function, out)
             outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
             node = next((grad_fn(t) for t in outputs if grad_fn(t) is not None), None)
@@ -798,8 +802,14 @@ class Recorder:
             self.locator.remember_unlocated(code, node)
         written = [t for _, t, _ in writes]
         self.inplace_calls.append(InplaceCall(where, func_name, by_library, requested))
-        inside = _in_custom_function()
-        if inside:  # (an input written without mark_dirty is named at this line)
+        found: list[bool] = []
+
+        def inside() -> bool:  # (a walk of the stack: only where it matters, once)
+            if not found:
+                found.append(_in_custom_function())
+            return found[0]
+
+        if self.applying and inside():  # (an input written without mark_dirty: this line)
             self.function_writes += [(storage_id(t), code, where, node) for t in written]
         if self.arguments:
             self._note_argument_writes(written, code, where, node)
@@ -824,7 +834,7 @@ class Recorder:
                        "under torch.no_grad()" if not grad_enabled else
                        "through a `.detach()`ed alias")
                 self.hide(owners, code, where, node, how, changed, alias=t,
-                          inside_function=inside)
+                          inside_function=inside())
         for entry in self.saved:
             now = version(entry.tensor)
             if bump_pending and any(same_storage(t, entry.tensor) for t in written):
@@ -853,12 +863,13 @@ class Recorder:
                 if self.scan_saved and entry.in_graph and not entry.kept_as \
                         and hit.startswith("_fused_"):
                     self._report_unversioned(entry, code, where, node, hit)
-        if self.function_outputs and not inside:
+        if self.function_outputs and not {storage_id(t) for t in written}.isdisjoint(
+                e.storage for e in self.function_outputs) and not inside():
             self._note_function_output_writes(written, code, where, node)
         # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there;
         # a custom Function's forward: its backward says what passes gradient)
-        if not by_library and not inside \
-                and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
+        if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes) \
+                and not inside():
             self.add(INPLACE_OVERWRITES_GRAD_TENSOR.id, where, node,
                      f"`{code}` overwrites elements of a tensor that requires grad; legal, but "
                      "those elements pass no gradient to what computed them.",

@@ -6,6 +6,7 @@ to other masks: an error at the checkpoint's line."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,7 @@ def test_checkpointed_dropout_without_the_rng_state_is_an_error_at_the_checkpoin
     torch.manual_seed(0)
     model = _Checkpointed(0.5, "module", 1, False, keep_rng=False)
     report = fxquant.check(model, torch.randn(6, 4))
-    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1)
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
                 if text.endswith("# CHECKPOINT"))
     assert [(f.rule, f.line) for f in report.errors] == [("FXQ012", line - 1)]
     assert "preserve_rng_state=False" in report.errors[0].message

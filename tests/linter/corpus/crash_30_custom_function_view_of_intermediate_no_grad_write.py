@@ -5,7 +5,8 @@ custom backward for a view: the write goes through, and the next use of the tens
 "Output 0 of ... is a view and its base or another view of its base has been modified inplace.
 This view was created inside a custom Function ...". The traceback names the line that uses
 the tensor, not the write. The thread's own example (`Mul3ThenFlatten`, `output.fill_(1)` under
-no_grad) once skipped the custom backward silently; since PyTorch 1.9 it raises.
+no_grad) once skipped the custom backward silently; PyTorch then forbade the pattern (a
+deprecation warning first, an error since).
 
 Source: https://github.com/pytorch/pytorch/issues/14707
 """

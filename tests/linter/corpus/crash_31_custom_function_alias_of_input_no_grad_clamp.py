@@ -1,9 +1,9 @@
 """A custom `autograd.Function` that returns a view of its input (`x[:]`, an alias with its
 own backward), and a `torch.no_grad()` clamp of that view in the model's forward. The view
 carries the custom backward, so autograd forbids rewriting its history: the clamp itself goes
-through, and the next op that reads the view raises "Output 0 of AliasBackward is a view and
-its base or another view of its base has been modified inplace ... You can fix this by
-cloning the output of the custom Function", pointing at that later line.
+through, and the next op that reads the view raises "Output 0 of Alias is a view and its base
+or another view of its base has been modified inplace ... You can fix this by cloning the
+output of the custom Function", pointing at that later line.
 
 Source: https://github.com/pytorch/pytorch/issues/73604
 """
