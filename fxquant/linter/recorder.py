@@ -487,7 +487,7 @@ class Recorder:
         grad: autocast keeps the cast for the rest of its region."""
         if self.call_name in _EXPLICIT_CASTS or len(inputs) != 1 or not isinstance(out, Tensor):
             return
-        source = inputs[0]
+        (source,) = inputs
         if not (source.is_leaf and source.requires_grad and source.is_floating_point()) \
                 or out.dtype == source.dtype or not storage_id(source):
             return
