@@ -11,6 +11,7 @@ from torch.fx import GraphModule
 from fxquant.errors import FxquantError, FxquantTypeError
 from fxquant.fx.tracer import LeafSpec, TraceError, check_leaf_modules, trace
 from fxquant.linter.anomaly import watching_anomaly
+from fxquant.linter.arguments import with_concrete_args
 from fxquant.linter.dynamic import lint_dynamic
 from fxquant.linter.recording import internal_failure
 from fxquant.linter.report import Finding, LintReport
@@ -18,6 +19,7 @@ from fxquant.linter.rules import (
     ANOMALY_MODE_IN_FORWARD,
     NOT_VISIBLE,
 )
+from fxquant.linter.state import refuse_lazy
 from fxquant.linter.symbolic import ORIGINAL_KEY, lint_graph
 
 __all__ = ["lint", "untraceable_note"]
@@ -56,12 +58,18 @@ def lint(
     Args:
         model (torch.nn.Module or torch.fx.GraphModule): the model, unmodified.
         *example_inputs: forward arguments; strongly recommended.
-        concrete_args (dict, optional): for the symbolic trace (no example inputs).
+        concrete_args (dict, optional): forward arguments fixed by name, as in
+            :func:`fxquant.trace`: with example inputs the forward runs with them (put in
+            their places of forward's signature); without, they fix the symbolic trace.
         leaf_modules (iterable, optional): for the symbolic trace (no example inputs).
 
     Returns:
         LintReport: findings with ``rule``, ``severity``, ``node``, ``location``,
         ``message`` and ``hint``; ``str(report)`` is a table.
+
+    Raises:
+        FxquantValueError: a lazy layer (``GCNConv(-1, 16)``, ``nn.LazyLinear``) is not
+            initialized yet: run the model once on example inputs first.
 
     Example:
         >>> class Model(torch.nn.Module):
@@ -81,8 +89,10 @@ def lint(
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"fxquant.lint expects a torch.nn.Module, got {type(model).__name__}")
     check_leaf_modules(leaf_modules)
+    refuse_lazy(model, "lint")
     if example_inputs:
-        return lint_dynamic(model, example_inputs)
+        return lint_dynamic(model, with_concrete_args(model, example_inputs, concrete_args,
+                                                      "lint"))
     report = LintReport(mode="symbolic")
     if isinstance(model, GraphModule):
         gm = model

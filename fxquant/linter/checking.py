@@ -25,6 +25,7 @@ from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.locations import Location, traceback_location
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.linter.anomaly import watching_anomaly
+from fxquant.linter.arguments import with_concrete_args
 from fxquant.linter.backward import GradientGuard, GradientWrite, gradient_hint
 from fxquant.linter.dynamic import anomaly_finding, plain_error
 from fxquant.linter.locate import first_line_after
@@ -44,13 +45,14 @@ from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import (
     BACKWARD_WRITES_GRADIENT,
     FORWARD_FAILED,
+    INPLACE_REFUSED_IN_FORWARD,
     PARAMETER_WITHOUT_GRADIENT,
     SILENTLY_WRONG_GRADIENT,
     hint_for_inplace,
     strip_comment,
 )
 from fxquant.linter.shapes import shape_only
-from fxquant.linter.state import clone_inputs, restored_state
+from fxquant.linter.state import clone_inputs, refuse_lazy, restored_state
 from fxquant.linter.torch_internals import tree_leaves
 
 __all__ = ["ProtectedRun", "both_runs", "check", "protected_run"]
@@ -124,6 +126,7 @@ def _real_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
 def check(
     model: nn.Module,
     *example_inputs: Any,
+    concrete_args: dict[str, Any] | None = None,
     loss_fn: Callable[[Any], Tensor] | None = None,
     rtol: float = 1e-4,
     atol: float = 1e-6,
@@ -146,9 +149,16 @@ def check(
     Args:
         model (torch.nn.Module): the model, unmodified.
         *example_inputs: its forward arguments (copied; never written).
+        concrete_args (dict, optional): forward arguments fixed by name, as
+            :func:`fxquant.lint` takes them: the forward runs with them (put in their
+            places of forward's signature).
         loss_fn (callable, optional): maps the output to a scalar loss.
             (default: the sum of all floating-point outputs that require grad)
         rtol, atol (float, optional): tolerance of the gradient comparison.
+
+    Raises:
+        FxquantValueError: a lazy layer (``GCNConv(-1, 16)``, ``nn.LazyLinear``) is not
+            initialized yet: run the model once on example inputs first.
 
     Example:
         >>> class Doubler(torch.nn.Module):
@@ -165,12 +175,14 @@ def check(
     """
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"fxquant.check expects a torch.nn.Module, got {type(model).__name__}")
+    refuse_lazy(model, "check")
     if loss_fn is not None and not callable(loss_fn):
         raise FxquantTypeError(f"loss_fn must be a callable mapping the output to a scalar, got {loss_fn!r}")
     if shape_only(example_inputs):
         raise FxquantValueError("fxquant.check runs backward on values, but some example inputs are "
                          "shapes only (ShapeSpec or meta tensors): pass real tensors, or use "
                          "fxquant.lint(model, *shapes) to lint from shapes alone")
+    example_inputs = with_concrete_args(model, example_inputs, concrete_args, "check")
     loss = loss_fn if loss_fn is not None else _sum_outputs
     report = LintReport(mode="check")
     with PROCESS_LOCK, restored_state(model):
@@ -219,12 +231,15 @@ def both_runs(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any], T
             real_inputs, _input_grads_of(run), rtol, atol)
         if wrong:
             _explain(wrong, run, report, lambda: _locate_unseen(model, inputs, rng, run))
+    if not wrong and rec.written_arguments():
+        rec.report = report
+        rec.report_argument_writes(harmful=False)
     crashed_there = real_error is not None and traceback_location(real_error) in {
         w.where for w in run.gradient_writes}
     _report_gradient_writes(run, report, bool(wrong) or crashed_there)
     if real is not None:
         _starved(real, rec, report, "")
-    elif protected is not None:
+    elif protected is not None and not rec.went_on_without_grad:
         _starved(protected, rec, report, " (once the errors above are fixed)")
         if real_error is not None and not report.errors:
             rec.report_checkpoint_writes(report)
@@ -264,7 +279,9 @@ def protected_run(model: nn.Module, inputs: tuple[Any, ...], loss: Callable[[Any
             raise
         except BaseException as e:
             rec.report_modified()  # backward may never have run to see them
-            report_exception(report, "forward/backward", e)
+            if not report.by_rule(INPLACE_REFUSED_IN_FORWARD.id):  # (else a consequence of
+                # the write torch refuses: its forward would have stopped there)
+                report_exception(report, "forward/backward", e)
             return ProtectedRun(None, rec, outputs=out, error=e,
                                 gradient_writes=guard.written, unseen=unseen)
         return ProtectedRun(_grads(model), rec, outputs=out, input_grads=[t.grad for t in leaves],
@@ -297,6 +314,10 @@ def _explain(wrong: list[str], run: ProtectedRun, report: LintReport,
     changed its incoming gradient, a saved value changed where no instrument saw it (the
     line found by watching the user's lines, else the op that saved it), or nothing known."""
     rec = run.rec
+    if rec.written_arguments():  # the protected run differentiated as the function means
+        rec.report = report
+        rec.report_argument_writes(harmful=True)
+        return
     # hidden writes the recorder saw
     already = {f.location for f in report.by_rule(SILENTLY_WRONG_GRADIENT.id)}
     silent = [(entry, write) for entry in rec.saved for write in entry.silent

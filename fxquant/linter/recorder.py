@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch import Tensor, nn
@@ -28,13 +28,17 @@ from fxquant.linter.records import (
     NO_PROVENANCE,
     OVERWRITING_OPS,
     ZERO_DERIVATIVE_OPS,
+    AutocastCast,
     Checkpoint,
+    DifferentiatedArgument,
+    FunctionOutput,
     HiddenWrite,
     InplaceCall,
     Origin,
     Provenance,
     SavedTensor,
     same_storage,
+    same_values,
 )
 from fxquant.linter.report import Finding, LintReport
 from fxquant.linter.rules import (
@@ -42,21 +46,31 @@ from fxquant.linter.rules import (
     FACTORY_WITHOUT_DEVICE,
     HIDDEN_WRITE_THEN_READ,
     INPLACE_MODIFIES_SAVED_TENSOR,
+    INPLACE_ON_DIFFERENTIATED_ARGUMENT,
     INPLACE_ON_LEAF,
     INPLACE_OVERWRITES_GRAD_TENSOR,
+    INPLACE_REFUSED_IN_FORWARD,
+    INPLACE_WITHOUT_MARK_DIRTY,
     SILENTLY_WRONG_GRADIENT,
+    STALE_AUTOCAST_CAST,
     ZERO_GRADIENT_OP,
     strip_comment,
 )
 from fxquant.linter.torch_internals import (
+    AFTER_REFUSED_VIEW_WRITE,
     autograd_node_op,
     context_tensors,
     forward_class,
+    grad_fn,
+    gradient_edge,
+    in_backward,
     is_custom_function_node,
+    is_fake,
     is_function_context,
     storage_id,
     tree_leaves,
     version,
+    view_base,
 )
 
 __all__ = ["Recorder"]
@@ -159,6 +173,27 @@ class Recorder:
         self.hook_writes: list[GradientWrite] = []
         #: the tensors the ATen ops of the current call wrote, with their version before
         self.write_versions: list[tuple[Tensor, int]] = []
+        #: the outputs of custom Functions that require grad (autograd forbids changing them)
+        self.function_outputs: list[FunctionOutput] = []
+        #: those changed since, with the write's (code, line, node): reading them raises
+        self.changed_outputs: list[tuple[FunctionOutput, str, Location | None, str]] = []
+        #: the lines of those writes, once reported (no rewrite knows the gradient meant)
+        self.output_writes: list[Location | None] = []
+        #: whether a call that read a view changed where autograd forbids it ran on
+        #: without autograd (the gradients past it are not the model's)
+        self.went_on_without_grad = False
+        #: whether the Python call running now runs with autocast caching its casts
+        self.autocast_call = False
+        self.call_name = ""  # the Python call running now
+        #: the casts autocast made and keeps, by the cast tensor and by source storage
+        self.casts: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.cast_sources: dict[int, list[AutocastCast]] = {}
+        #: the tensors torch.autograd.functional differentiates with respect to
+        self.arguments: list[DifferentiatedArgument] = []
+        #: how many custom Functions' ``apply`` run now (watched), and the writes made inside
+        #: their forwards: (storage, code, line, node)
+        self.applying = 0
+        self.function_writes: list[tuple[int, str, Location | None, str]] = []
 
     # where ------------------------------------------------------------------------------
 
@@ -215,16 +250,25 @@ class Recorder:
                 if o is not None and o.requires_grad and storage_id(o) == ptr]
 
     def hide(self, owners: list[Tensor], code: str, where: Location | None, node: str,
-             how: str, changed: Tensor | None = None, alias: Tensor | None = None) -> None:
+             how: str, changed: Tensor | None = None, alias: Tensor | None = None, *,
+             inside_function: bool | None = None, needs_reader: bool | None = None,
+             hint: str = "") -> None:
         """Remember a hidden write into ``owners`` through ``alias`` (one of them when
-        None); ``changed`` masks the alias's elements it changed (None: unknown)."""
-        if _in_custom_function():
-            return  # a custom autograd.Function's forward: its author states the gradient
+        None); ``changed`` masks the alias's elements it changed (None: unknown). A write
+        inside a custom Function's forward (``inside_function``, found on the stack where
+        None) is not one: its author states the gradient. ``needs_reader``: it matters
+        only where a differentiable op reads an owner after it (default: where every owner
+        is a leaf)."""
+        if _in_custom_function() if inside_function is None else inside_function:
+            return
         names = [self.names[id(o)] for o in owners if id(o) in self.names]
         target = f"parameter {names[0]!r}" if names else "a tensor that requires grad"
         written = owners[0] if alias is None else alias
         masks = [None if changed is None else _on_owner(written, changed, o) for o in owners]
-        write = HiddenWrite(code, where, node, how, target, list(owners), masks)
+        if needs_reader is None:
+            needs_reader = all(o.is_leaf for o in owners)
+        write = HiddenWrite(code, where, node, how, target, list(owners), masks,
+                            needs_reader=needs_reader, hint=hint)
         self.hidden_writes.append(write)
         for owner in owners:
             self.hidden[owner] = write
@@ -247,7 +291,7 @@ class Recorder:
                          f"`{write.code}` changes {write.target} {write.how}, which autograd "
                          f"does not see, and `{write.reader}` then computes with it: the "
                          "gradient may skip this change (fxquant.check runs backward and "
-                         "tells whether it does).", HIDDEN_WRITE_THEN_READ.hint,
+                         "tells whether it does).", write.hint or HIDDEN_WRITE_THEN_READ.hint,
                          related=write.reader, related_location=reader)
 
     def confirm_hidden(self) -> list[HiddenWrite]:
@@ -260,6 +304,8 @@ class Recorder:
         # writes into saved values: the check compares gradients and names the saving op
         saved = {w[1] for entry in self.saved for w in entry.silent}
         for write in self.hidden_writes:
+            if write.needs_reader and not write.reader:
+                continue  # nothing computed with the changed values (their gradient is right)
             if not any(_grad_where_changed(o, c)
                        for o, c in zip(write.owners, write.changed, strict=True)):
                 continue
@@ -272,7 +318,8 @@ class Recorder:
                      f"`{write.code}` changes {write.target} {write.how}, which autograd does "
                      f"not see{then}: backward runs, but the gradient skips this change (it "
                      "treats the new values as if the ops before had computed them).",
-                     HIDDEN_WRITE_THEN_READ.hint, related=write.reader, related_location=write.read_at)
+                     write.hint or HIDDEN_WRITE_THEN_READ.hint, related=write.reader,
+                     related_location=write.read_at)
         return confirmed
 
     def origin(self, op: str, where: Location | None, node: str) -> int:
@@ -288,6 +335,13 @@ class Recorder:
             self.writes.append((name, t, grad_before))
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
+        if self.autocast_call and name == "_to_copy":
+            self._note_cast(inputs, out)
+        if len(self.casts) and not in_backward():
+            for t in inputs:
+                cast = self.casts.get(t)
+                if cast is not None and cast.writes and not cast.reported:
+                    self._report_stale_cast(cast, t)
         if not outputs:
             return
         provs = [self.get(t) for t in inputs]
@@ -322,6 +376,165 @@ class Recorder:
                             old.factories | new.factories, old.zero_grad | new.zero_grad,
                             old.cut | new.cut)
             self.prov[t] = new
+
+    # torch.autograd.functional ------------------------------------------------------------
+
+    def watch_arguments(self, api: str, given: tuple[Any, ...], arguments: tuple[Any, ...]
+                        ) -> None:
+        """``torch.autograd.functional.<api>`` hands ``arguments`` (prepared from ``given``)
+        to the function it was given and differentiates with respect to them: a write the
+        function makes into one changes what is differentiated
+        (:func:`~fxquant.linter.torch_internals.functional_arguments_watched`). Where the
+        tensor given is (a view of) a value with history, where its gradient enters the
+        graph is kept: the derivative the function as written means."""
+        where = self.where()
+        for g, a in zip(given, arguments, strict=False):
+            if not (isinstance(a, Tensor) and a.requires_grad and storage_id(a)):
+                continue
+            edge, within = None, None
+            base = view_base(g) if isinstance(g, Tensor) else None
+            if base is not None and grad_fn(base) is not None and base.is_contiguous():
+                # a view: its own node is not on the path a write reroutes through the base
+                edge = gradient_edge(base)
+                within = (tuple(g.shape), tuple(g.stride()),
+                          g.storage_offset() - base.storage_offset())
+            elif base is None and isinstance(g, Tensor) and grad_fn(g) is not None:
+                edge = gradient_edge(g)
+            self.arguments.append(DifferentiatedArgument(weakref.ref(a), storage_id(a),
+                                                         version(a), api, where, edge, within))
+
+    def _note_argument_writes(self, written: list[Tensor], code: str, where: Location | None,
+                              node: str) -> None:
+        hit = {storage_id(t) for t in written}
+        for argument in self.arguments:
+            if argument.storage not in hit or argument.argument() is None \
+                    or (code, where, node) in argument.writes:
+                continue
+            argument.writes.append((code, where, node))
+            if self.scan_saved:
+                self.add(INPLACE_ON_DIFFERENTIATED_ARGUMENT.id, where, node,
+                         f"{_argument_write(argument, code)} (fxquant.check tells whether it "
+                         "changes).", INPLACE_ON_DIFFERENTIATED_ARGUMENT.hint,
+                         related=argument.api, related_location=argument.where)
+
+    def differentiate_as_given(self, args: tuple, kwargs: dict
+                               ) -> tuple[tuple, dict, Callable[[Any], Any] | None]:
+        """Check: the arguments of ``torch.autograd.grad(outputs, inputs, ...)`` with each
+        input that is a written argument of a ``torch.autograd.functional`` function
+        replaced by where the gradient of the tensor it was given entered the graph then:
+        the derivative the function as written means; and what maps the result back to
+        the inputs' shapes (None: nothing replaced)."""
+        inputs = kwargs["inputs"] if "inputs" in kwargs else args[1] if len(args) > 1 else None
+        if inputs is None:
+            return args, kwargs, None
+        listed = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+        within: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
+        changed = False
+        for i, t in enumerate(listed):
+            found = next((a for a in self.arguments if a.argument() is t), None) \
+                if isinstance(t, Tensor) else None
+            if found is not None and found.writes and found.edge is not None \
+                    and version(t) != found.version:
+                listed[i] = found.edge
+                changed = True
+                if found.within is not None:
+                    within[i] = found.within
+        if not changed:
+            return args, kwargs, None
+        batched = bool(kwargs.get("is_grads_batched", False))
+
+        def back(result: Any) -> Any:
+            grads = list(result)
+            for i, (size, stride, offset) in within.items():
+                g = grads[i]
+                if isinstance(g, Tensor):
+                    g = g.contiguous()
+                    grads[i] = g.as_strided((g.shape[0], *size), (g[0].numel(), *stride),
+                                            offset) if batched else \
+                        g.as_strided(size, stride, offset)
+            return tuple(grads)
+
+        if "inputs" in kwargs:
+            return args, {**kwargs, "inputs": tuple(listed)}, back
+        return (args[0], tuple(listed), *args[2:]), kwargs, back
+
+    def written_arguments(self) -> list[DifferentiatedArgument]:
+        """The arguments of torch.autograd.functional functions that were written into."""
+        return [a for a in self.arguments if a.writes]
+
+    def report_argument_writes(self, harmful: bool) -> None:
+        """Check: FXQ012 for each write into a differentiated argument where the gradients
+        are wrong (the protected run took the derivative as the function means it), else
+        FXQ016 (harmless here)."""
+        for argument in self.written_arguments():
+            for code, where, node in argument.writes:
+                said = _argument_write(argument, code)
+                if harmful:
+                    self.add(SILENTLY_WRONG_GRADIENT.id, where, node,
+                             f"{said}: backward runs, but the result and the gradients are "
+                             "wrong.", INPLACE_ON_DIFFERENTIATED_ARGUMENT.hint,
+                             related=argument.api, related_location=argument.where)
+                else:
+                    self.add(INPLACE_ON_DIFFERENTIATED_ARGUMENT.id, where, node,
+                             f"{said} (here the result is the same).",
+                             INPLACE_ON_DIFFERENTIATED_ARGUMENT.hint,
+                             related=argument.api, related_location=argument.where)
+
+    # autocast's cast cache ---------------------------------------------------------------
+
+    def _note_cast(self, inputs: list[Tensor], out: Any) -> None:
+        """``_to_copy`` run by autocast (not the user's ``.to``) of a leaf that requires
+        grad: autocast keeps the cast for the rest of its region."""
+        if self.call_name in _EXPLICIT_CASTS or len(inputs) != 1 or not isinstance(out, Tensor):
+            return
+        (source,) = inputs
+        if not (source.is_leaf and source.requires_grad and source.is_floating_point()) \
+                or out.dtype == source.dtype or not storage_id(source):
+            return
+        cast = AutocastCast(weakref.ref(source), storage_id(source), self.where())
+        self.casts[out] = cast
+        self.cast_sources.setdefault(cast.storage, []).append(cast)
+
+    def note_written(self, t: Tensor, code: str, where: Location | None, node: str,
+                     how: str) -> None:
+        """A write into ``t`` (its memory, or ``t.data = ...``): the casts autocast keeps of
+        it no longer show its values."""
+        for cast in [*self.cast_sources.get(storage_id(t), ()),
+                     *(c for casts in self.cast_sources.values() for c in casts
+                       if c.source() is t)]:
+            if (code, where, node, how) not in cast.writes:
+                cast.writes.append((code, where, node, how))
+
+    def _report_stale_cast(self, cast: AutocastCast, value: Tensor) -> None:
+        """An op reads autocast's kept cast of a leaf written since: it computes with the old
+        values (where they differ: a restore to bit-identical values is harmless)."""
+        source = cast.source()
+        if source is None:
+            return
+        with torch.no_grad():
+            fresh = source.detach().to(value.dtype)
+        unknown = is_fake(value) or value.device.type == "meta"  # (no values: assume changed)
+        if not unknown and same_values(value.detach(), fresh):
+            return
+        cast.reported = True
+        code, where, node, how = cast.writes[-1]
+        names = [self.names[id(source)]] if id(source) in self.names else []
+        target = f"parameter {names[0]!r}" if names else "a leaf tensor that requires grad"
+        reader, reader_code = self.here(self.last_op)
+        made = f" at {cast.where}" if cast.where is not None else ""
+        said = (f"`{code}` changes {target} {how} inside a torch.autocast region that already "
+                f"cast it{made}: autocast keeps that cast for the whole region (its weight "
+                "cache, cache_enabled=True) and does not see the write, so "
+                f"`{reader_code}` computes with the cast of the old values")
+        if self.scan_saved:
+            self.add(STALE_AUTOCAST_CAST.id, where, node,
+                     f"{said} (fxquant.check tells whether the results change).",
+                     STALE_AUTOCAST_CAST.hint, related=reader_code, related_location=reader)
+        else:
+            self.add(SILENTLY_WRONG_GRADIENT.id, where, node,
+                     f"{said}: the outputs computed from it, and the gradients, are silently "
+                     "wrong.", STALE_AUTOCAST_CAST.hint, related=reader_code,
+                     related_location=reader)
 
     def report_gradient_writes(self, out: Any) -> None:
         """FXQ015 for each line of a custom Function's backward, behind ``out``, that
@@ -397,6 +610,60 @@ class Recorder:
             entry.op = name
             origin = entry.origin() if entry.origin is not None else None
             entry.output = origin is not None and any(origin is o for o in outputs)
+
+    def watch_function(self, function: type, args: tuple[Any, ...]) -> Callable[[Any], None]:
+        """Before a custom Function's ``apply``: what to do with its output after it
+        (:func:`~fxquant.linter.torch_internals.custom_function_apply_watched`). Its inputs
+        that require grad are watched: one its forward writes in place without
+        ``ctx.mark_dirty`` keeps its old history (FXQ018, and a hidden write that matters
+        where the input is read again); its outputs are remembered, since autograd forbids
+        changing them (:meth:`after_call`)."""
+        inputs = [(t, version(t)) for t in tree_leaves(args) if isinstance(t, Tensor)
+                  and t.requires_grad and not t.is_inference()]
+        start = len(self.function_writes)
+        self.applying += 1
+
+        def after(out: Any) -> None:
+            self.applying -= 1
+            self.kept_in_context(function, out)
+            outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
+            node = next((grad_fn(t) for t in outputs if grad_fn(t) is not None), None)
+            if not is_custom_function_node(node):
+                return
+            where = self.where()
+            self.function_outputs += [FunctionOutput(weakref.ref(t), storage_id(t),
+                                                     function.__name__, where)
+                                      for t in outputs if t.requires_grad and storage_id(t)]
+            for t, before in inputs:
+                if version(t) != before and grad_fn(t) is not node:  # (mark_dirty rebases it)
+                    self._unmarked_write(function, t, self.function_writes[start:], where)
+            del self.function_writes[start:]
+
+        return after
+
+    def _unmarked_write(self, function: type, t: Tensor,
+                        writes: list[tuple[int, str, Location | None, str]],
+                        called_at: Location | None) -> None:
+        """FXQ018 for an input ``t`` of ``function`` its forward wrote in place without
+        ``ctx.mark_dirty``, at the line of the write (else the call); a hidden write into
+        ``t`` (its history is the old one), which matters where ``t`` is read again."""
+        name = function.__name__
+        found = next((w for w in reversed(writes) if w[0] == storage_id(t)), None)
+        code, where, node = (found[1], found[2], found[3]) if found is not None else (
+            f"{name}.apply(...)", called_at, self.node_name(name))
+        hint = (f"call `ctx.mark_dirty(...)` in the forward of `{name}` with every input it "
+                "writes in place (autograd then moves the input's history onto the "
+                "Function, as its contract asks), or write into a copy (`x = x.clone()` "
+                "first)")
+        self.add(INPLACE_WITHOUT_MARK_DIRTY.id, where, node,
+                 f"`{code}` in the forward of the custom Function `{name}` writes in place "
+                 "into an input that requires grad without `ctx.mark_dirty`: autograd keeps "
+                 "the input's old history, so where the input is read again after the call, "
+                 "its gradient goes past the Function (fxquant.check tells whether one does).",
+                 hint, related=name, related_location=called_at)
+        self.hide([t], code, where, node,
+                  f"in the forward of the custom Function `{name}` without ctx.mark_dirty",
+                  inside_function=False, needs_reader=True, hint=hint)
 
     def kept_in_context(self, function: type, out: Any) -> None:
         """After a custom Function ran: track the tensors its ``ctx`` keeps as attributes
@@ -535,6 +802,22 @@ class Recorder:
             self.locator.remember_unlocated(code, node)
         written = [t for _, t, _ in writes]
         self.inplace_calls.append(InplaceCall(where, func_name, by_library, requested))
+        found: list[bool] = []
+
+        def inside() -> bool:  # (a walk of the stack: only where it matters, once)
+            if not found:
+                found.append(_in_custom_function())
+            return found[0]
+
+        if self.applying and inside():  # (an input written without mark_dirty: this line)
+            self.function_writes += [(storage_id(t), code, where, node) for t in written]
+        if self.arguments:
+            self._note_argument_writes(written, code, where, node)
+        if self.cast_sources:
+            how = ("through `.data`" if ".data" in code else
+                   "under torch.no_grad()" if not grad_enabled else "in place")
+            for t in written:
+                self.note_written(t, code, where, node, how)
         if self.segments and grad_enabled:  # (under no_grad the re-run writes a leaf too,
             # but also without autograd: no error)
             self._report_segment_input_writes(written, code, where, node, op)
@@ -544,13 +827,14 @@ class Recorder:
             # a write into ``t`` itself from a value that requires grad is recorded by
             # autograd (``buf.detach_()`` then ``buf.copy_(f(w))``): ``t`` now has history
             owners = [o for o in self._grad_owners(t)
-                      if not (o is t and grad_enabled and o.grad_fn is not None)]
+                      if not (o is t and grad_enabled and grad_fn(o) is not None)]
             changed = self.changes.pop(id(t), None)
             if owners:
                 how = ("through `.data`" if ".data" in code else
                        "under torch.no_grad()" if not grad_enabled else
                        "through a `.detach()`ed alias")
-                self.hide(owners, code, where, node, how, changed, alias=t)
+                self.hide(owners, code, where, node, how, changed, alias=t,
+                          inside_function=inside())
         for entry in self.saved:
             now = version(entry.tensor)
             if bump_pending and any(same_storage(t, entry.tensor) for t in written):
@@ -579,12 +863,64 @@ class Recorder:
                 if self.scan_saved and entry.in_graph and not entry.kept_as \
                         and hit.startswith("_fused_"):
                     self._report_unversioned(entry, code, where, node, hit)
-        # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there)
-        if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes):
+        if self.function_outputs and not {storage_id(t) for t in written}.isdisjoint(
+                e.storage for e in self.function_outputs) and not inside():
+            self._note_function_output_writes(written, code, where, node)
+        # (torch's or PyG's own code overwriting, as gcn_norm does: nothing to change there;
+        # a custom Function's forward: its backward says what passes gradient)
+        if not by_library and any(name in OVERWRITING_OPS and grad for name, _, grad in writes) \
+                and not inside():
             self.add(INPLACE_OVERWRITES_GRAD_TENSOR.id, where, node,
                      f"`{code}` overwrites elements of a tensor that requires grad; legal, but "
                      "those elements pass no gradient to what computed them.",
                      INPLACE_OVERWRITES_GRAD_TENSOR.hint)
+
+    def _note_function_output_writes(self, written: list[Tensor], code: str,
+                                     where: Location | None, node: str) -> None:
+        """A write (under no_grad, or into the tensor viewed) that changed a view a custom
+        Function returned: autograd lets it go through and raises only where the view is
+        read next ('... is a view and its base ... has been modified inplace'), naming that
+        line; the write is remembered, for :meth:`report_changed_outputs`."""
+        hit = {storage_id(t) for t in written}
+        kept = []
+        for entry in self.function_outputs:
+            view = entry.tensor()
+            if view is None:
+                continue
+            if entry.storage in hit:
+                try:
+                    _ = view.grad_fn  # (what the next op reading it asks: raises once changed)
+                except RuntimeError as e:
+                    if AFTER_REFUSED_VIEW_WRITE not in str(e):
+                        raise
+                    self.changed_outputs.append((entry, code, where, node))
+                    continue
+            kept.append(entry)
+        self.function_outputs = kept
+
+    def report_changed_outputs(self, read: Any) -> None:
+        """FXQ013, at the write, for each changed custom Function output among the tensors
+        in ``read`` (an op that raised reading it, or the forward's output): torch names the
+        reading line instead."""
+        tensors = [t for t in tree_leaves(read) if isinstance(t, Tensor)]
+        pending = []
+        for entry, code, where, node in self.changed_outputs:
+            if not any(entry.tensor() is t for t in tensors):
+                pending.append((entry, code, where, node))
+                continue
+            called = f" at {entry.where}" if entry.where is not None else ""
+            self.output_writes.append(where)
+            self.add(INPLACE_REFUSED_IN_FORWARD.id, where, node,
+                     f"`{code}` changes a view that the custom Function `{entry.function}` "
+                     f"returned{called} (or the tensor it views), which autograd does not let "
+                     "you modify: the write goes through, and the next op that reads the view "
+                     "raises ('... is a view and its base or another view of its base has been "
+                     "modified inplace'), naming that line instead of this one.",
+                     f"clone the output of `{entry.function}` and write into the clone "
+                     "(`y = f(x).clone()`), with autograd on if the overwritten elements should "
+                     "pass no gradient; or have its forward return a new tensor instead of a "
+                     "view", related=entry.function, related_location=entry.where)
+        self.changed_outputs = pending
 
     def guarded_hook(self, hook: Callable[[Tensor], Any]) -> Callable[[Tensor], Any]:
         """``hook`` (registered with ``Tensor.register_hook`` at the current line) handed a
@@ -616,7 +952,7 @@ class Recorder:
         """``t.detach_()``: it bumps no version, but backward refuses a saved tensor that
         was detached in place ("Trying to use a saved tensor that has been detached
         in-place"); named at its line when an autograd node still holds ``t``."""
-        if t.grad_fn is None:
+        if grad_fn(t) is None:
             return
         for entry in self.saved:  # (a saved output, or a value saved through hooks, is
             # re-attached or handed back by them: autograd raises for neither)
@@ -670,6 +1006,19 @@ class Recorder:
                  "backward does not fail but computes with the changed value, so the "
                  "gradients are wrong, silently.",
                  hint, related=entry.op, related_location=entry.where)
+
+
+def _argument_write(argument: DifferentiatedArgument, code: str) -> str:
+    called = f" called at {argument.where}" if argument.where is not None else ""
+    return (f"`{code}` writes in place into the argument of the function given to "
+            f"torch.autograd.functional.{argument.api}{called}, which differentiates with "
+            "respect to the tensor this write produced, not the argument the function received: "
+            f"its result is not the derivative of the function as written")
+
+
+#: Python calls that cast on the user's request (a cast the user keeps is not autocast's)
+_EXPLICIT_CASTS: Final = frozenset({"to", "type", "type_as", "half", "bfloat16", "float",
+                                    "double"})
 
 
 def _tensors_within(value: Any, depth: int = 2) -> Iterator[Tensor]:

@@ -70,6 +70,7 @@ from fxquant.linter.torch_internals import (
     custom_function_apply_watched,
     dispatch_mode_stack,
     function_mode_stack,
+    functional_arguments_watched,
     instruments_available,
     pop_dispatch_mode,
     pop_function_mode,
@@ -168,8 +169,8 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
     popped by identity.
 
     While the hooks record, reentrant ``torch.utils.checkpoint`` segments run as plain
-    calls (``Recorder.run_segment``), each custom Function's ``ctx`` is read after it ran
-    (``Recorder.kept_in_context``), and saved-tensor hooks the forward pushes are pushed
+    calls (``Recorder.run_segment``), each custom Function is watched around its ``apply``
+    (``Recorder.watch_function``), and saved-tensor hooks the forward pushes are pushed
     watched (``Recorder.user_hooks``).
 
     Entries the forward pushed above fxquant's and left there are popped first, so that
@@ -187,9 +188,10 @@ def installed(rec: Recorder, tools: Instruments = Instruments()) -> Iterator[Non
             with contextlib.ExitStack() as stack:
                 if tools.hooks:  # (these record saved values: part of the hooks' work)
                     stack.enter_context(reentrant_checkpoint_replaced(rec.run_segment))
-                    stack.enter_context(custom_function_apply_watched(rec.kept_in_context))
+                    stack.enter_context(custom_function_apply_watched(rec.watch_function))
                     stack.enter_context(saved_tensors_hooks_pushes_wrapped(rec.user_hooks))
                 if tools.functions:
+                    stack.enter_context(functional_arguments_watched(rec.watch_arguments))
                     function_mode.__enter__()
                     stack.callback(_pop_function_mode, function_mode)
                 if tools.dispatch:
@@ -241,9 +243,10 @@ def _pop_dispatch_mode(mode: TorchDispatchMode) -> None:
 def run_forward(model: nn.Module, inputs: tuple, rec: Recorder) -> Any:
     """Call the model (node by node for a GraphModule), findings bounded to its frames."""
     rec.locator.boundary = sys._getframe()
-    if isinstance(model, GraphModule):
-        return GraphRunner(model, rec).run(*inputs)
-    return model(*inputs)
+    out = GraphRunner(model, rec).run(*inputs) if isinstance(model, GraphModule) else model(*inputs)
+    if rec.changed_outputs:  # (returned as they are: the loss reads them next)
+        rec.report_changed_outputs(out)
+    return out
 
 
 def model_tensors(model: nn.Module, inputs: Any) -> list[Tensor]:

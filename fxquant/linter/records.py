@@ -22,7 +22,10 @@ __all__ = [
     "NO_PROVENANCE",
     "OVERWRITING_OPS",
     "ZERO_DERIVATIVE_OPS",
+    "AutocastCast",
     "Checkpoint",
+    "DifferentiatedArgument",
+    "FunctionOutput",
     "HiddenWrite",
     "InplaceCall",
     "Origin",
@@ -169,3 +172,55 @@ class HiddenWrite:
     changed: list[Tensor | None] = field(default_factory=list, repr=False)
     reader: str = ""
     read_at: Location | None = None
+    #: it makes gradients wrong only where a differentiable op reads the owner after it
+    #: (a parameter: ops before the write computed with its old values, which autograd
+    #: saved or cast, and its gradient reaches it from them rightly)
+    needs_reader: bool = False
+    #: how to fix it, where the rule's general hint does not fit
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class FunctionOutput:
+    """An output of a custom ``autograd.Function`` that requires grad: autograd forbids
+    changing it (or the tensor it views) once returned, and says so only where it is read
+    next."""
+
+    tensor: Callable[[], Tensor | None]  # (a weak reference)
+    storage: int
+    function: str
+    where: Location | None
+
+
+@dataclass(eq=False)
+class AutocastCast:
+    """The low-precision cast autocast made of a leaf that requires grad (a parameter),
+    which it keeps for the rest of the region (``cache_enabled=True``), and the writes
+    into that leaf since, which the cast does not see."""
+
+    source: Callable[[], Tensor | None]  # (a weak reference)
+    storage: int
+    where: Location | None  # the line that made the cast
+    #: ``(code, location, node, how)`` of each write into the source since the cast
+    writes: list[tuple[str, Location | None, str, str]] = field(default_factory=list)
+    reported: bool = False
+
+
+@dataclass(eq=False)
+class DifferentiatedArgument:
+    """A tensor a ``torch.autograd.functional`` function (``api``: ``vjp``, ``jacobian``,
+    ...) hands the function it was given and differentiates with respect to, called at
+    ``where``; the writes the function makes into it (each changes what is differentiated)."""
+
+    argument: Callable[[], Tensor | None]  # (a weak reference)
+    storage: int
+    version: int
+    api: str
+    where: Location | None
+    #: where the gradient of the tensor given entered the graph (the derivative meant):
+    #: its own, or its base's where it is a view; None for a leaf
+    edge: Any = None
+    #: for a view: its size, strides and offset within its base
+    within: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    #: ``(code, location, node)`` of each write into it
+    writes: list[tuple[str, Location | None, str]] = field(default_factory=list)

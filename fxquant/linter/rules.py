@@ -23,13 +23,16 @@ __all__ = [
     "HIDDEN_WRITE_THEN_READ",
     "INPLACE_MAYBE_SAVED",
     "INPLACE_MODIFIES_SAVED_TENSOR",
+    "INPLACE_ON_DIFFERENTIATED_ARGUMENT",
     "INPLACE_ON_LEAF",
     "INPLACE_OVERWRITES_GRAD_TENSOR",
     "INPLACE_REFUSED_IN_FORWARD",
+    "INPLACE_WITHOUT_MARK_DIRTY",
     "NOT_VISIBLE",
     "PARAMETER_WITHOUT_GRADIENT",
     "RULES",
     "SILENTLY_WRONG_GRADIENT",
+    "STALE_AUTOCAST_CAST",
     "ZERO_GRADIENT_OP",
     "Rule",
     "Severity",
@@ -150,10 +153,12 @@ SILENTLY_WRONG_GRADIENT: Final = Rule(
     "straight-through change on purpose: `y = y + (f(y) - y).detach()`")
 INPLACE_REFUSED_IN_FORWARD: Final = Rule(
     "FXQ013", "inplace-refused-in-forward", "error",
-    "a write autograd refuses in forward (a view of `split`/`chunk`, `out=` with grad, an "
-    "`expand`ed tensor)",
+    "a write autograd refuses in forward (a view of `split`/`chunk` or of a custom "
+    "`autograd.Function`, `out=` with grad, an `expand`ed tensor)",
     "A write autograd refuses already in forward: into one of the views split/chunk/unbind "
-    "return, into a view made under no_grad, or through out= with inputs that require grad.",
+    "return, into a view made under no_grad, through out= with inputs that require grad, or "
+    "into a view a custom autograd.Function returned (under no_grad the write goes through "
+    "and the next op reading the view raises, naming its own line).",
     "write out of place (a new tensor), or write into a `.clone()` of the view")
 HIDDEN_WRITE_THEN_READ: Final = Rule(
     "FXQ014", "hidden-write-then-read", "warning",
@@ -174,6 +179,39 @@ BACKWARD_WRITES_GRADIENT: Final = Rule(
     "compute a new tensor instead of changing the gradient received (`grad = grad * 2` for "
     "`grad *= 2`)")
 
+INPLACE_ON_DIFFERENTIATED_ARGUMENT: Final = Rule(
+    "FXQ016", "inplace-on-differentiated-argument", "warning",
+    "a function given to `torch.autograd.functional` (vjp, jvp, jacobian, hessian, ...) "
+    "writes in place into its argument",
+    "A function given to torch.autograd.functional (vjp, jvp, jacobian, hessian, vhp, hvp) "
+    "writes in place into its argument: the derivative is then taken with respect to the "
+    "tensor the write produced, not the argument the function received, and the result "
+    f"is silently wrong (fxquant.check tells whether it changes: {SILENTLY_WRONG_GRADIENT.id}).",
+    "write it out of place inside the function (`z = z.sin()` for `z.sin_()`), or clone "
+    "the argument first (`z = z.clone()`)")
+STALE_AUTOCAST_CAST: Final = Rule(
+    "FXQ017", "stale-autocast-cast", "warning",
+    "a write into a parameter that autocast already cast in the same region, whose "
+    "cached cast a later op then uses",
+    "Inside one torch.autocast region the low-precision cast of each parameter is cached "
+    "(cache_enabled=True, the default) and autograd does not see writes through `.data` "
+    "or under no_grad: after such a write into a parameter already cast in the region, "
+    "later ops in the region compute with the cached cast of the old values (found by "
+    f"fxquant.check where the values differ: {SILENTLY_WRONG_GRADIENT.id}).",
+    "leave the autocast region before changing the weights and open a new one for the next "
+    "forward (one region per forward), or pass cache_enabled=False to torch.autocast")
+INPLACE_WITHOUT_MARK_DIRTY: Final = Rule(
+    "FXQ018", "inplace-without-mark-dirty", "warning",
+    "a custom `autograd.Function`'s forward writes in place into an input that requires "
+    "grad without `ctx.mark_dirty`",
+    "A custom autograd.Function's forward writes in place into an input that requires grad "
+    "and does not call ctx.mark_dirty on it, as PyTorch's contract asks: autograd keeps the "
+    "input's old history, so a later read of the input sends its gradient past the "
+    f"Function (fxquant.check tells whether one does: {SILENTLY_WRONG_GRADIENT.id}).",
+    "call ctx.mark_dirty(x) in the forward for every input it writes in place (autograd "
+    "then moves the input's history onto the Function), or write into a copy "
+    "(`x = x.clone()` first)")
+
 #: Every rule the linter and the autograd check report, by stable id.
 RULES: Final[dict[str, Rule]] = {
     r.id: r
@@ -182,7 +220,8 @@ RULES: Final[dict[str, Rule]] = {
         DATA_ATTRIBUTE, FACTORY_WITHOUT_DEVICE, ANOMALY_MODE_IN_FORWARD, ZERO_GRADIENT_OP,
         PARAMETER_WITHOUT_GRADIENT, FORWARD_FAILED, NOT_VISIBLE, INPLACE_MAYBE_SAVED,
         SILENTLY_WRONG_GRADIENT, INPLACE_REFUSED_IN_FORWARD, HIDDEN_WRITE_THEN_READ,
-        BACKWARD_WRITES_GRADIENT,
+        BACKWARD_WRITES_GRADIENT, INPLACE_ON_DIFFERENTIATED_ARGUMENT, STALE_AUTOCAST_CAST,
+        INPLACE_WITHOUT_MARK_DIRTY,
     )
 }
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fxquant.errors import FxquantValueError
 from fxquant.linter.torch_internals import (
     coo_parts,
     dispatch_mode_stack,
@@ -50,7 +51,7 @@ from fxquant.linter.torch_internals import (
 )
 
 __all__ = ["clone_inputs", "components", "copy_model", "held_tensors", "mode_stacks_restored",
-           "named_buffers", "restored_state", "snapshot"]
+           "named_buffers", "refuse_lazy", "restored_state", "snapshot"]
 
 _MUTABLE = (dict, list, set, collections.deque)
 
@@ -280,6 +281,20 @@ def _same_bits(a: Tensor, b: Tensor) -> bool:
         return torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
                            b.contiguous().reshape(-1).view(torch.uint8))
     return torch.equal(a, b)
+
+
+def refuse_lazy(model: nn.Module, api: str) -> None:
+    """A clear error, as :func:`fxquant.transform` gives, for parameters or buffers still
+    uninitialized (``GCNConv(-1, 16)``, ``nn.LazyLinear``): they take their shape from the
+    first forward, and copying or restoring them fails inside torch. (Buffers torch cannot
+    list, such as a ``SparseTensor``, are looked at too.)"""
+    lazy = next((name for name, t in (*model.named_parameters(), *named_buffers(model))
+                 if isinstance(t, Tensor) and nn.parameter.is_lazy(t)), None)
+    if lazy is not None:
+        raise FxquantValueError(
+            f"fxquant.{api}: the tensor {lazy!r} is not initialized yet (a lazy layer, "
+            "e.g. GCNConv(-1, 16) or nn.LazyLinear, takes its shape from the first forward); "
+            f"please run the model once on example inputs, then call fxquant.{api}")
 
 
 def named_buffers(model: nn.Module) -> list[tuple[str, Any]]:

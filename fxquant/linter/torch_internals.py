@@ -54,7 +54,10 @@ from fxquant.linter.rules import (
     DATA_ATTRIBUTE,
     FACTORY_WITHOUT_DEVICE,
     HIDDEN_WRITE_THEN_READ,
+    INPLACE_ON_DIFFERENTIATED_ARGUMENT,
     INPLACE_REFUSED_IN_FORWARD,
+    INPLACE_WITHOUT_MARK_DIRTY,
+    STALE_AUTOCAST_CAST,
 )
 
 __all__ = [
@@ -74,6 +77,7 @@ __all__ = [
     "Internal",
     "TorchDispatchMode",
     "anomaly_switches_watched",
+    "autocast_caching",
     "autograd_node_op",
     "autograd_nodes",
     "bump_version",
@@ -85,7 +89,10 @@ __all__ = [
     "fake_from_tensor",
     "forward_class",
     "function_mode_stack",
+    "functional_arguments_watched",
     "global_module_hooks",
+    "grad_fn",
+    "gradient_edge",
     "has_internal_overlap",
     "in_backward",
     "instruments_available",
@@ -115,6 +122,7 @@ __all__ = [
     "tree_map_only",
     "tree_unflatten",
     "version",
+    "view_base",
     "warn_missing",
     "writes_first_argument",
     "written_tensors",
@@ -201,7 +209,9 @@ INTERNALS: Final = (
     Internal("storage_id", "torch.UntypedStorage._cdata",
              "writes into the memory of fake and meta tensors"),
     Internal("custom_function_apply_watched", "torch.autograd.Function.apply",
-             f"tensors a custom Function keeps on its ctx ({HIDDEN_WRITE_THEN_READ.id})"),
+             f"tensors a custom Function keeps on its ctx ({HIDDEN_WRITE_THEN_READ.id}), "
+             f"inputs it writes without mark_dirty ({INPLACE_WITHOUT_MARK_DIRTY.id}), and "
+             f"writes into the views it returns ({INPLACE_REFUSED_IN_FORWARD.id})"),
     Internal("reentrant_checkpoint_replaced", "torch.utils.checkpoint.CheckpointFunction",
              "what reentrant checkpoint segments save (they run as torch runs them)"),
     Internal("is_custom_function_node", "torch.autograd.function.BackwardCFunction",
@@ -230,6 +240,17 @@ INTERNALS: Final = (
              "functionalize_inplace capturing a forward with nested outputs",
              probe=lambda: hasattr(torch.fx.Graph(), "_codegen")),
     Internal("tree_leaves", "torch.utils._pytree.tree_leaves", "the tensors inside outputs"),
+    Internal("functional_arguments_watched", "torch.autograd.functional._grad_preprocess",
+             "writes into the arguments of functions given to torch.autograd.functional "
+             f"({INPLACE_ON_DIFFERENTIATED_ARGUMENT.id})"),
+    Internal("view_base", "torch.Tensor._base",
+             "the right derivative where a function given to torch.autograd.functional "
+             f"writes into its argument, a view ({INPLACE_ON_DIFFERENTIATED_ARGUMENT.id})"),
+    Internal("gradient_edge", "torch.autograd.graph.get_gradient_edge",
+             "the right derivative where a function given to torch.autograd.functional "
+             f"writes into its argument ({INPLACE_ON_DIFFERENTIATED_ARGUMENT.id})"),
+    Internal("autocast_caching", "torch._C._is_any_autocast_enabled",
+             f"writes into parameters autocast already cast ({STALE_AUTOCAST_CAST.id})"),
 )
 
 _warned = threading.Event()
@@ -403,6 +424,12 @@ def storage_id(t: Tensor) -> int:
         return 0
 
 
+def view_base(t: Tensor) -> Tensor | None:
+    """The tensor ``t`` is a view of (the root of a chain of views), None for a tensor
+    that is not a view."""
+    return t._base
+
+
 def has_internal_overlap(t: Tensor) -> bool:
     """Whether several elements of ``t`` share one memory location (an ``expand``ed
     tensor): autograd refuses to write into it, fake tensors do not check."""
@@ -419,6 +446,15 @@ def coo_parts(t: Tensor) -> tuple[Tensor, Tensor]:
     """The indices and values of a sparse COO tensor as it is (also uncoalesced, where
     ``indices()`` refuses)."""
     return t._indices(), t._values()
+
+
+def autocast_caching() -> bool:
+    """Whether autocast is on for some device with its cast cache on (the default): the
+    low-precision cast of a leaf that requires grad is then made once and reused until
+    the outermost autocast region exits. (Under a dispatch mode autocast reads as off: ask
+    before the call reaches it.)"""
+    enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
+    return enabled is not None and bool(enabled()) and torch.is_autocast_cache_enabled()
 
 
 # -- op schemas ---------------------------------------------------------------------------------
@@ -469,9 +505,10 @@ def autograd_nodes(outputs: Any) -> list[Any]:
 
     The nodes' Python objects are made on demand, and one freed while the graph is walked
     may give its ``id`` to another: every node visited is kept alive until the walk ends.
+    A tensor whose node autograd refuses to give (a custom Function's view changed since)
+    has none.
     """
-    todo: list[Any] = [t.grad_fn for t in tree_leaves(outputs)
-                       if isinstance(t, Tensor) and t.grad_fn is not None]
+    todo: list[Any] = [grad_fn(t) for t in tree_leaves(outputs) if isinstance(t, Tensor)]
     seen: dict[int, Any] = {}
     while todo:
         node = todo.pop()
@@ -480,6 +517,18 @@ def autograd_nodes(outputs: Any) -> list[Any]:
         seen[id(node)] = node
         todo.extend(next_node for next_node, _ in node.next_functions)
     return list(seen.values())
+
+
+def grad_fn(t: Tensor) -> Any:
+    """``t.grad_fn``, or None where autograd refuses to give it: a view a custom Function
+    returned, changed since ('... is a view and its base ... has been modified
+    inplace')."""
+    try:
+        return t.grad_fn
+    except RuntimeError as e:
+        if AFTER_REFUSED_VIEW_WRITE not in str(e):
+            raise
+        return None
 
 
 def is_custom_function_node(node: Any) -> bool:
@@ -530,9 +579,11 @@ def call_torch_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def custom_function_apply_watched(after: Callable[[type, Any], None]) -> Iterator[None]:
-    """While the block runs, ``after(cls, output)`` is called on this thread after each
-    custom Function's ``apply`` (not while compiling). Restored by identity."""
+def custom_function_apply_watched(
+        watch: Callable[[type, tuple[Any, ...]], Callable[[Any], None] | None]) -> Iterator[None]:
+    """While the block runs, ``watch(cls, args)`` is called on this thread before each
+    custom Function's ``apply`` (not while compiling), and what it returns (if not None)
+    is called with the output after it. Restored by identity."""
     owner = torch.autograd.Function
     before = vars(owner).get("apply")
     if before is None:
@@ -541,9 +592,11 @@ def custom_function_apply_watched(after: Callable[[type, Any], None]) -> Iterato
     thread = threading.get_ident()
 
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        watched = threading.get_ident() == thread and not torch.compiler.is_compiling()
+        after = watch(cls, args) if watched else None
         out = before.__get__(None, cls)(*args, **kwargs)
-        if threading.get_ident() == thread and not torch.compiler.is_compiling():
-            after(cls, out)
+        if after is not None:
+            after(out)
         return out
 
     patch: Any = classmethod(apply)
@@ -586,6 +639,43 @@ def reentrant_checkpoint_replaced(run: Callable[..., Any]) -> Iterator[None]:
                 delattr(owner, "apply")
             else:
                 owner.apply = before
+
+
+@contextlib.contextmanager
+def functional_arguments_watched(
+        watch: Callable[[str, tuple[Any, ...], tuple[Any, ...]], None]) -> Iterator[None]:
+    """While the block runs, each function of ``torch.autograd.functional`` (``vjp``,
+    ``jvp``, ``jacobian``, ``hessian``, ``vhp``, ``hvp``) called on this thread calls
+    ``watch(name, given, arguments)`` before it calls the function it was given: ``given``
+    are the tensors it differentiates with respect to, ``arguments`` what that function
+    receives for them and what the derivative is taken with respect to. (They all prepare
+    those through ``_grad_preprocess``, looked up when they run.) Restored by identity."""
+    module = torch.autograd.functional
+    before = getattr(module, "_grad_preprocess", None)
+    if before is None:
+        yield
+        return
+    thread = threading.get_ident()
+
+    def preprocess(inputs: Any, create_graph: bool, need_graph: bool) -> Any:
+        out = before(inputs, create_graph, need_graph)
+        if need_graph and threading.get_ident() == thread:
+            watch(sys._getframe(1).f_code.co_name, tuple(inputs), tuple(out))
+        return out
+
+    module._grad_preprocess = preprocess
+    try:
+        yield
+    finally:
+        if getattr(module, "_grad_preprocess", None) is preprocess:
+            module._grad_preprocess = before
+
+
+def gradient_edge(t: Tensor) -> Any:
+    """Where ``t``'s gradient enters the autograd graph now (its node and output): a
+    derivative taken with respect to it later means ``t`` as it was, also after an in-place
+    write gave ``t`` another node."""
+    return torch.autograd.graph.get_gradient_edge(t)
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ from fxquant.linter.torch_internals import (
     OVERLAP_ERROR,
     REFUSED_VIEW_WRITES,
     TorchDispatchMode,
+    autocast_caching,
     bump_version,
     has_internal_overlap,
     in_backward,
@@ -109,6 +110,7 @@ class FunctionMode(TorchFunctionMode):
                 if rec.copy_saved and isinstance(new, Tensor) and new.shape == t.shape:
                     changed = new.detach() != t.detach()
                 rec.hide([t], code, where, rec.node_name("data"), "through `.data =`", changed)
+                rec.note_written(t, code, where, rec.node_name("data"), "through `.data =`")
             return func(*args, **kwargs)
         if _call_name(func) == "detach_" and args and isinstance(args[0], Tensor):
             rec.on_detach_(args[0])
@@ -116,6 +118,9 @@ class FunctionMode(TorchFunctionMode):
                 and isinstance(args[0], Tensor) and not args[0].is_leaf \
                 and callable(args[1]):  # check: a tensor hook gets a gradient of its own
             args = (args[0], rec.guarded_hook(args[1]))  # (dies with the forward's graph)
+        back = None
+        if func is torch.autograd.grad and rec.copy_saved and rec.arguments:
+            args, kwargs, back = rec.differentiate_as_given(args, kwargs)  # (check)
         rec.writes = []
         rec.write_versions = []
         first_saved = len(rec.saved)
@@ -123,12 +128,18 @@ class FunctionMode(TorchFunctionMode):
         if rec.copy_saved:  # (check: what a rewrite detaches)
             rec.locator.ran(grad_enabled)
         reachable = {storage_id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        rec.autocast_call, rec.call_name = autocast_caching(), _call_name(func)
         rec.calls_open += 1
         try:
             out = func(*args, **kwargs)
+            if back is not None:
+                out = back(out)
         except RuntimeError as e:
+            if AFTER_REFUSED_VIEW_WRITE in str(e) and rec.changed_outputs:
+                rec.report_changed_outputs((args, kwargs))  # a custom Function's view, changed
             if AFTER_REFUSED_VIEW_WRITE in str(e) and rec.report.by_rule(INPLACE_REFUSED_IN_FORWARD.id):
                 out = self._go_on(func, args, kwargs)  # a consequence of the write reported
+                rec.went_on_without_grad = True
             elif any(m in str(e) for m in (*LEAF_WRITE_ERRORS, *REFUSED_VIEW_WRITES)):
                 self._report_refused_write(func, e)
                 out = self._go_on(func, args, kwargs,

@@ -139,3 +139,32 @@ def test_anomaly_mode_is_the_baseline_we_beat(evaluated):
     named = sum(bool(c.results["anomaly"]) for c in crash)
     assert 0 < named < len(crash)
     assert not torch.is_anomaly_enabled()
+
+
+def test_the_forward_mode_reference_falls_back_where_a_function_has_no_jvp():
+    """A custom Function without a forward derivative: central differences, as fxquant's
+    own verification does, instead of an error."""
+
+    class Cube(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 3 * x ** 2 * g
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
+
+        def forward(self, x):
+            return Cube.apply(self.w * x)
+
+    x, v = torch.tensor([1.0, 2.0, 0.5]), torch.tensor([1.0, -1.0, 0.5])
+    (got,) = corpus._jvp(Model(), (x,), {"w": v})
+    w = Model().w.detach()
+    assert torch.allclose(got, 3 * (w * x) ** 2 * x * v, rtol=1e-4)

@@ -278,7 +278,11 @@ def test_custom_function_apply_watched_sees_each_apply_and_is_put_back():
     own = vars(torch.autograd.Function)["apply"]
     seen, other = [], []
     x = torch.randn(3, requires_grad=True)
-    with ti.custom_function_apply_watched(lambda cls, out: seen.append((cls, out))):
+    def watch(cls, args):
+        assert args == (x,)
+        return lambda out: seen.append((cls, out))
+
+    with ti.custom_function_apply_watched(watch):
         y = _KeepsX.apply(x)
         worker = threading.Thread(target=lambda: other.append(_KeepsX.apply(x)))
         worker.start()

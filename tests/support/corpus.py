@@ -51,9 +51,27 @@ CATEGORIES = {
                            "the gradients)",
     "hooks": "modules with forward or backward hooks: error at the line (lint, check); the "
              "rewrite keeps calling the hooks",
-    "buffers": "legal models updating buffers (counters, EMAs, a VQ codebook, `Variable`): "
-               "rewritten equivalent, buffers after forward and state_dict included",
+    "buffers": "legal models updating buffers (counters, EMAs, a VQ codebook, `Variable`, a "
+               "memory bank, a power iteration): rewritten equivalent, buffers after forward "
+               "and state_dict included, and a second training step runs",
+    "custom function views": "writes into a view a custom `autograd.Function` returned: error "
+                             "at the write, not at the later read (lint, check)",
+    "functional derivatives": "functions given to `torch.autograd.functional` writing into "
+                              "their argument: error at the write (check), warning there "
+                              "(lint); none where they write only their own values",
+    "autocast": "weights swapped through `.data` inside `torch.autocast`: error where autocast's "
+                "weight cache goes stale (check), none for one region per forward or "
+                "`cache_enabled=False`",
+    "mark_dirty": "custom Functions writing into their input without `ctx.mark_dirty`: a "
+                  "warning naming it, an error (check) where the input is read again",
+    "checkpoint": "reentrant checkpoints around dropout: no error where the RNG state is kept, "
+                  "an error (check) where it is not",
 }
+#: Categories whose rows hold each kind to what the overall rows ask, and silent cases to
+#: a warning from lint at the line too.
+_BY_KIND = ("custom function views", "functional derivatives", "autocast", "mark_dirty",
+            "checkpoint")
+_LINT_WARNS = ("functional derivatives", "autocast", "mark_dirty")
 
 
 @dataclass
@@ -133,12 +151,29 @@ def _jvp(model: torch.nn.Module, inputs: tuple[Any, ...],
     import torch.autograd.forward_ad as fwad
 
     torch.manual_seed(0)
-    with torch.no_grad(), fwad.dual_level():
-        params = {n: fwad.make_dual(p.detach(), tangents[n])
-                  for n, p in model.named_parameters() if n in tangents}
-        out = torch.func.functional_call(model, params, inputs)
-        outs = out if isinstance(out, tuple) else (out,)
-        return [fwad.unpack_dual(t).tangent for t in outs]
+    try:
+        with torch.no_grad(), fwad.dual_level():
+            params = {n: fwad.make_dual(p.detach(), tangents[n])
+                      for n, p in model.named_parameters() if n in tangents}
+            out = torch.func.functional_call(model, params, inputs)
+            outs = out if isinstance(out, tuple) else (out,)
+            return [fwad.unpack_dual(t).tangent for t in outs]
+    except (NotImplementedError, RuntimeError):  # an op (or a custom Function) without a
+        pass  # forward derivative: central differences in float64, as fxquant's verify does
+    wide = copy_model(model).double()
+    wide_inputs = tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point()
+                        else x for x in inputs)
+    eps = 1e-6
+
+    def at(sign: float) -> list[torch.Tensor]:
+        shifted = {n: p.detach().double() + sign * eps * tangents[n].double()
+                   for n, p in wide.named_parameters() if n in tangents}
+        torch.manual_seed(0)
+        with torch.no_grad():
+            out = torch.func.functional_call(wide, shifted, wide_inputs)
+        return list(out if isinstance(out, tuple) else (out,))
+
+    return [((a - b) / (2 * eps)).float() for a, b in zip(at(1.0), at(-1.0), strict=True)]
 
 
 def _state(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
@@ -183,6 +218,33 @@ def _loads_its_own_state(model: torch.nn.Module) -> bool:
     return True
 
 
+def _carried(model: torch.nn.Module, inputs: tuple[Any, ...] | None = None) -> set[str]:
+    """The buffers that hold autograd history (after a forward on ``inputs``, if given)."""
+    if inputs is not None:
+        try:
+            torch.manual_seed(0)
+            model(*inputs)
+        except RuntimeError:
+            return set()
+    return {n for n, b in named_buffers(model)
+            if isinstance(b, torch.Tensor) and b.grad_fn is not None}
+
+
+def _second_step_runs(case: Case) -> bool:
+    """Whether a second training step of the original runs (or its first one fails: then
+    its fix must run two)."""
+    model, inputs = case.make()
+    try:
+        _outputs_and_grads(model, inputs)
+    except RuntimeError:
+        return True
+    try:
+        _outputs_and_grads(model, case.make()[1])
+    except RuntimeError:
+        return False
+    return True
+
+
 def _fix(case: Case) -> str:
     """'fixed' or 'untouched' (a legal model returned as it is), both verified here
     independently of the tool, 'refused', or what went wrong."""
@@ -218,6 +280,15 @@ def _fix(case: Case) -> str:
         out, grads = _outputs_and_grads(gm, fresh_inputs, weights)
     except RuntimeError as e:
         return f"backward still fails: {str(e)[:80]}"
+    grads = {n: None if g is None else g.clone() for n, g in grads.items()}
+    carried = _carried(gm) - _carried(case.make()[0], case.make()[1])
+    if carried:
+        return f"buffers carry autograd history after forward: {sorted(carried)}"
+    try:
+        _outputs_and_grads(gm, case.make()[1], weights)
+    except RuntimeError as e:
+        if _second_step_runs(case):
+            return f"a second training step fails: {str(e)[:80]}"
     if not all(torch.allclose(a, b, atol=1e-6, equal_nan=True)
                for a, b in zip(out, expected, strict=True)):
         return "forward differs"
@@ -387,6 +458,15 @@ def _category_ok(case: Case) -> bool:
         return bool(r["lint"] and r["check"] and r["fix"] == "fixed" and not r["fxq009"])
     if case.category == "buffers":
         return r["lint errors"] + r["check errors"] == 0 and r["fix"] in ("fixed", "untouched")
+    if case.category in _BY_KIND:
+        if case.kind == "legal":  # (a `# CULPRIT` line in a legal case: a warning belongs there)
+            warned = r["lint warning"] if case.culprit is not None else True
+            return bool(r["lint errors"] + r["check errors"] == 0 and warned
+                        and r["fix"] in ("fixed", "untouched"))
+        if case.kind == "crash":
+            return bool(r["lint"] and r["check"] and fix_ok)
+        warned = r["lint warning"] if case.category in _LINT_WARNS else True
+        return bool(r["check"] and warned and r["fix"] == "refused")
     return True
 
 

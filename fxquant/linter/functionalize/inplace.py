@@ -14,13 +14,15 @@ from torch.fx import GraphModule
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.fx.serial import PROCESS_LOCK
 from fxquant.fx.tracer import LeafSpec, refuse_compiled
+from fxquant.linter.arguments import with_concrete_args
 from fxquant.linter.functionalize.capture import capture
 from fxquant.linter.functionalize.diagnose import reference, refuse_unfixable
 from fxquant.linter.functionalize.outcome import FunctionalizeError
 from fxquant.linter.functionalize.rewrite import rewrite_symbolically
 from fxquant.linter.functionalize.verify import verify
+from fxquant.linter.rules import INPLACE_WITHOUT_MARK_DIRTY
 from fxquant.linter.shapes import shape_only
-from fxquant.linter.state import copy_model, named_buffers, restored_state
+from fxquant.linter.state import copy_model, named_buffers, refuse_lazy, restored_state
 from fxquant.linter.torch_internals import module_buffers, module_parameters, non_persistent_buffers
 
 __all__ = ["carry_state", "functionalize_inplace"]
@@ -83,7 +85,11 @@ def functionalize_inplace(
     Args:
         model (torch.nn.Module): the model; not modified (the result owns a copy).
         *example_inputs: forward arguments; the rewrite is verified on them.
-        concrete_args, leaf_modules: passed to :func:`fxquant.trace`.
+        concrete_args (dict, optional): forward arguments fixed by name, as in
+            :func:`fxquant.trace`: the symbolic rewrite is traced with them, and the
+            original and the rewrite run with them (put in their places of forward's
+            signature) where they are verified.
+        leaf_modules: passed to :func:`fxquant.trace`.
         rtol, atol (float, optional): tolerance of the verification.
 
     Returns:
@@ -117,17 +123,24 @@ def functionalize_inplace(
         raise FxquantTypeError("fxquant.functionalize_inplace expects a torch.nn.Module, got "
                         f"{type(model).__name__}")
     refuse_compiled(model, "functionalize_inplace")
+    refuse_lazy(model, "functionalize_inplace")
     if not example_inputs:
         raise FxquantTypeError("functionalize_inplace verifies its rewrite on example inputs: please "
                         "pass them, functionalize_inplace(model, *inputs)")
     if shape_only(example_inputs):
         raise FxquantValueError("functionalize_inplace verifies its rewrite on values, but some example "
                          "inputs are shapes only (ShapeSpec or meta tensors): pass real tensors")
+    example_inputs = with_concrete_args(model, example_inputs, concrete_args,
+                                        "functionalize_inplace")
     with PROCESS_LOCK, restored_state(model), torch.enable_grad():
         rng = torch.get_rng_state()
         original = copy_model(model)
         ref = reference(original, example_inputs, rng)
-        refuse_unfixable(ref.report, ref.hidden)
+        refuse_unfixable(ref.report, ref.hidden, ref.output_writes, ref.argument_writes)
+        for f in ref.report.by_rule(INPLACE_WITHOUT_MARK_DIRTY.id):  # (custom Functions
+            # are not rewritten: what they break is said, the rest verified)
+            warnings.warn(f"functionalize_inplace: {f.where}: {f.message} Fix: {f.hint}",
+                          UserWarning, stacklevel=2)
         failures: list[str] = []
         candidates: list[tuple[str, Callable[[], GraphModule]]] = [
             ("the symbolic rewrite", lambda: rewrite_symbolically(copy_model(model), ref.calls,

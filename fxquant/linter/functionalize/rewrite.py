@@ -224,6 +224,8 @@ class _Rewriter:
         self.rewrites: list[Rewrite] = []
         self.kept: list[Rewrite] = []
         self.written_roots = {self._root_of(w.target) for w in writes.values()}
+        #: module state (buffers) written in place, kept so
+        self.state_roots: set[Node] = set()
 
     def _root_of(self, node: Node) -> Node:
         while (parent := _parent(node, self.writes)) is not None:
@@ -285,6 +287,7 @@ class _Rewriter:
             # tensor the forward created, frozen by tracing: rewritten like any value)
             self.kept.append(Rewrite(_where(node), _describe(self.gm, w)[0],
                                      "kept (writes module state)"))
+            self.state_roots.add(root)
             return
         before, after = _describe(self.gm, w)
         if w.hidden:
@@ -420,18 +423,56 @@ def _describe(gm: GraphModule, w: _Write) -> tuple[str, str]:
 
 
 def _detach_no_grad(gm: GraphModule, no_grad_lines: set[Location]) -> None:
-    """Symbolic tracing does not record ``with torch.no_grad():``; the values the original
-    computed with autograd off (the lines where its torch calls ran so) are detached, so
-    that e.g. an EMA buffer read after its update passes no gradient on."""
+    """Symbolic tracing does not record ``with torch.no_grad():``; what the original
+    computed with autograd off (the lines where its torch calls ran so) is computed from
+    detached values and detached, so that a write into a buffer there records no history
+    (the buffer would carry the step's graph into the next one) and e.g. an EMA buffer
+    read after its update passes no gradient on."""
     for node in list(gm.graph.nodes):
         if node.op not in ("call_function", "call_method", "call_module") \
                 or node.target is without_grad or _where(node) not in no_grad_lines:
             continue
+        for value in node.all_input_nodes:
+            if value.op == "call_function" and value.target is without_grad:
+                continue
+            with gm.graph.inserting_before(node):
+                detached = gm.graph.call_function(without_grad, (value,))
+            detached.meta["stack_trace"] = node.meta.get("stack_trace")
+            node.replace_input_with(value, detached)
         with gm.graph.inserting_after(node):
             detached = gm.graph.call_function(without_grad, (node,))
         detached.meta["stack_trace"] = node.meta.get("stack_trace")
         node.replace_all_uses_with(
             detached, delete_user_cb=lambda user, new=detached: user is not new)
+
+
+def _read_state_through_copies(gm: GraphModule, roots: set[Node],
+                               writes: dict[Node, _Write]) -> None:
+    """Module state the forward writes in place is read through a copy taken where it is
+    read: an op that saves the buffer it reads (or a view of it) keeps that copy, which the
+    next write into the buffer (a second call of the module in the same forward) leaves
+    intact. The writes themselves, and the views of the state (which may be written
+    through), stay as they are: what reads a view reads a copy of it."""
+    views: dict[Node, Node] = {}  # each value aliasing written state -> its root
+    for node in gm.graph.nodes:
+        if node in roots:
+            views[node] = node
+            continue
+        parent = _parent(node, writes)
+        if parent is not None and parent in views:
+            views[node] = views[parent]
+    for node in list(gm.graph.nodes):
+        if node.op not in ("call_function", "call_method", "call_module") or node in writes \
+                or node in views or node.target is without_grad \
+                or (node.op == "call_method" and str(node.target).endswith("_")):
+            continue  # (``detach_``, ``requires_grad_``: about the tensor itself, not a read)
+        for value in node.all_input_nodes:
+            if value not in views:
+                continue
+            with gm.graph.inserting_before(node):
+                copied = gm.graph.call_method("clone", (value,))
+            copied.meta["stack_trace"] = node.meta.get("stack_trace")
+            node.replace_input_with(value, copied)
 
 
 def rewrite_symbolically(model: nn.Module, calls: list[InplaceCall],
@@ -446,6 +487,8 @@ def rewrite_symbolically(model: nn.Module, calls: list[InplaceCall],
             writes[node] = write
     rewriter = _Rewriter(gm, writes)
     rewriter.run()
+    if rewriter.state_roots:
+        _read_state_through_copies(gm, rewriter.state_roots, writes)
     if no_grad_lines:
         _detach_no_grad(gm, no_grad_lines)
     gm.graph.lint()

@@ -105,6 +105,13 @@ def verify(candidate: nn.Module, original: nn.Module, ref: Reference, inputs: tu
             if not ok:
                 return (f"the original's forward changes `{name}`, module state the rewrite "
                         "does not reproduce")
+        carried = sorted(n for n, b in named_buffers(candidate)
+                         if isinstance(b, Tensor) and b.grad_fn is not None
+                         and n not in ref.carried)
+        if carried:
+            return (f"buffer {carried[0]!r} carries autograd history after its forward (the "
+                    "original's does not): the next step's backward would go through this "
+                    "step's graph")
         try:
             weighted_loss(out).backward()
         except Exception as e:
@@ -112,6 +119,12 @@ def verify(candidate: nn.Module, original: nn.Module, ref: Reference, inputs: tu
         grads = {n: None if p.grad is None else p.grad.detach().clone()
                  for n, p in candidate.named_parameters() if p.requires_grad}
         input_grads = [t.grad for t in leaves]
+        if not ref.second_step_fails:  # training takes more than one step
+            try:
+                weighted_loss(candidate(*clone_inputs(inputs))).backward()
+            except Exception as e:
+                return (f"a second forward and backward raised {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}")
     with restored_state(candidate), torch.no_grad():  # random draws must not be frozen
         torch.set_rng_state(ref.other_rng)
         again = tree_leaves(candidate(*clone_inputs(inputs)))
