@@ -1,0 +1,16 @@
+"""From simulation to execution: a trained transformed model on integer kernels.
+
+- :func:`convert` turns a model returned by :func:`fxquant.transform` (trained) into a
+  :class:`ConvertedModel` whose values between quantization points are integer codes with
+  their scales, whose products multiply ``int8`` codes into ``int32`` and whose
+  aggregations sum codes into ``int32``; :attr:`ConvertedModel.report` says what runs
+  where.
+"""
+
+from fxquant.execution.convert import ConversionError, convert
+from fxquant.execution.kernels import QTensor
+from fxquant.execution.layers import Placement
+from fxquant.execution.model import ConversionReport, ConvertedModel
+
+__all__ = ["ConversionError", "ConversionReport", "ConvertedModel", "Placement", "QTensor",
+           "convert"]

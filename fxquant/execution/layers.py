@@ -1,0 +1,622 @@
+"""Converted GNN layers: PyG's ``GCNConv``, ``SAGEConv``, ``GINConv`` and ``GATConv`` as
+their transformed copies compute them in evaluation, on integer codes.
+
+Each layer takes its input as a :class:`~fxquant.execution.kernels.QTensor` (the codes an
+input point rounded it to) or as float32 values, and returns float32 values (the top-level
+output point, if any, rounds them). Inside, a product of codes by weight codes runs as
+``int8 x int8 -> int32``, messages are rounded to the message point's codes, which are
+summed into ``int32``, and the aggregate point rounds the sum; between two of these the
+accumulators are rescaled in float32 exactly where the simulation computes in float32
+(normalization coefficients, biases, a mean's division). What cannot run on integers
+here (a product whose operand no point rounds, GAT's attention softmax) runs in float32,
+and each layer lists what runs where in :attr:`IntLayer.placements`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+from torch_geometric.nn.dense.linear import Linear as PygLinear
+from torch_geometric.nn.models import MLP
+from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
+
+from fxquant.execution.kernels import QTensor, int_matmul, segment_sum
+from fxquant.execution.packing import PackedCodes, pack, unpack
+from fxquant.execution.quantizer import IntQuantizer
+
+__all__ = ["FLOAT", "INTEGER", "RESCALE", "Context", "IntLayer", "Placement", "Value",
+           "WeightCodes", "as_float", "layer_classes", "relu_codes"]
+
+INTEGER, RESCALE, FLOAT = "integer", "rescale", "float32"
+
+#: a value between steps: codes with their scale, or float32 values
+Value = QTensor | Tensor
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One part of the converted model and where it runs.
+
+    ``runs`` is ``"integer"`` (codes multiplied or summed in int32, or rounded to a
+    point's codes), ``"rescale"`` (float32 arithmetic on an integer accumulator on its
+    way to the next point's codes: scales, normalization coefficients, biases) or
+    ``"float32"`` (computed on float values: not integer execution); ``why`` says why a
+    float32 part is, and how to make it integer.
+    """
+
+    where: str
+    runs: str
+    how: str
+    why: str = ""
+
+
+class Context:
+    """What one forward shares between steps: the batch's global node ids, and per-graph
+    values computed once per ``edge_index`` (a normalization, a sort)."""
+
+    def __init__(self, ids: Tensor | None = None) -> None:
+        self.ids = ids
+
+
+def as_float(v: Value) -> Tensor:
+    """Float32 values of a step's output."""
+    return v.dequantize() if isinstance(v, QTensor) else v
+
+
+class WeightCodes(nn.Module):
+    """A weight rounded by its point, stored packed (``data``) with its scale and shift;
+    :meth:`codes` unpacks it for a product."""
+
+    def __init__(self, q: QTensor | None = None, meta: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        if q is not None:
+            packed = pack(q)
+            ((slot, data),) = packed.groups.items()
+            meta = {"shape": list(q.codes.shape), "bits": int(q.bits), "slot": slot,
+                    "qmin": int(q.qmin), "qmax": int(q.qmax), "bias": q.bias,
+                    "per_row": q.scale.dim() > 0}
+            self.register_buffer("data", data)
+            self.register_buffer("scale", q.scale.detach().clone())
+            self.register_buffer("shift", q.shift.detach().clone())
+        else:
+            assert meta is not None
+            self.register_buffer("data", torch.zeros(0, dtype=torch.uint8))
+            self.register_buffer("scale", torch.zeros(()))
+            self.register_buffer("shift", torch.zeros(()))
+        self.meta = dict(meta)
+
+    def qtensor(self) -> QTensor:
+        m = self.meta
+        like = QTensor(torch.empty(0, dtype=torch.int8), self.scale, self.shift, m["bias"],
+                       m["qmin"], m["qmax"], m["bits"], m["per_row"])
+        codes = unpack(PackedCodes({m["slot"]: self.data}, torch.Size(m["shape"]), None), like)
+        return like.with_codes(codes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.numel()) + 4 * int(self.scale.numel() + self.shift.numel())
+
+    def extra_repr(self) -> str:
+        m = self.meta
+        return f"{tuple(m['shape'])}, {m['bits']} bits" + (", per row" if m["per_row"] else "")
+
+
+def _weight(param: Tensor, point: IntQuantizer | None) -> WeightCodes | None:
+    if point is None:
+        return None
+    with torch.no_grad():
+        return WeightCodes(point(param.detach().to(torch.float32)))
+
+
+class IntLayer(nn.Module):
+    """Shared by the converted layers: the layer's points, its placements."""
+
+    kind = ""
+
+    def __init__(self, name: str, points: dict[str, IntQuantizer]) -> None:
+        super().__init__()
+        self.name = name
+        self.points = nn.ModuleDict({k.replace(".", "__"): v for k, v in points.items()})
+        self.placements: list[Placement] = []
+
+    def point(self, key: str) -> IntQuantizer | None:
+        return self.points[key.replace(".", "__")] if key.replace(".", "__") in self.points \
+            else None
+
+    def place(self, what: str, runs: str, how: str, why: str = "") -> None:
+        self.placements.append(Placement(f"{self.name}: {what}", runs, how, why))
+
+    # -- shared steps ---------------------------------------------------------------------
+
+    def _product(self, what: str, x_integer: bool, weight: WeightCodes | None,
+                 fix: str) -> None:
+        """Record where ``x @ W.T`` runs."""
+        if x_integer and weight is not None:
+            self.place(what, INTEGER, "int8 x int8 -> int32 (torch._int_mm), rescaled to float32")
+        elif weight is None and x_integer:
+            self.place(what, FLOAT, "float32 product of the codes' values and float32 weights",
+                       f"its weight has no quantization point; {fix}")
+        elif weight is not None:
+            self.place(what, FLOAT, "float32 product of float32 values and the weight's codes",
+                       "its input has no quantization point; round the layer's input "
+                       "(site='input') to run it on integers")
+        else:
+            self.place(what, FLOAT, "float32 product", "neither operand is rounded")
+
+    def _messages(self, what: str, values_integer: bool, per_edge_float: bool) -> None:
+        message = self.point("message")
+        if message is None:
+            self.place(f"{what} messages", FLOAT, "float32 messages",
+                       "the layer has no message point; round the messages (site='message') "
+                       "to aggregate integers")
+        elif per_edge_float:
+            self.place(f"{what} messages", FLOAT, "float32 coefficients per edge, then rounded "
+                       "to the message point's codes",
+                       "the coefficients are computed in float32 (a softmax); this part of "
+                       "the layer cannot run on integers")
+        else:
+            self.place(f"{what} messages", RESCALE if values_integer else FLOAT,
+                       "rounded to the message point's codes" +
+                       (" (values rescaled in float32)" if values_integer else ""),
+                       "" if values_integer else "the values sent have no point before the "
+                       "messages")
+        agg = "int32 sum of the message codes (index_add_)" if message is not None else \
+            "float32 sum"
+        self.place(f"{what} aggregation", INTEGER if message is not None else FLOAT, agg,
+                   "" if message is not None else "the messages are float32")
+
+    def _round(self, key: str, v: Tensor, ctx: Context, **kwargs: Any) -> Value:
+        point = self.point(key)
+        if point is None:
+            return v
+        q = point(v, ids=ctx.ids, **kwargs)
+        recording = self.__dict__.get("recording")
+        if recording is not None:  # (ConvertedModel.record)
+            recording[point.spec.module] = q
+        return q
+
+    def _sum(self, m: Value, dst: Tensor, n: int) -> Tensor:
+        """Each node's sum of its messages, float32 (from an int32 sum of codes)."""
+        if isinstance(m, QTensor):
+            total = segment_sum(m.codes, dst, n).to(torch.float32)
+            count = None
+            if bool((m.shift != 0).any()):
+                count = torch.zeros(n, dtype=torch.float32, device=dst.device).index_add_(
+                    0, dst, torch.ones(dst.shape[0], device=dst.device))
+            scale, shift = _per_target(m.scale, dst, n), _per_target(m.shift, dst, n)
+            shape = (-1,) + (1,) * (total.dim() - 1)
+            if count is not None:
+                total = total + (count * shift if shift.dim() else count * shift).view(shape)
+            return total * (scale.view(shape) if scale.dim() else scale)
+        out = torch.zeros((n,) + tuple(m.shape[1:]), dtype=m.dtype, device=m.device)
+        return out.index_add_(0, dst, m)
+
+
+def _per_target(t: Tensor, dst: Tensor, n: int) -> Tensor:
+    """A per-message scale (or shift) as one per target node: the messages into a node
+    share it (their width is the target's)."""
+    if not t.dim():
+        return t
+    return torch.zeros(n, dtype=t.dtype, device=t.device).index_copy_(0, dst, t)
+
+
+def _linear_weight(module: nn.Module) -> Tensor:
+    return module.weight  # type: ignore[return-value]
+
+
+class _Graph:
+    """One ``edge_index`` and what is computed from it once (a normalization)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.value: Any = None
+
+    def get(self, edge_index: Tensor, extra: Tensor | None, n: int, fn: Any) -> Any:
+        key = (edge_index.data_ptr(), tuple(edge_index.shape), edge_index._version, n,
+               None if extra is None else (extra.data_ptr(), extra._version))
+        if key != self.key:
+            self.value = fn()
+            self.key = key
+        return self.value
+
+
+def _product(x: Value, weight: WeightCodes | None, fallback: Tensor) -> Tensor:
+    """``x @ W.T``: on codes where both are codes, else in float32."""
+    if isinstance(x, QTensor) and weight is not None:
+        return int_matmul(x, weight.qtensor())
+    w = weight.qtensor().dequantize() if weight is not None else fallback
+    return F.linear(as_float(x), w.to(torch.float32))
+
+
+class IntGCNConv(IntLayer):
+    """``GCNConv`` (normalized, self-loops as the layer adds them) on codes."""
+
+    kind = "GCNConv"
+
+    def __init__(self, name: str, conv: GCNConv, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        super().__init__(name, points)
+        self.normalize, self.improved = conv.normalize, conv.improved
+        self.add_loops, self.flow = conv.add_self_loops, conv.flow
+        self.register_buffer("lin_weight", conv.lin.weight.detach().clone())
+        self.weight = _weight(conv.lin.weight, self.point("weight.lin.weight"))
+        self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
+        self.graph = _Graph()
+        self._product("product x W", input_integer, self.weight,
+                      "round it (site='weight') to run the product on integers")
+        if self.point("linear.lin") is not None:
+            self.place("product rounded", INTEGER, "rounded to the linear point's codes")
+        self.place("normalization", RESCALE, "float32 coefficient per edge (gcn_norm), applied "
+                   "to the product's rescaled values")
+        self._messages("", True, False)
+        if self.point("aggregate") is not None:
+            self.place("aggregate", INTEGER, "int32 sums rescaled and rounded to the aggregate "
+                       "point's codes")
+        if self.bias is not None:
+            self.place("bias", RESCALE, "float32 bias added to the aggregate's values")
+
+    def forward(self, x: Value, edge_index: Tensor, edge_weight: Tensor | None = None, *,
+                ctx: Context) -> Tensor:
+        h = _product(x, self.weight, self.lin_weight)
+        h = as_float(self._round("linear.lin", h, ctx))
+        n = h.shape[0]
+        if self.normalize:
+            edge_index, edge_weight = self.graph.get(
+                edge_index, edge_weight, n, lambda: gcn_norm(
+                    edge_index, edge_weight, n, self.improved, self.add_loops, self.flow,
+                    torch.float32))
+        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
+            else (edge_index[1], edge_index[0])
+        if edge_weight is not None and self.point("edge") is not None:
+            edge_weight = as_float(self._round("edge", edge_weight, ctx, row_nodes=dst,
+                                               num_nodes=n))
+        m = h.index_select(0, src)
+        if edge_weight is not None:
+            m = edge_weight.view(-1, 1) * m
+        mq = self._round("message", m, ctx, row_nodes=dst, num_nodes=n)
+        out = self._sum(mq, dst, n)
+        out = as_float(self._round("aggregate", out, ctx))
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+class IntSAGEConv(IntLayer):
+    """``SAGEConv`` (mean, sum or max aggregation of the neighbours' codes; root weight)."""
+
+    kind = "SAGEConv"
+
+    def __init__(self, name: str, conv: SAGEConv, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        super().__init__(name, points)
+        self.aggr = str(conv.aggr)
+        self.flow = conv.flow
+        self.root = conv.root_weight
+        self.normalize = conv.normalize
+        self.register_buffer("wl", conv.lin_l.weight.detach().clone())
+        self.register_buffer("bl", None if conv.lin_l.bias is None
+                             else conv.lin_l.bias.detach().clone())
+        self.weight_l = _weight(conv.lin_l.weight, self.point("weight.lin_l.weight"))
+        self.weight_r = None
+        self.register_buffer("wr", None)
+        self.register_buffer("br", None)
+        if self.root:
+            self.wr = conv.lin_r.weight.detach().clone()
+            self.br = None if conv.lin_r.bias is None else conv.lin_r.bias.detach().clone()
+            self.weight_r = _weight(conv.lin_r.weight, self.point("weight.lin_r.weight"))
+        message = self.point("message")
+        self.place("messages", RESCALE if input_integer and message is not None else FLOAT,
+                   "each neighbour's codes rounded to the message point's codes"
+                   if message is not None else "float32 messages",
+                   "" if message is not None else "the layer has no message point; round "
+                   "the messages (site='message') to aggregate integers")
+        self.place(f"{self.aggr} aggregation", INTEGER if message is not None else FLOAT,
+                   "int32 sum of the message codes" + (", divided by the count in float32"
+                                                       if self.aggr == "mean" else ""),
+                   "" if message is not None else "the messages are float32")
+        if self.point("aggregate") is not None:
+            self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
+        agg_integer = self.point("aggregate") is not None
+        self._product("product aggregate W_l", agg_integer, self.weight_l,
+                      "round lin_l's weight (site='weight')")
+        if self.root:
+            self._product("product x W_r", input_integer, self.weight_r,
+                          "round lin_r's weight (site='weight')")
+        self.place("bias and sum", RESCALE, "float32 bias and the two rescaled products added")
+        if self.aggr not in ("mean", "sum", "add"):
+            self.placements[1] = Placement(f"{name}: {self.aggr} aggregation", FLOAT,
+                                           f"float32 {self.aggr}",
+                                           "only sum and mean aggregation run on integers")
+        if self.normalize:
+            self.place("normalize", FLOAT, "float32 L2 normalization",
+                       "normalize=True divides by a float32 norm")
+
+    def forward(self, x: Value, edge_index: Tensor, *, ctx: Context) -> Tensor:
+        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
+            else (edge_index[1], edge_index[0])
+        n = x.shape[0]
+        out = _node_messages(self, x, src, dst, n, ctx, self.aggr)
+        a = self._round("aggregate", out, ctx)
+        y = _product(a, self.weight_l, self.wl)
+        if self.bl is not None:
+            y = y + self.bl
+        if self.root:
+            r = _product(x, self.weight_r, self.wr)
+            if self.br is not None:
+                r = r + self.br
+            y = y + r
+        if self.normalize:
+            y = F.normalize(y, p=2.0, dim=-1)
+        return y
+
+
+def _node_messages(layer: IntLayer, x: Value, src: Tensor, dst: Tensor, n: int, ctx: Context,
+                   aggr: str) -> Tensor:
+    """Messages that are the sender's own values (``x_j``), rounded to the message point
+    and aggregated (``sum`` / ``mean``; ``max`` in float32)."""
+    point = layer.point("message")
+    if point is not None and point.widths is None and isinstance(x, QTensor) \
+            and aggr in ("sum", "add", "mean"):
+        mq = _sender_codes(point, x, src, ctx)
+    else:
+        xs = as_float(x)
+        m = xs.index_select(0, src)
+        mq = layer._round("message", m, ctx, row_nodes=dst, num_nodes=n)
+    if aggr in ("sum", "add", "mean"):
+        out = layer._sum(mq, dst, n)
+        if aggr == "mean":
+            count = torch.zeros(n, dtype=torch.float32, device=dst.device).index_add_(
+                0, dst, torch.ones(dst.shape[0], device=dst.device)).clamp_(min=1)
+            out = out / count.view((-1,) + (1,) * (out.dim() - 1))
+        return out
+    m = as_float(mq)
+    out = torch.full((n,) + tuple(m.shape[1:]), 0.0, device=m.device)
+    return out.scatter_reduce(0, dst.view((-1,) + (1,) * (m.dim() - 1)).expand_as(m), m,
+                              reduce=aggr.replace("max", "amax").replace("min", "amin"),
+                              include_self=False)
+
+
+def _sender_codes(point: IntQuantizer, x: QTensor, src: Tensor, ctx: Context) -> QTensor:
+    """The message point's codes of ``x_j`` for every edge, rounded once per sending node
+    and gathered: a message is its sender's value, so every message of a node has the
+    same codes. A range taken from the messages is the range of the senders' rows."""
+    values = x.dequantize()
+    if point.spec.step_kind in ("batch", "percentile") and src.numel() < values.shape[0] * 4:
+        rows = values.index_select(0, src)  # (few edges: the messages themselves)
+        return point(rows, ids=None)
+    if point.spec.step_kind == "batch":
+        senders = torch.zeros(values.shape[0], dtype=torch.bool, device=src.device)
+        senders[src] = True
+        flat = values.reshape(values.shape[0], -1)
+        if flat.shape[1] and values.shape[0]:
+            lo, hi = flat.amin(1), flat.amax(1)
+            lo = torch.where(senders, lo, torch.inf).amin() if src.numel() else lo.new_zeros(())
+            hi = torch.where(senders, hi, -torch.inf).amax() if src.numel() else hi.new_zeros(())
+            fake = torch.stack([lo, hi]).view(1, 2)  # one row with the senders' range
+        else:
+            fake = values.new_zeros(1, 2)
+        per_node = point(values, ids=None, bounds=fake)
+    elif point.spec.step_kind == "percentile":
+        return point(values.index_select(0, src), ids=None)
+    else:
+        per_node = point(values, ids=None)
+    return per_node.index_rows(src)
+
+
+class IntGINConv(IntLayer):
+    """``GINConv`` whose ``nn`` is PyG's ``MLP`` or a ``Sequential`` of linears and ReLUs."""
+
+    kind = "GINConv"
+
+    def __init__(self, name: str, conv: GINConv, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        super().__init__(name, points)
+        self.eps = float(conv.eps)
+        self.flow = conv.flow
+        steps = _mlp_steps(conv.nn)
+        if steps is None:
+            raise ValueError(f"{name}: GINConv's nn {type(conv.nn).__name__} is not an MLP of "
+                             "linears and ReLUs")
+        self.steps = steps
+        linears = [s for s in steps if s[0] == "linear"]
+        self.lin_names = [s[1] for s in linears]
+        self.weights = nn.ModuleList()
+        self.has_weight: list[bool] = []
+        for i, (_, child) in enumerate(linears):
+            module = conv.nn.get_submodule(child)
+            self.register_buffer(f"w{i}", module.weight.detach().clone())
+            self.register_buffer(f"b{i}", None if module.bias is None
+                                 else module.bias.detach().clone())
+            wc = _weight(module.weight, self.point(f"weight.nn.{child}.weight"))
+            self.has_weight.append(wc is not None)
+            if wc is not None:
+                self.weights.append(wc)
+        message = self.point("message")
+        self.place("messages", RESCALE if input_integer and message is not None else FLOAT,
+                   "each neighbour's codes rounded to the message point's codes"
+                   if message is not None else "float32 messages",
+                   "" if message is not None else "round the messages (site='message')")
+        self.place("sum aggregation", INTEGER if message is not None else FLOAT,
+                   "int32 sum of the message codes" if message is not None else "float32 sum",
+                   "" if message is not None else "the messages are float32")
+        agg_integer = self.point("aggregate") is not None
+        if agg_integer:
+            self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
+        # the MLP: its first product takes (1 + eps) x + aggregate, two grids, as two
+        # integer products; later products take what the MLP's points round
+        current = agg_integer and input_integer
+        widx = 0
+        for i, (kind, child) in enumerate(steps):
+            if kind != "linear":
+                continue
+            weight = self.weights[widx] if self.has_weight[self.lin_names.index(child)] \
+                else None
+            widx += weight is not None
+            rounded = self.point(f"linear.nn.{child}") is not None
+            self._product(f"MLP {child} product", current, weight,
+                          f"round nn.{child}'s weight (site='weight')")
+            if not current and i:
+                self.placements[-1] = Placement(
+                    f"{name}: MLP {child} product", FLOAT,
+                    "float32 product of the MLP's hidden values and the weight's codes"
+                    if weight is not None else "float32 product",
+                    "the MLP's hidden values have no quantization point; round the layer's "
+                    "linear outputs (site='linear') to run it on integers")
+            current = rounded
+        self.place("MLP biases and activations", RESCALE, "float32 biases; ReLU")
+
+    def _weight_of(self, j: int) -> WeightCodes | None:
+        if not self.has_weight[j]:
+            return None
+        return self.weights[sum(self.has_weight[:j])]  # type: ignore[return-value]
+
+    def forward(self, x: Value, edge_index: Tensor, *, ctx: Context) -> Tensor:
+        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
+            else (edge_index[1], edge_index[0])
+        n = x.shape[0]
+        out = _node_messages(self, x, src, dst, n, ctx, "sum")
+        a = self._round("aggregate", out, ctx)
+        h: Value | None = None
+        j = 0
+        for kind, child in self.steps:
+            if kind == "relu":
+                h = relu_codes(h)  # type: ignore[arg-type]
+                continue
+            if kind == "identity":
+                continue
+            w = self._weight_of(j)
+            w_float: Tensor = getattr(self, f"w{j}")
+            b: Tensor | None = getattr(self, f"b{j}")
+            if j == 0:
+                if isinstance(a, QTensor) and isinstance(x, QTensor) and w is not None:
+                    y = _product(a, w, w_float) + (1.0 + self.eps) * _product(x, w, w_float)
+                else:
+                    y = F.linear(as_float(a) + (1.0 + self.eps) * as_float(x),
+                                 w.qtensor().dequantize() if w is not None else w_float)
+            else:
+                assert h is not None
+                y = _product(h, w, w_float)
+            if b is not None:
+                y = y + b
+            h = self._round(f"linear.nn.{child}", y, ctx)
+            j += 1
+        assert h is not None
+        return as_float(h)
+
+
+def _mlp_steps(module: nn.Module) -> list[tuple[str, str]] | None:
+    """The MLP as ``("linear", child name)``, ``("relu", "")`` steps (evaluation: dropout
+    and identity norms are no-ops); None where it is something else."""
+    linears = (nn.Linear, PygLinear)
+    if isinstance(module, MLP):
+        if module.act is not None and not isinstance(module.act, nn.ReLU):
+            return None
+        if any(not isinstance(n, nn.Identity) for n in module.norms):
+            return None
+        steps: list[tuple[str, str]] = []
+        count = len(module.lins)
+        for i in range(count):
+            steps.append(("linear", f"lins.{i}"))
+            if i < count - 1 or not module.plain_last:
+                if module.act is not None:
+                    steps.append(("relu", ""))
+        return steps
+    if isinstance(module, nn.Sequential):
+        steps = []
+        for name, child in module.named_children():
+            if isinstance(child, linears):
+                steps.append(("linear", name))
+            elif isinstance(child, nn.ReLU):
+                steps.append(("relu", ""))
+            elif isinstance(child, (nn.Dropout, nn.Identity)):
+                steps.append(("identity", ""))
+            else:
+                return None
+        return steps
+    return None
+
+
+def relu_codes(v: Value) -> Value:
+    """ReLU of codes where zero is a code (a clamp), else of the values."""
+    if isinstance(v, QTensor):
+        shift = v.shift
+        if not shift.dim() and float(shift) == round(float(shift)):
+            floor = -int(round(float(shift)))
+            if -128 <= floor <= 127:
+                return v.with_codes(v.codes.clamp(min=floor))
+        return v.dequantize().relu()
+    return v.relu()
+
+
+class IntGATConv(IntLayer):
+    """``GATConv`` with its product, messages and aggregation on codes; the attention
+    coefficients (a leaky ReLU and a softmax per target) are float32."""
+
+    kind = "GATConv"
+
+    def __init__(self, name: str, conv: GATConv, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        super().__init__(name, points)
+        if conv.lin is None or conv.edge_dim is not None or conv.res is not None:
+            raise ValueError(f"{name}: GATConv with separate source and target linears, edge "
+                             "features or a residual is not converted")
+        self.heads, self.channels, self.concat = conv.heads, conv.out_channels, conv.concat
+        self.negative_slope = conv.negative_slope
+        self.add_loops, self.fill_value, self.flow = conv.add_self_loops, conv.fill_value, \
+            conv.flow
+        self.register_buffer("lin_weight", conv.lin.weight.detach().clone())
+        self.register_buffer("att_src", conv.att_src.detach().clone())
+        self.register_buffer("att_dst", conv.att_dst.detach().clone())
+        self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
+        self.weight = _weight(conv.lin.weight, self.point("weight.lin.weight"))
+        self.att_src_codes = _weight(conv.att_src, self.point("weight.att_src"))
+        self.att_dst_codes = _weight(conv.att_dst, self.point("weight.att_dst"))
+        self._product("product x W", input_integer, self.weight,
+                      "round it (site='weight') to run the product on integers")
+        self.place("attention", FLOAT, "float32 attention logits, leaky ReLU and softmax per "
+                   "target node",
+                   "a softmax has no integer form: GAT's attention coefficients stay float32")
+        self._messages("", True, True)
+        if self.point("aggregate") is not None:
+            self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
+        self.place("heads and bias", RESCALE, "float32 concatenation or mean of the heads, bias")
+
+    def forward(self, x: Value, edge_index: Tensor, *, ctx: Context) -> Tensor:
+        H, C = self.heads, self.channels
+        h = _product(x, self.weight, self.lin_weight)
+        h = as_float(self._round("linear.lin", h, ctx)).view(-1, H, C)
+        att_src = self.att_src_codes.qtensor().dequantize() if self.att_src_codes is not None \
+            else self.att_src
+        att_dst = self.att_dst_codes.qtensor().dequantize() if self.att_dst_codes is not None \
+            else self.att_dst
+        a_src = (h * att_src).sum(-1)
+        a_dst = (h * att_dst).sum(-1)
+        n = h.shape[0]
+        if self.add_loops:
+            edge_index, _ = remove_self_loops(edge_index)
+            edge_index, _ = add_self_loops(edge_index, num_nodes=n)
+        i, j = (1, 0) if self.flow == "source_to_target" else (0, 1)
+        src, dst = edge_index[j], edge_index[i]
+        alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
+        alpha = F.leaky_relu(alpha, self.negative_slope)
+        alpha = softmax(alpha, dst, None, n)
+        m = alpha.unsqueeze(-1) * h.index_select(0, src)
+        mq = self._round("message", m, ctx, row_nodes=dst, num_nodes=n)
+        out = self._sum(mq, dst, n)
+        out = as_float(self._round("aggregate", out, ctx))
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+def layer_classes() -> dict[type[nn.Module], type[IntLayer]]:
+    """The PyG layers converted, and their integer form."""
+    return {GCNConv: IntGCNConv, SAGEConv: IntSAGEConv, GINConv: IntGINConv,
+            GATConv: IntGATConv}
