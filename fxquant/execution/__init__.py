@@ -7,10 +7,11 @@
   where.
 """
 
+from fxquant.execution.check import Comparison, PointComparison, compare
 from fxquant.execution.convert import ConversionError, convert
 from fxquant.execution.kernels import QTensor
 from fxquant.execution.layers import Placement
 from fxquant.execution.model import ConversionReport, ConvertedModel
 
-__all__ = ["ConversionError", "ConversionReport", "ConvertedModel", "Placement", "QTensor",
-           "convert"]
+__all__ = ["Comparison", "ConversionError", "ConversionReport", "ConvertedModel", "Placement", "PointComparison",
+           "QTensor", "compare", "convert"]

@@ -26,6 +26,7 @@ from torch_geometric.nn.dense.linear import Linear as PygLinear
 from torch_geometric.nn.models import MLP
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
+from fxquant.errors import FxquantValueError
 from fxquant.execution.kernels import QTensor, int_matmul, segment_sum
 from fxquant.execution.packing import PackedCodes, pack, unpack
 from fxquant.execution.quantizer import IntQuantizer
@@ -107,11 +108,6 @@ class WeightCodes(nn.Module):
         return f"{tuple(m['shape'])}, {m['bits']} bits" + (", per row" if m["per_row"] else "")
 
 
-def _weight(param: Tensor, point: IntQuantizer | None) -> WeightCodes | None:
-    if point is None:
-        return None
-    with torch.no_grad():
-        return WeightCodes(point(param.detach().to(torch.float32)))
 
 
 class IntLayer(nn.Module):
@@ -124,6 +120,20 @@ class IntLayer(nn.Module):
         self.name = name
         self.points = nn.ModuleDict({k.replace(".", "__"): v for k, v in points.items()})
         self.placements: list[Placement] = []
+        #: each weight point's codes, by the point's name in the transformed model
+        self.weight_codes: dict[str, WeightCodes] = {}
+
+    def _weight(self, param: Tensor, key: str) -> WeightCodes | None:
+        """``param`` rounded by the weight point ``key`` (None: no such point)."""
+        point = self.point(key)
+        if point is None:
+            return None
+        with torch.no_grad():
+            codes = WeightCodes(point(param.detach().to(torch.float32)))
+        self.weight_codes[point.spec.module] = codes
+        self.place(f"weight {point.spec.tensor}", INTEGER,
+                   f"stored as {point.spec.describe()} codes ({codes.meta['slot']} bits a code)")
+        return codes
 
     def point(self, key: str) -> IntQuantizer | None:
         return self.points[key.replace(".", "__")] if key.replace(".", "__") in self.points \
@@ -175,27 +185,49 @@ class IntLayer(nn.Module):
         point = self.point(key)
         if point is None:
             return v
-        q = point(v, ids=ctx.ids, **kwargs)
+        return self.record(point, point(v, ids=ctx.ids, **kwargs))
+
+    def record(self, point: IntQuantizer, q: QTensor) -> QTensor:
+        """``q``, kept as ``point``'s codes while :meth:`ConvertedModel.record` runs."""
         recording = self.__dict__.get("recording")
-        if recording is not None:  # (ConvertedModel.record)
+        if recording is not None:
             recording[point.spec.module] = q
         return q
 
     def _sum(self, m: Value, dst: Tensor, n: int) -> Tensor:
         """Each node's sum of its messages, float32 (from an int32 sum of codes)."""
-        if isinstance(m, QTensor):
-            total = segment_sum(m.codes, dst, n).to(torch.float32)
-            count = None
-            if bool((m.shift != 0).any()):
-                count = torch.zeros(n, dtype=torch.float32, device=dst.device).index_add_(
-                    0, dst, torch.ones(dst.shape[0], device=dst.device))
-            scale, shift = _per_target(m.scale, dst, n), _per_target(m.shift, dst, n)
-            shape = (-1,) + (1,) * (total.dim() - 1)
-            if count is not None:
-                total = total + (count * shift if shift.dim() else count * shift).view(shape)
-            return total * (scale.view(shape) if scale.dim() else scale)
-        out = torch.zeros((n,) + tuple(m.shape[1:]), dtype=m.dtype, device=m.device)
-        return out.index_add_(0, dst, m)
+        if not isinstance(m, QTensor):
+            out = torch.zeros((n,) + tuple(m.shape[1:]), dtype=m.dtype, device=m.device)
+            return out.index_add_(0, dst, m)
+        levels = segment_sum(m.codes, dst, n).to(torch.float32)
+        shape = (-1,) + (1,) * (levels.dim() - 1)
+        if bool((m.shift != 0).any()):
+            count = torch.zeros(n, dtype=torch.float32, device=dst.device).index_add_(
+                0, dst, torch.ones(dst.shape[0], device=dst.device))
+            shift = _per_target(m.shift, dst, n)
+            levels = levels + (count * shift).view(shape)
+        scale = _per_target(m.scale, dst, n)
+        total = levels * (scale.view(shape) if scale.dim() else scale)
+        aggregate = self.point("aggregate")
+        if aggregate is not None and aggregate.grid.midrise:
+            total = _zero_ties(total, levels == 0, m, dst, n)
+        return total
+
+
+def _zero_ties(total: Tensor, zero: Tensor, m: QTensor, dst: Tensor, n: int) -> Tensor:
+    """Sums that are exactly zero, where a mid-rise grid (which has no zero) rounds next:
+    zero lies halfway between the levels -1/2 and +1/2, so the float32 sum's rounding
+    error in the simulation picks the level. For those entries the messages are summed in
+    float32 as the simulation sums them (PyG's ``scatter_add_``, in edge order), so that
+    the tie falls the same way; every other sum stays the integer one."""
+    if not bool(zero.any()):
+        return total
+    nodes = zero.reshape(n, -1).any(1)
+    edges = nodes.index_select(0, dst).nonzero().view(-1)
+    values = m.index_rows(edges).dequantize()
+    index = dst.index_select(0, edges).view((-1,) + (1,) * (values.dim() - 1)).expand_as(values)
+    replay = torch.zeros_like(total).scatter_add_(0, index, values)
+    return torch.where(zero, replay, total)
 
 
 def _per_target(t: Tensor, dst: Tensor, n: int) -> Tensor:
@@ -245,7 +277,7 @@ class IntGCNConv(IntLayer):
         self.normalize, self.improved = conv.normalize, conv.improved
         self.add_loops, self.flow = conv.add_self_loops, conv.flow
         self.register_buffer("lin_weight", conv.lin.weight.detach().clone())
-        self.weight = _weight(conv.lin.weight, self.point("weight.lin.weight"))
+        self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
         self.graph = _Graph()
         self._product("product x W", input_integer, self.weight,
@@ -302,14 +334,14 @@ class IntSAGEConv(IntLayer):
         self.register_buffer("wl", conv.lin_l.weight.detach().clone())
         self.register_buffer("bl", None if conv.lin_l.bias is None
                              else conv.lin_l.bias.detach().clone())
-        self.weight_l = _weight(conv.lin_l.weight, self.point("weight.lin_l.weight"))
+        self.weight_l = self._weight(conv.lin_l.weight, "weight.lin_l.weight")
         self.weight_r = None
         self.register_buffer("wr", None)
         self.register_buffer("br", None)
         if self.root:
             self.wr = conv.lin_r.weight.detach().clone()
             self.br = None if conv.lin_r.bias is None else conv.lin_r.bias.detach().clone()
-            self.weight_r = _weight(conv.lin_r.weight, self.point("weight.lin_r.weight"))
+            self.weight_r = self._weight(conv.lin_r.weight, "weight.lin_r.weight")
         message = self.point("message")
         self.place("messages", RESCALE if input_integer and message is not None else FLOAT,
                    "each neighbour's codes rounded to the message point's codes"
@@ -337,7 +369,9 @@ class IntSAGEConv(IntLayer):
             self.place("normalize", FLOAT, "float32 L2 normalization",
                        "normalize=True divides by a float32 norm")
 
-    def forward(self, x: Value, edge_index: Tensor, *, ctx: Context) -> Tensor:
+    def forward(self, x: Value, edge_index: Tensor, size: Any = None, *,
+                ctx: Context) -> Tensor:
+        _no_size(self.name, size)
         src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
             else (edge_index[1], edge_index[0])
         n = x.shape[0]
@@ -363,7 +397,7 @@ def _node_messages(layer: IntLayer, x: Value, src: Tensor, dst: Tensor, n: int, 
     point = layer.point("message")
     if point is not None and point.widths is None and isinstance(x, QTensor) \
             and aggr in ("sum", "add", "mean"):
-        mq = _sender_codes(point, x, src, ctx)
+        mq = _sender_codes(layer, point, x, src, ctx)
     else:
         xs = as_float(x)
         m = xs.index_select(0, src)
@@ -382,31 +416,28 @@ def _node_messages(layer: IntLayer, x: Value, src: Tensor, dst: Tensor, n: int, 
                               include_self=False)
 
 
-def _sender_codes(point: IntQuantizer, x: QTensor, src: Tensor, ctx: Context) -> QTensor:
+def _sender_codes(layer: IntLayer, point: IntQuantizer, x: QTensor, src: Tensor,
+                  ctx: Context) -> QTensor:
     """The message point's codes of ``x_j`` for every edge, rounded once per sending node
     and gathered: a message is its sender's value, so every message of a node has the
     same codes. A range taken from the messages is the range of the senders' rows."""
     values = x.dequantize()
-    if point.spec.step_kind in ("batch", "percentile") and src.numel() < values.shape[0] * 4:
-        rows = values.index_select(0, src)  # (few edges: the messages themselves)
-        return point(rows, ids=None)
-    if point.spec.step_kind == "batch":
-        senders = torch.zeros(values.shape[0], dtype=torch.bool, device=src.device)
-        senders[src] = True
+    kind = point.spec.step_kind
+    if kind == "percentile" or (kind == "batch" and src.numel() < values.shape[0]):
+        return layer.record(point, point(values.index_select(0, src)))  # (the messages)
+    bounds = None
+    if kind == "batch":
         flat = values.reshape(values.shape[0], -1)
-        if flat.shape[1] and values.shape[0]:
+        if flat.shape[1] and src.numel():
+            senders = torch.zeros(values.shape[0], dtype=torch.bool, device=src.device)
+            senders[src] = True
             lo, hi = flat.amin(1), flat.amax(1)
-            lo = torch.where(senders, lo, torch.inf).amin() if src.numel() else lo.new_zeros(())
-            hi = torch.where(senders, hi, -torch.inf).amax() if src.numel() else hi.new_zeros(())
-            fake = torch.stack([lo, hi]).view(1, 2)  # one row with the senders' range
+            bounds = torch.stack([torch.where(senders, lo, torch.inf).amin(),
+                                  torch.where(senders, hi, -torch.inf).amax()])
         else:
-            fake = values.new_zeros(1, 2)
-        per_node = point(values, ids=None, bounds=fake)
-    elif point.spec.step_kind == "percentile":
-        return point(values.index_select(0, src), ids=None)
-    else:
-        per_node = point(values, ids=None)
-    return per_node.index_rows(src)
+            bounds = values.new_zeros(2)
+    per_node = point(values, bounds=bounds)
+    return layer.record(point, per_node.index_rows(src))
 
 
 class IntGINConv(IntLayer):
@@ -433,7 +464,7 @@ class IntGINConv(IntLayer):
             self.register_buffer(f"w{i}", module.weight.detach().clone())
             self.register_buffer(f"b{i}", None if module.bias is None
                                  else module.bias.detach().clone())
-            wc = _weight(module.weight, self.point(f"weight.nn.{child}.weight"))
+            wc = self._weight(module.weight, f"weight.nn.{child}.weight")
             self.has_weight.append(wc is not None)
             if wc is not None:
                 self.weights.append(wc)
@@ -476,7 +507,9 @@ class IntGINConv(IntLayer):
             return None
         return self.weights[sum(self.has_weight[:j])]  # type: ignore[return-value]
 
-    def forward(self, x: Value, edge_index: Tensor, *, ctx: Context) -> Tensor:
+    def forward(self, x: Value, edge_index: Tensor, size: Any = None, *,
+                ctx: Context) -> Tensor:
+        _no_size(self.name, size)
         src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
             else (edge_index[1], edge_index[0])
         n = x.shape[0]
@@ -574,9 +607,9 @@ class IntGATConv(IntLayer):
         self.register_buffer("att_src", conv.att_src.detach().clone())
         self.register_buffer("att_dst", conv.att_dst.detach().clone())
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
-        self.weight = _weight(conv.lin.weight, self.point("weight.lin.weight"))
-        self.att_src_codes = _weight(conv.att_src, self.point("weight.att_src"))
-        self.att_dst_codes = _weight(conv.att_dst, self.point("weight.att_dst"))
+        self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
+        self.att_src_codes = self._weight(conv.att_src, "weight.att_src")
+        self.att_dst_codes = self._weight(conv.att_dst, "weight.att_dst")
         self._product("product x W", input_integer, self.weight,
                       "round it (site='weight') to run the product on integers")
         self.place("attention", FLOAT, "float32 attention logits, leaky ReLU and softmax per "
@@ -587,7 +620,12 @@ class IntGATConv(IntLayer):
             self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
         self.place("heads and bias", RESCALE, "float32 concatenation or mean of the heads, bias")
 
-    def forward(self, x: Value, edge_index: Tensor, *, ctx: Context) -> Tensor:
+    def forward(self, x: Value, edge_index: Tensor, edge_attr: Tensor | None = None,
+                size: Any = None, *, ctx: Context) -> Tensor:
+        _no_size(self.name, size)
+        if edge_attr is not None:
+            raise FxquantValueError(f"the converted layer {self.name!r} takes no edge features "
+                                    "(edge_attr); its GATConv was built without edge_dim")
         H, C = self.heads, self.channels
         h = _product(x, self.weight, self.lin_weight)
         h = as_float(self._round("linear.lin", h, ctx)).view(-1, H, C)
@@ -614,6 +652,12 @@ class IntGATConv(IntLayer):
         if self.bias is not None:
             out = out + self.bias
         return out
+
+
+def _no_size(layer: str, size: Any) -> None:
+    if size is not None:
+        raise FxquantValueError(f"the converted layer {layer!r} takes a square graph (size=None), "
+                                f"got size={size!r}")
 
 
 def layer_classes() -> dict[type[nn.Module], type[IntLayer]]:

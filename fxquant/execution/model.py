@@ -237,6 +237,9 @@ class ConvertedModel(nn.Module):
             self.__dict__["_recorded"] = None
             for layer in self.layers.values():
                 layer.__dict__.pop("recording", None)
+        for layer in layer_modules(self).values():
+            for name, weight in layer.weight_codes.items():
+                recorded[name] = weight.qtensor()
         return recorded
 
     def extra_repr(self) -> str:

@@ -85,10 +85,11 @@ class IntQuantizer(nn.Module):
     # -- rounding -------------------------------------------------------------------------
 
     def forward(self, v: Tensor, *, ids: Tensor | None = None, row_nodes: Tensor | None = None,
-                num_nodes: int | None = None) -> QTensor:
+                num_nodes: int | None = None, bounds: Tensor | None = None) -> QTensor:
         """The codes of ``v`` (float32). Rows are nodes (``ids``: their global ids), or, with
         ``row_nodes``, rows of the nodes ``row_nodes`` names (a message's target) among
-        ``num_nodes``."""
+        ``num_nodes``. ``bounds``: the ``(lo, hi)`` a range taken from the values would
+        give, where the caller knows it (the values are a part of what the point rounds)."""
         v = v.to(torch.float32)
         if self.widths is not None:
             return self._per_node(v, ids, row_nodes, num_nodes)
@@ -105,7 +106,7 @@ class IntQuantizer(nn.Module):
             codes = lsq_codes(y, qmin, qmax, self.bias)
             zero = torch.zeros((), device=v.device)
             return QTensor(codes, s, zero + (self.bias + off), self.bias, qmin, qmax, grid.bits)
-        scale, zp = self._scale(v)
+        scale, zp = self._scale(v, bounds)
         per_row = scale.dim() > 0
         shape = (-1,) + (1,) * (v.dim() - 1)
         inv = torch.reciprocal(scale)
@@ -123,7 +124,7 @@ class IntQuantizer(nn.Module):
             shift = shift - zp
         return QTensor(codes, scale, shift, self.bias, qmin, qmax, grid.bits, per_row)
 
-    def _scale(self, v: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _scale(self, v: Tensor, bounds: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """``(scale, zero point)``: fixed, or from the values (finite ones) as the point's
         evaluation takes it."""
         spec = self.spec
@@ -135,7 +136,9 @@ class IntQuantizer(nn.Module):
         if spec.step_kind == STEP_OBSERVED:
             assert self.step is not None
             return self.step, self.zero_point
-        if spec.step_kind == STEP_PERCENTILE:
+        if bounds is not None:
+            pass
+        elif spec.step_kind == STEP_PERCENTILE:
             assert spec.percentile is not None
             bounds = percentile_bounds(v, spec.percentile)
         else:
