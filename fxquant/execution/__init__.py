@@ -8,10 +8,11 @@
 """
 
 from fxquant.execution.check import Comparison, PointComparison, compare
-from fxquant.execution.convert import ConversionError, convert
+from fxquant.execution.conversion import ConversionError, convert
 from fxquant.execution.kernels import QTensor
 from fxquant.execution.layers import Placement
 from fxquant.execution.model import ConversionReport, ConvertedModel
+from fxquant.execution.persist import load, save
 
 __all__ = ["Comparison", "ConversionError", "ConversionReport", "ConvertedModel", "Placement", "PointComparison",
-           "QTensor", "compare", "convert"]
+           "QTensor", "compare", "convert", "load", "save"]

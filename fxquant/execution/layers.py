@@ -32,7 +32,7 @@ from fxquant.execution.packing import PackedCodes, pack, unpack
 from fxquant.execution.quantizer import IntQuantizer
 
 __all__ = ["FLOAT", "INTEGER", "RESCALE", "Context", "IntLayer", "Placement", "Value",
-           "WeightCodes", "as_float", "layer_classes", "relu_codes"]
+           "WeightCodes", "as_float", "conv_from", "layer_classes", "relu_codes"]
 
 INTEGER, RESCALE, FLOAT = "integer", "rescale", "float32"
 
@@ -115,9 +115,13 @@ class IntLayer(nn.Module):
 
     kind = ""
 
-    def __init__(self, name: str, points: dict[str, IntQuantizer]) -> None:
+    def __init__(self, name: str, points: dict[str, IntQuantizer],
+                 rebuild: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.name = name
+        #: how to build an untrained layer of the same shape (:func:`conv_from`), which
+        #: loading converts again before it reads the state
+        self.rebuild = dict(rebuild or {})
         self.points = nn.ModuleDict({k.replace(".", "__"): v for k, v in points.items()})
         self.placements: list[Placement] = []
         #: each weight point's codes, by the point's name in the transformed model
@@ -159,26 +163,26 @@ class IntLayer(nn.Module):
         else:
             self.place(what, FLOAT, "float32 product", "neither operand is rounded")
 
-    def _messages(self, what: str, values_integer: bool, per_edge_float: bool) -> None:
+    def _messages(self, values_integer: bool, per_edge_float: bool) -> None:
         message = self.point("message")
         if message is None:
-            self.place(f"{what} messages", FLOAT, "float32 messages",
+            self.place("messages", FLOAT, "float32 messages",
                        "the layer has no message point; round the messages (site='message') "
                        "to aggregate integers")
         elif per_edge_float:
-            self.place(f"{what} messages", FLOAT, "float32 coefficients per edge, then rounded "
+            self.place("messages", FLOAT, "float32 coefficients per edge, then rounded "
                        "to the message point's codes",
                        "the coefficients are computed in float32 (a softmax); this part of "
                        "the layer cannot run on integers")
         else:
-            self.place(f"{what} messages", RESCALE if values_integer else FLOAT,
+            self.place("messages", RESCALE if values_integer else FLOAT,
                        "rounded to the message point's codes" +
                        (" (values rescaled in float32)" if values_integer else ""),
                        "" if values_integer else "the values sent have no point before the "
                        "messages")
         agg = "int32 sum of the message codes (index_add_)" if message is not None else \
             "float32 sum"
-        self.place(f"{what} aggregation", INTEGER if message is not None else FLOAT, agg,
+        self.place("aggregation", INTEGER if message is not None else FLOAT, agg,
                    "" if message is not None else "the messages are float32")
 
     def _round(self, key: str, v: Tensor, ctx: Context, **kwargs: Any) -> Value:
@@ -273,7 +277,11 @@ class IntGCNConv(IntLayer):
 
     def __init__(self, name: str, conv: GCNConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
-        super().__init__(name, points)
+        super().__init__(name, points, {
+            "cls": "GCNConv", "in_channels": conv.in_channels,
+            "out_channels": conv.out_channels, "improved": conv.improved,
+            "add_self_loops": conv.add_self_loops, "normalize": conv.normalize,
+            "bias": conv.bias is not None, "flow": conv.flow})
         self.normalize, self.improved = conv.normalize, conv.improved
         self.add_loops, self.flow = conv.add_self_loops, conv.flow
         self.register_buffer("lin_weight", conv.lin.weight.detach().clone())
@@ -286,7 +294,7 @@ class IntGCNConv(IntLayer):
             self.place("product rounded", INTEGER, "rounded to the linear point's codes")
         self.place("normalization", RESCALE, "float32 coefficient per edge (gcn_norm), applied "
                    "to the product's rescaled values")
-        self._messages("", True, False)
+        self._messages(True, False)
         if self.point("aggregate") is not None:
             self.place("aggregate", INTEGER, "int32 sums rescaled and rounded to the aggregate "
                        "point's codes")
@@ -326,7 +334,13 @@ class IntSAGEConv(IntLayer):
 
     def __init__(self, name: str, conv: SAGEConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
-        super().__init__(name, points)
+        if conv.project:
+            raise ValueError(f"{name}: SAGEConv(project=True) is not converted")
+        super().__init__(name, points, {
+            "cls": "SAGEConv", "in_channels": conv.in_channels,
+            "out_channels": conv.out_channels, "aggr": str(conv.aggr),
+            "normalize": conv.normalize, "root_weight": conv.root_weight,
+            "bias": conv.lin_l.bias is not None, "flow": conv.flow})
         self.aggr = str(conv.aggr)
         self.flow = conv.flow
         self.root = conv.root_weight
@@ -447,13 +461,14 @@ class IntGINConv(IntLayer):
 
     def __init__(self, name: str, conv: GINConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
-        super().__init__(name, points)
-        self.eps = float(conv.eps)
-        self.flow = conv.flow
         steps = _mlp_steps(conv.nn)
         if steps is None:
             raise ValueError(f"{name}: GINConv's nn {type(conv.nn).__name__} is not an MLP of "
                              "linears and ReLUs")
+        super().__init__(name, points, {"cls": "GINConv", "eps": float(conv.eps),
+                                        "flow": conv.flow, "nn": _mlp_layout(conv.nn)})
+        self.eps = float(conv.eps)
+        self.flow = conv.flow
         self.steps = steps
         linears = [s for s in steps if s[0] == "linear"]
         self.lin_names = [s[1] for s in linears]
@@ -575,6 +590,54 @@ def _mlp_steps(module: nn.Module) -> list[tuple[str, str]] | None:
     return None
 
 
+def _mlp_layout(module: nn.Module) -> dict[str, Any]:
+    """What :func:`conv_from` rebuilds a GIN layer's MLP from."""
+    if isinstance(module, MLP):
+        return {"kind": "mlp", "channels": list(module.channel_list),
+                "bias": module.lins[0].bias is not None, "plain_last": module.plain_last,
+                "act": module.act is not None}
+    layers: list[Any] = []
+    for _, child in module.named_children():
+        if isinstance(child, (nn.Linear, PygLinear)):
+            layers.append(["linear", child.in_channels if isinstance(child, PygLinear)
+                           else child.in_features, child.out_channels
+                           if isinstance(child, PygLinear) else child.out_features,
+                           child.bias is not None])
+        elif isinstance(child, nn.ReLU):
+            layers.append(["relu"])
+        else:
+            layers.append(["identity"])
+    return {"kind": "sequential", "layers": layers}
+
+
+def conv_from(rebuild: dict[str, Any]) -> nn.Module:
+    """An untrained PyG layer of the shape a converted layer was built from."""
+    args = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rebuild.items()
+            if k not in ("cls", "nn", "eps", "input_integer")}
+    kind = rebuild["cls"]
+    if kind == "GCNConv":
+        return GCNConv(**args)
+    if kind == "SAGEConv":
+        return SAGEConv(**args)
+    if kind == "GATConv":
+        return GATConv(**args)
+    if kind == "GINConv":
+        layout = rebuild["nn"]
+        if layout["kind"] == "mlp":
+            mlp: nn.Module = MLP(layout["channels"], act="relu" if layout["act"] else None,
+                                 norm=None, bias=layout["bias"], plain_last=layout["plain_last"])
+        else:
+            parts: list[nn.Module] = []
+            for entry in layout["layers"]:
+                if entry[0] == "linear":
+                    parts.append(nn.Linear(entry[1], entry[2], bias=entry[3]))
+                else:
+                    parts.append(nn.ReLU() if entry[0] == "relu" else nn.Identity())
+            mlp = nn.Sequential(*parts)
+        return GINConv(mlp, eps=rebuild["eps"], **args)
+    raise FxquantValueError(f"unknown converted layer kind {kind!r}")
+
+
 def relu_codes(v: Value) -> Value:
     """ReLU of codes where zero is a code (a clamp), else of the values."""
     if isinstance(v, QTensor):
@@ -595,10 +658,14 @@ class IntGATConv(IntLayer):
 
     def __init__(self, name: str, conv: GATConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
-        super().__init__(name, points)
         if conv.lin is None or conv.edge_dim is not None or conv.res is not None:
             raise ValueError(f"{name}: GATConv with separate source and target linears, edge "
                              "features or a residual is not converted")
+        super().__init__(name, points, {
+            "cls": "GATConv", "in_channels": conv.in_channels,
+            "out_channels": conv.out_channels, "heads": conv.heads, "concat": conv.concat,
+            "negative_slope": conv.negative_slope, "add_self_loops": conv.add_self_loops,
+            "fill_value": conv.fill_value, "bias": conv.bias is not None, "flow": conv.flow})
         self.heads, self.channels, self.concat = conv.heads, conv.out_channels, conv.concat
         self.negative_slope = conv.negative_slope
         self.add_loops, self.fill_value, self.flow = conv.add_self_loops, conv.fill_value, \
@@ -615,7 +682,7 @@ class IntGATConv(IntLayer):
         self.place("attention", FLOAT, "float32 attention logits, leaky ReLU and softmax per "
                    "target node",
                    "a softmax has no integer form: GAT's attention coefficients stay float32")
-        self._messages("", True, True)
+        self._messages(True, True)
         if self.point("aggregate") is not None:
             self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
         self.place("heads and bias", RESCALE, "float32 concatenation or mean of the heads, bias")

@@ -113,7 +113,7 @@ class ConvertedModel(nn.Module):
                  points: dict[str, nn.Module], layers: dict[str, nn.Module],
                  kept: dict[str, nn.Module], placements: list[Placement]) -> None:
         super().__init__()
-        self.inputs = list(inputs)  # (name, default or inspect.Parameter.empty)
+        self.signature = list(inputs)  # (name, default or inspect.Parameter.empty)
         self.steps = list(steps)
         self.points = nn.ModuleDict(points)
         self.layers = nn.ModuleDict(layers)
@@ -126,7 +126,7 @@ class ConvertedModel(nn.Module):
     # -- calling --------------------------------------------------------------------------
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        names = [n for n, _ in self.inputs]
+        names = [n for n, _ in self.signature]
         if len(args) > len(names):
             raise FxquantTypeError(f"the converted model takes at most {len(names)} positional "
                                    f"arguments ({', '.join(names)}), got {len(args)}")
@@ -138,7 +138,7 @@ class ConvertedModel(nn.Module):
             if key in env:
                 raise FxquantTypeError(f"the converted model got two values for {key!r}")
             env[key] = value
-        for name, default in self.inputs:
+        for name, default in self.signature:
             if name not in env:
                 if default is inspect.Parameter.empty:
                     raise FxquantTypeError(f"the converted model is missing its argument "
@@ -201,7 +201,7 @@ class ConvertedModel(nn.Module):
     @property
     def input_point(self) -> str | None:
         """The point that rounds the model's first input (the features), if any."""
-        first = self.inputs[0][0] if self.inputs else None
+        first = self.signature[0][0] if self.signature else None
         for step in self.steps:
             if step.op == "point" and step.args and step.args[0] == first:
                 return step.target

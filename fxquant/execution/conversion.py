@@ -84,7 +84,7 @@ def convert(gm: GraphModule, *, strict: bool = True) -> ConvertedModel:
         >>> model = fxquant.convert(gm)
         >>> x, edge_index = torch.rand(10, 8), torch.randint(0, 10, (2, 30))
         >>> model.report.counts()
-        {'integer': 12, 'rescale': 7, 'float32': 0}
+        {'integer': 13, 'rescale': 7, 'float32': 0}
         >>> (model(x, edge_index).argmax(1) == gm(x, edge_index).argmax(1)).float().mean() > 0.8
         tensor(True)
     """
@@ -121,8 +121,8 @@ class _Converter:
 
     def _refuse(self, what: str, why: str) -> None:
         raise ConversionError(f"fxquant.convert: {what} cannot run on integers: {why}. "
-                              "Or pass strict=False to run it in float32 (listed in "
-                              "model.report)")
+                              "(Or pass strict=False to run it in float32, listed in "
+                              "model.report.)")
 
     def _ref(self, arg: Any) -> Any:
         if isinstance(arg, Node):
@@ -166,10 +166,10 @@ class _Converter:
         between = ConversionReport(self.placements).between_integers
         if between:
             first = between[0]
-            more = f" (and {len(between) - 1} more part(s): " + \
-                ", ".join(p.where for p in between[1:]) + ")" if len(between) > 1 else ""
-            self._refuse(f"{first.where} ({first.how}){more}", first.why +
-                         "; it lies between two integer parts")
+            more = f"; so do {', '.join(p.where for p in between[1:])}" \
+                if len(between) > 1 else ""
+            self._refuse(f"{first.where!r} ({first.how}, between integer parts)",
+                         first.why + more)
 
     def _placeholder(self, node: Node) -> None:
         default = node.args[0] if node.args else inspect.Parameter.empty
@@ -285,8 +285,9 @@ class _Converter:
             assert cls is not None
             quantizers = {_site_key(v): IntQuantizer(v) for v in inner.values()}
             try:
-                layer = cls(target, module, quantizers, self._is_integer(
-                    node.args[0] if node.args else None))
+                integer = self._is_integer(node.args[0] if node.args else None)
+                layer = cls(target, module, quantizers, integer)
+                layer.rebuild["input_integer"] = integer
             except ValueError as e:
                 why = str(e).split(": ", 1)[-1]
         if layer is None:
