@@ -14,12 +14,16 @@ Pure tensor functions: no torch.fx, no modules.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["QTensor", "int_matmul", "int_mm", "lsq_codes", "rounded_codes", "segment_sum"]
+__all__ = ["CHUNK", "QTensor", "codes_of", "f32", "int_matmul", "int_mm", "segment_sum"]
+
+#: values per chunk of :func:`codes_of` (its float32 scratch stays in cache)
+CHUNK = 1 << 16
 
 
 @dataclass
@@ -80,33 +84,54 @@ class QTensor:
                        pick(self.bits), self.scale_per_row)
 
 
-def rounded_codes(y: Tensor, qmin: Tensor | int, qmax: Tensor | int, bias: int,
-                  toward_zero: bool = False) -> Tensor:
-    """``int8`` codes of ``clamp(round(y), qmin, qmax) - bias`` (``y`` in units of the step,
-    mid-rise offset and zero point already applied); rounds half to even as the
-    simulation does."""
-    n = torch.trunc(y) if toward_zero else torch.round(y)
-    n = _clamp(n, qmin, qmax)
-    if bias:
-        n = n.sub_(bias)
-    return n.to(torch.int8)
+def f32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (a scale computed in Python's float64 from
+    float32 operands, rounded once, is the float32 operation's result)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
-def lsq_codes(y: Tensor, qmin: Tensor | int, qmax: Tensor | int, bias: int) -> Tensor:
-    """``int8`` codes of ``round(clamp(y, qmin, qmax)) - bias``: a learned step's order
-    (clamp, then round), which gives the same codes for whole-number bounds."""
-    n = _clamp(y, qmin, qmax).round_()
-    if bias:
-        n = n.sub_(bias)
-    return n.to(torch.int8)
+def codes_of(v: Tensor, factor: float | Tensor, *, divide: bool = False, offset: float = 0.0,
+             zero_point: float | Tensor | None = None, qmin: Tensor | int = -128,
+             qmax: Tensor | int = 127, bias: int = 0, toward_zero: bool = False) -> Tensor:
+    """``int8`` codes ``clamp(round(v * factor - offset) + zero_point, qmin, qmax) - bias``
+    (``v / factor`` with ``divide``; ``trunc`` for ``toward_zero``), in the simulation's
+    order of float32 operations. ``factor``, ``zero_point``, ``qmin`` and ``qmax`` are one
+    number or one per row (dim 0). Computed over chunks of rows in a float32 scratch that
+    stays in cache, written straight into the ``int8`` result."""
+    out = torch.empty(v.shape, dtype=torch.int8, device=v.device)
+    if not v.numel():
+        return out
+    rows = v.shape[0] if v.dim() else 1
+    flat, dest = v.reshape(rows, -1), out.view(rows, -1)
+    width = flat.shape[1]
+    step = max(1, CHUNK // max(width, 1))
+    scratch = torch.empty(min(step, rows), width, dtype=torch.float32, device=v.device)
+    per = [isinstance(t, Tensor) and t.dim() > 0 for t in (factor, zero_point, qmin, qmax)]
+    lo_f = float(qmin) if not per[2] else 0.0  # type: ignore[arg-type]
+    hi_f = float(qmax) if not per[3] else 0.0  # type: ignore[arg-type]
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        part, buf = flat[start:stop], scratch[:stop - start]
 
+        def rows_of(t: Tensor) -> Tensor:
+            return t[start:stop].view(-1, 1).to(torch.float32)
 
-def _clamp(y: Tensor, lo: Tensor | int, hi: Tensor | int) -> Tensor:
-    if isinstance(lo, Tensor) and lo.dim():
-        shape = (-1,) + (1,) * (y.dim() - 1)
-        return torch.maximum(torch.minimum(y, hi.view(shape).to(y.dtype)),  # type: ignore[union-attr]
-                             lo.view(shape).to(y.dtype))
-    return y.clamp(float(lo), float(hi))  # type: ignore[arg-type]
+        f = rows_of(factor) if per[0] else factor  # type: ignore[arg-type]
+        (torch.div if divide else torch.mul)(part, f, out=buf)
+        if offset:
+            buf.sub_(offset)
+        buf.trunc_() if toward_zero else buf.round_()
+        if zero_point is not None:
+            buf.add_(rows_of(zero_point) if per[1] else zero_point)  # type: ignore[arg-type]
+        if per[2] or per[3]:
+            torch.maximum(buf, rows_of(qmin) if per[2] else torch.tensor(lo_f), out=buf)  # type: ignore[arg-type]
+            torch.minimum(buf, rows_of(qmax) if per[3] else torch.tensor(hi_f), out=buf)  # type: ignore[arg-type]
+        else:
+            buf.clamp_(lo_f, hi_f)
+        if bias:
+            buf.sub_(bias)
+        dest[start:stop].copy_(buf)
+    return out
 
 
 def int_mm(a: Tensor, b: Tensor) -> Tensor:
@@ -133,15 +158,19 @@ def int_matmul(x: QTensor, w: QTensor) -> Tensor:
     acc = int_mm(a, w.codes.t()).to(torch.float32)
     sx = x.shift.reshape(-1, 1) if x.shift.dim() else x.shift
     sw = w.shift.reshape(1, -1) if w.shift.dim() else w.shift
-    if bool((sx != 0).any()):
+    if _nonzero(sx):
         acc = acc + sx * w.codes.sum(1, dtype=torch.int32).to(torch.float32).view(1, -1)
-    if bool((sw != 0).any()):
+    if _nonzero(sw):
         acc = acc + a.sum(1, dtype=torch.int32).to(torch.float32).view(-1, 1) * sw
         acc = acc + (k * sx) * sw
     scale_x = x.scale.reshape(-1, 1) if x.scale.dim() else x.scale
     scale_w = w.scale.reshape(1, -1) if w.scale.dim() else w.scale
     out = acc * (scale_x * scale_w)
     return out.view(*lead, -1)
+
+
+def _nonzero(t: Tensor) -> bool:
+    return bool(t != 0) if not t.dim() else bool((t != 0).any())
 
 
 def segment_sum(codes: Tensor, index: Tensor, num_nodes: int) -> Tensor:

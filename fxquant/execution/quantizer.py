@@ -10,6 +10,8 @@ an asymmetric grid's zero point.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,12 +28,13 @@ from fxquant.execution._points import (
     PointSpec,
     node_widths,
 )
-from fxquant.execution.kernels import QTensor, lsq_codes, rounded_codes
+from fxquant.errors import FxquantValueError
+from fxquant.execution.kernels import QTensor, codes_of, f32
 from fxquant.formats import IntFormat
 from fxquant.modes import Scale
 from fxquant.quant.observers import percentile_bounds
 
-__all__ = ["IntQuantizer"]
+__all__ = ["IntQuantizer", "RoundPlan"]
 
 #: the fields of a :class:`PointSpec` that are plain values (saved as JSON)
 _META = ("module", "label", "layer", "site", "tensor", "rounding", "step_kind", "pow2",
@@ -91,64 +94,6 @@ class IntQuantizer(nn.Module):
         ``num_nodes``. ``bounds``: the ``(lo, hi)`` a range taken from the values would
         give, where the caller knows it (the values are a part of what the point rounds)."""
         v = v.to(torch.float32)
-        if self.widths is not None:
-            return self._per_node(v, ids, row_nodes, num_nodes)
-        spec, grid = self.spec, self.grid
-        qmin, qmax = grid.code_range()
-        off = grid.offset
-        toward_zero = spec.rounding == "toward_zero"
-        if spec.step_kind == STEP_LEARNED:
-            assert self.step is not None
-            s = self.step
-            y = v / s
-            if off:
-                y = y.sub_(off)
-            codes = lsq_codes(y, qmin, qmax, self.bias)
-            zero = torch.zeros((), device=v.device)
-            return QTensor(codes, s, zero + (self.bias + off), self.bias, qmin, qmax, grid.bits)
-        scale, zp = self._scale(v, bounds)
-        per_row = scale.dim() > 0
-        shape = (-1,) + (1,) * (v.dim() - 1)
-        inv = torch.reciprocal(scale)
-        y = v * (inv.view(shape) if per_row else inv)
-        if off:
-            y = y.sub_(off)
-        if zp is not None:  # round first, then the zero point (as the simulation does)
-            n = torch.trunc(y) if toward_zero else torch.round(y)
-            n = n + (zp.view(shape) if per_row else zp)
-            codes = rounded_codes(n, qmin, qmax, self.bias)
-        else:
-            codes = rounded_codes(y, qmin, qmax, self.bias, toward_zero)
-        shift = torch.full_like(scale, float(self.bias + off))
-        if zp is not None:
-            shift = shift - zp
-        return QTensor(codes, scale, shift, self.bias, qmin, qmax, grid.bits, per_row)
-
-    def _scale(self, v: Tensor, bounds: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """``(scale, zero point)``: fixed, or from the values (finite ones) as the point's
-        evaluation takes it."""
-        spec = self.spec
-        fmt = IntFormat(self.grid.bits, self.grid.signed, self.grid.asymmetric,
-                        self.grid.midrise)
-        mode = Scale.ROW if spec.per_row else Scale.TENSOR
-        if spec.pow2:
-            mode = Scale.ROW_POW2 if spec.per_row else Scale.TENSOR_POW2
-        if spec.step_kind == STEP_OBSERVED:
-            assert self.step is not None
-            return self.step, self.zero_point
-        if bounds is not None:
-            pass
-        elif spec.step_kind == STEP_PERCENTILE:
-            assert spec.percentile is not None
-            bounds = percentile_bounds(v, spec.percentile)
-        else:
-            bounds = bounds_of(v, per_row=spec.step_kind == STEP_BATCH_ROW and v.dim() > 0)
-        return int_scale(bounds.to(torch.float32), fmt, mode)
-
-    def _per_node(self, v: Tensor, ids: Tensor | None, row_nodes: Tensor | None,
-                  num_nodes: int | None) -> QTensor:
-        """Rows on their own node's width (the point's ``_round_row_bits``)."""
-        spec, grid = self.spec, self.grid
         n = num_nodes if num_nodes is not None else (v.shape[0] if v.dim() else 1)
 
         def node_range() -> Tensor:
@@ -158,39 +103,167 @@ class IntQuantizer(nn.Module):
             out = torch.zeros(n, dtype=rows.dtype, device=v.device)
             return out.scatter_reduce(0, row_nodes, rows, "amax")
 
-        bits_nodes = node_widths(spec, ids, n, node_range)
-        bits = bits_nodes if row_nodes is None else bits_nodes.index_select(0, row_nodes)
-        qmin, qmax = grid.code_range(bits)
-        assert isinstance(qmin, Tensor) and isinstance(qmax, Tensor)
-        shape = (-1,) + (1,) * (v.dim() - 1)
-        off = grid.offset
+        if bounds is None and self.needs_range:
+            if self.spec.step_kind == STEP_PERCENTILE:
+                assert self.spec.percentile is not None
+                bounds = percentile_bounds(v, self.spec.percentile)
+            elif self.spec.step_kind == STEP_BATCH:
+                bounds = torch.tensor(_tensor_range(v))
+        plan = self.plan(bounds, ids=ids, num_nodes=n, node_range=node_range)
+        return plan.codes(v, row_nodes)
+
+    @property
+    def needs_range(self) -> bool:
+        """Whether rounding needs the range of what it rounds (per tensor), computed from
+        the values each forward."""
+        return self.spec.step_kind in (STEP_BATCH, STEP_PERCENTILE)
+
+    @property
+    def code_range(self) -> tuple[int, int]:
+        lo, hi = self.grid.code_range()
+        return int(lo), int(hi)
+
+    def plan(self, bounds: Tensor | None = None, *, ids: Tensor | None = None,
+             num_nodes: int = 0, node_range: Callable[[], Tensor] | None = None) -> RoundPlan:
+        """How this point rounds in this forward: its step (from ``bounds``, the ``(lo,
+        hi)`` of everything it rounds, where the step comes from the values; per row it
+        comes from each row) and, with per-node widths, each node's width (by global id,
+        ``num_nodes`` of them). The plan rounds any part of the values
+        (:meth:`RoundPlan.codes`): messages chunk by chunk."""
+        spec = self.spec
+        node_bits = None
+        if self.widths is not None:
+            if ids is not None and ids.shape[0] != num_nodes:
+                raise FxquantValueError(f"fxquant: node_ids has {ids.shape[0]} entries, but the "
+                                        f"{spec.label} has {num_nodes} nodes; pass one global "
+                                        "id per node of the batch (batch.n_id)")
+            node_bits = node_widths(spec, ids, num_nodes, node_range)
         if spec.step_kind == STEP_LEARNED:
             assert self.step is not None
-            step: Tensor = self.step
-            y = v / step
+            return RoundPlan(self, self.step, None, node_bits, None, True)
+        if spec.step_kind == STEP_OBSERVED:
+            assert self.step is not None
+            if node_bits is not None:
+                return RoundPlan(self, None, None, node_bits, self.step, True)
+            return RoundPlan(self, self.step, self.zero_point, None, None, False)
+        if spec.step_kind == STEP_BATCH_ROW:
+            return RoundPlan(self, None, None, node_bits, None, node_bits is not None)
+        assert bounds is not None
+        if node_bits is not None:
+            return RoundPlan(self, None, None, node_bits,
+                             torch.maximum(bounds[0].abs(), bounds[1].abs()).clamp(min=0), True)
+        if spec.pow2:
+            fmt = IntFormat(self.grid.bits, self.grid.signed, self.grid.asymmetric,
+                            self.grid.midrise)
+            scale_t, zp_t = int_scale(bounds.to(torch.float32), fmt, Scale.TENSOR_POW2)
+            return RoundPlan(self, scale_t, zp_t, None, None, False)
+        lo, hi = (float(b) for b in bounds.tolist())
+        scale, zp = self._tensor_scale(lo, hi)
+        return RoundPlan(self, scale, zp, None, None, False)
+
+    def _tensor_scale(self, lo: float, hi: float) -> tuple[float, float | None]:
+        """:func:`~fxquant._ops.quantize.int_scale` of one ``(lo, hi)``, in float32."""
+        grid = self.grid
+        qmin, qmax = self.code_range
+        zp = None
+        if grid.asymmetric:
+            lo, hi = min(lo, 0.0), max(hi, 0.0)
+            span, levels = f32(hi - lo), float(qmax - qmin)
+        elif grid.signed:
+            span, levels = max(abs(lo), abs(hi)), qmax + grid.offset
         else:
-            if spec.step_kind == STEP_OBSERVED:
-                assert self.step is not None
-                amax = self.step
-            elif spec.step_kind == STEP_BATCH_ROW and v.dim() > 0:
-                amax = _row_magnitudes(v).clamp(min=0)
-            elif spec.step_kind == STEP_PERCENTILE:
-                assert spec.percentile is not None
-                amax = percentile_bounds(v, spec.percentile).abs().amax()
+            span, levels = max(hi, 0.0), float(qmax)
+        scale = f32(span / levels)
+        if not (scale > 0 and math.isfinite(scale) and scale >= _TINY):
+            scale = 1.0
+        if grid.asymmetric:
+            zp = float(min(max(qmin - round(f32(lo / scale)), qmin), qmax))
+        return scale, zp
+
+
+class RoundPlan:
+    """A point's rounding in one forward, fixed: :meth:`codes` rounds any rows of what
+    the point rounds (all of them, or a chunk of messages) as the whole would be.
+
+    ``scale``: a per-tensor scale (multiplied by its reciprocal, as ``fxquant.quantize``
+    does) or learned step (divided by, as LSQ does); None: per row (from each row's range,
+    or from per-node widths). ``node_bits``: each node's width; ``amax``: the range a
+    per-node step is taken from (``amax / (qmax_row + offset)``).
+    """
+
+    def __init__(self, quantizer: IntQuantizer, scale: float | Tensor | None,
+                 zero_point: float | Tensor | None, node_bits: Tensor | None,
+                 amax: Tensor | None, divide: bool) -> None:
+        self.q = quantizer
+        self.scale = scale
+        self.zero_point = zero_point
+        self.node_bits = node_bits
+        self.amax = amax
+        self.divide = divide
+
+    def codes(self, v: Tensor, row_nodes: Tensor | None = None) -> QTensor:
+        """The codes of the rows ``v`` (rows of the nodes ``row_nodes``, or nodes in order
+        where per-node widths apply)."""
+        q, grid = self.q, self.q.grid
+        off = grid.offset
+        device = v.device
+        v = v.to(torch.float32)
+        if self.node_bits is not None:
+            bits = self.node_bits if row_nodes is None else \
+                self.node_bits.index_select(0, row_nodes)
+            qmin_t, qmax_t = grid.code_range(bits)
+            assert isinstance(qmin_t, Tensor) and isinstance(qmax_t, Tensor)
+            if self.scale is not None:  # a learned step
+                step = self.scale
             else:
-                amax = _row_magnitudes(v.reshape(1, -1)).clamp(min=0)[0] if v.numel() \
-                    else v.new_zeros(())
-            step = (amax.view(-1) / (qmax.to(v.dtype) + off)).clamp(min=torch.finfo(v.dtype).tiny) \
-                if amax.dim() or v.dim() else amax
-            if step.dim() == 0:
-                step = step.expand(v.shape[0] if v.dim() else 1)
-            y = v / step.view(shape)
-        if off:
-            y = y - off
-        codes = lsq_codes(y, qmin, qmax, self.bias)
-        shift = torch.full((), float(self.bias + off), device=v.device)
-        return QTensor(codes, step.to(torch.float32), shift, self.bias, qmin, qmax, bits,
-                       spec.step_kind == STEP_BATCH_ROW)
+                if self.amax is not None:
+                    amax = self.amax
+                else:
+                    amax = _row_magnitudes(v).clamp(min=0)
+                step = (amax.reshape(-1) / (qmax_t.to(torch.float32) + off)).clamp(min=_TINY)
+            codes = codes_of(v, step, divide=True, offset=off, qmin=qmin_t, qmax=qmax_t,
+                             bias=q.bias)
+            shift = torch.full((), float(q.bias + off), device=device)
+            scale_t = step if isinstance(step, Tensor) else torch.tensor(step)
+            return QTensor(codes, scale_t.to(torch.float32), shift, q.bias, qmin_t, qmax_t,
+                           bits, q.spec.step_kind == STEP_BATCH_ROW)
+        qmin, qmax = q.code_range
+        scale = self.scale
+        zp = self.zero_point
+        if scale is None:  # a range per row
+            fmt = IntFormat(grid.bits, grid.signed, grid.asymmetric, grid.midrise)
+            mode = Scale.ROW_POW2 if q.spec.pow2 else Scale.ROW
+            scale, zp = int_scale(bounds_of(v, per_row=v.dim() > 0).to(torch.float32), fmt,
+                                  mode)
+        if self.divide:
+            factor: float | Tensor = scale
+        elif isinstance(scale, Tensor):
+            factor = torch.reciprocal(scale)
+        else:
+            factor = f32(1.0 / scale)
+        codes = codes_of(v, factor, divide=self.divide, offset=off, zero_point=zp, qmin=qmin,
+                         qmax=qmax, bias=q.bias, toward_zero=q.spec.rounding == "toward_zero")
+        scale_t = scale if isinstance(scale, Tensor) else torch.tensor(scale, device=device)
+        shift = torch.full_like(scale_t, float(q.bias + off))
+        if zp is not None:
+            shift = shift - zp
+        return QTensor(codes, scale_t, shift, q.bias, qmin, qmax, grid.bits,
+                       scale_t.dim() > 0)
+
+
+#: float32's smallest normal number (a step below it is taken as unusable)
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def _tensor_range(v: Tensor) -> tuple[float, float]:
+    """``(lo, hi)`` of ``v``'s finite values (zeros where there are none), read once."""
+    if not v.numel():
+        return 0.0, 0.0
+    lo, hi = (float(t) for t in torch.stack(torch.aminmax(v)).tolist())
+    if math.isfinite(lo) and math.isfinite(hi):
+        return lo, hi
+    lo_t, hi_t = bounds_of(v, per_row=False).tolist()
+    return float(lo_t), float(hi_t)
 
 
 def _row_magnitudes(x: Tensor) -> Tensor:
