@@ -27,7 +27,8 @@ from torch_geometric.nn.models import MLP
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
 from fxquant.errors import FxquantValueError
-from fxquant.execution.kernels import QTensor, int_matmul, segment_sum
+from fxquant.execution.aggregate import EdgeOrder, GraphCache, Messages, aggregate
+from fxquant.execution.kernels import QTensor, int_matmul
 from fxquant.execution.packing import PackedCodes, pack, unpack
 from fxquant.execution.quantizer import IntQuantizer
 
@@ -198,68 +199,22 @@ class IntLayer(nn.Module):
             recording[point.spec.module] = q
         return q
 
-    def _sum(self, m: Value, dst: Tensor, n: int) -> Tensor:
-        """Each node's sum of its messages, float32 (from an int32 sum of codes)."""
-        if not isinstance(m, QTensor):
-            out = torch.zeros((n,) + tuple(m.shape[1:]), dtype=m.dtype, device=m.device)
-            return out.index_add_(0, dst, m)
-        levels = segment_sum(m.codes, dst, n).to(torch.float32)
-        shape = (-1,) + (1,) * (levels.dim() - 1)
-        if bool((m.shift != 0).any()):
-            count = torch.zeros(n, dtype=torch.float32, device=dst.device).index_add_(
-                0, dst, torch.ones(dst.shape[0], device=dst.device))
-            shift = _per_target(m.shift, dst, n)
-            levels = levels + (count * shift).view(shape)
-        scale = _per_target(m.scale, dst, n)
-        total = levels * (scale.view(shape) if scale.dim() else scale)
-        aggregate = self.point("aggregate")
-        if aggregate is not None and aggregate.grid.midrise:
-            total = _zero_ties(total, levels == 0, m, dst, n)
-        return total
-
-
-def _zero_ties(total: Tensor, zero: Tensor, m: QTensor, dst: Tensor, n: int) -> Tensor:
-    """Sums that are exactly zero, where a mid-rise grid (which has no zero) rounds next:
-    zero lies halfway between the levels -1/2 and +1/2, so the float32 sum's rounding
-    error in the simulation picks the level. For those entries the messages are summed in
-    float32 as the simulation sums them (PyG's ``scatter_add_``, in edge order), so that
-    the tie falls the same way; every other sum stays the integer one."""
-    if not bool(zero.any()):
-        return total
-    nodes = zero.reshape(n, -1).any(1)
-    edges = nodes.index_select(0, dst).nonzero().view(-1)
-    values = m.index_rows(edges).dequantize()
-    index = dst.index_select(0, edges).view((-1,) + (1,) * (values.dim() - 1)).expand_as(values)
-    replay = torch.zeros_like(total).scatter_add_(0, index, values)
-    return torch.where(zero, replay, total)
-
-
-def _per_target(t: Tensor, dst: Tensor, n: int) -> Tensor:
-    """A per-message scale (or shift) as one per target node: the messages into a node
-    share it (their width is the target's)."""
-    if not t.dim():
-        return t
-    return torch.zeros(n, dtype=t.dtype, device=t.device).index_copy_(0, dst, t)
-
-
-def _linear_weight(module: nn.Module) -> Tensor:
-    return module.weight  # type: ignore[return-value]
-
-
-class _Graph:
-    """One ``edge_index`` and what is computed from it once (a normalization)."""
-
-    def __init__(self) -> None:
-        self.key: tuple[Any, ...] | None = None
-        self.value: Any = None
-
-    def get(self, edge_index: Tensor, extra: Tensor | None, n: int, fn: Any) -> Any:
-        key = (edge_index.data_ptr(), tuple(edge_index.shape), edge_index._version, n,
-               None if extra is None else (extra.data_ptr(), extra._version))
-        if key != self.key:
-            self.value = fn()
-            self.key = key
-        return self.value
+    def _aggregate(self, messages: Messages, order: EdgeOrder, ctx: Context,
+                   mean: bool = False) -> Tensor:
+        """Each node's sum (or mean) of its messages: codes summed into int32 where the
+        layer rounds its messages, else float32."""
+        point = self.point("message")
+        if point is None:
+            m = messages.floats()
+            out = torch.zeros((order.n,) + tuple(m.shape[1:]), dtype=torch.float32,
+                              device=m.device).index_add_(0, messages.dst, m)
+            return out / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1)) \
+                if mean else out
+        agg = self.point("aggregate")
+        recording = self.__dict__.get("recording") is not None
+        return aggregate(point, messages, order, ctx.ids, mean=mean,
+                         ties=agg is not None and agg.grid.midrise,
+                         record=self.record if recording else None)
 
 
 def _product(x: Value, weight: WeightCodes | None, fallback: Tensor) -> Tensor:
@@ -287,7 +242,7 @@ class IntGCNConv(IntLayer):
         self.register_buffer("lin_weight", conv.lin.weight.detach().clone())
         self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
-        self.graph = _Graph()
+        self.graph = GraphCache()
         self._product("product x W", input_integer, self.weight,
                       "round it (site='weight') to run the product on integers")
         if self.point("linear.lin") is not None:
@@ -306,25 +261,25 @@ class IntGCNConv(IntLayer):
         h = _product(x, self.weight, self.lin_weight)
         h = as_float(self._round("linear.lin", h, ctx))
         n = h.shape[0]
-        if self.normalize:
-            edge_index, edge_weight = self.graph.get(
-                edge_index, edge_weight, n, lambda: gcn_norm(
-                    edge_index, edge_weight, n, self.improved, self.add_loops, self.flow,
-                    torch.float32))
-        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
-            else (edge_index[1], edge_index[0])
-        if edge_weight is not None and self.point("edge") is not None:
-            edge_weight = as_float(self._round("edge", edge_weight, ctx, row_nodes=dst,
-                                               num_nodes=n))
-        m = h.index_select(0, src)
-        if edge_weight is not None:
-            m = edge_weight.view(-1, 1) * m
-        mq = self._round("message", m, ctx, row_nodes=dst, num_nodes=n)
-        out = self._sum(mq, dst, n)
+        ei, ew, order = self.graph.get(edge_index, edge_weight, n,
+                                       lambda: self._prepare(edge_index, edge_weight, n))
+        if ew is not None and self.point("edge") is not None:
+            ew = as_float(self._round("edge", ew, ctx, row_nodes=order.dst, num_nodes=n))
+        out = self._aggregate(Messages(h, order.src, order.dst, ew), order, ctx)
         out = as_float(self._round("aggregate", out, ctx))
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    def _prepare(self, edge_index: Tensor, edge_weight: Tensor | None, n: int
+                 ) -> tuple[Tensor, Tensor | None, EdgeOrder]:
+        """The normalized graph (PyG's ``gcn_norm``) and its edge order, once per graph."""
+        if self.normalize:
+            edge_index, edge_weight = gcn_norm(edge_index, edge_weight, n, self.improved,
+                                               self.add_loops, self.flow, torch.float32)
+        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
+            else (edge_index[1], edge_index[0])
+        return edge_index, edge_weight, EdgeOrder(src, dst, n)
 
 
 class IntSAGEConv(IntLayer):
@@ -345,6 +300,7 @@ class IntSAGEConv(IntLayer):
         self.flow = conv.flow
         self.root = conv.root_weight
         self.normalize = conv.normalize
+        self.graph = GraphCache()
         self.register_buffer("wl", conv.lin_l.weight.detach().clone())
         self.register_buffer("bl", None if conv.lin_l.bias is None
                              else conv.lin_l.bias.detach().clone())
@@ -386,10 +342,9 @@ class IntSAGEConv(IntLayer):
     def forward(self, x: Value, edge_index: Tensor, size: Any = None, *,
                 ctx: Context) -> Tensor:
         _no_size(self.name, size)
-        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
-            else (edge_index[1], edge_index[0])
         n = x.shape[0]
-        out = _node_messages(self, x, src, dst, n, ctx, self.aggr)
+        order = self.graph.get(edge_index, None, n, lambda: _order(edge_index, self.flow, n))
+        out = _node_messages(self, x, order, ctx, self.aggr)
         a = self._round("aggregate", out, ctx)
         y = _product(a, self.weight_l, self.wl)
         if self.bl is not None:
@@ -404,54 +359,25 @@ class IntSAGEConv(IntLayer):
         return y
 
 
-def _node_messages(layer: IntLayer, x: Value, src: Tensor, dst: Tensor, n: int, ctx: Context,
+def _order(edge_index: Tensor, flow: str, n: int) -> EdgeOrder:
+    src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" \
+        else (edge_index[1], edge_index[0])
+    return EdgeOrder(src, dst, n)
+
+
+def _node_messages(layer: IntLayer, x: Value, order: EdgeOrder, ctx: Context,
                    aggr: str) -> Tensor:
     """Messages that are the sender's own values (``x_j``), rounded to the message point
-    and aggregated (``sum`` / ``mean``; ``max`` in float32)."""
-    point = layer.point("message")
-    if point is not None and point.widths is None and isinstance(x, QTensor) \
-            and aggr in ("sum", "add", "mean"):
-        mq = _sender_codes(layer, point, x, src, ctx)
-    else:
-        xs = as_float(x)
-        m = xs.index_select(0, src)
-        mq = layer._round("message", m, ctx, row_nodes=dst, num_nodes=n)
+    and aggregated (``sum`` / ``mean``; ``max`` and ``min`` in float32)."""
+    messages = Messages(as_float(x), order.src, order.dst)
     if aggr in ("sum", "add", "mean"):
-        out = layer._sum(mq, dst, n)
-        if aggr == "mean":
-            count = torch.zeros(n, dtype=torch.float32, device=dst.device).index_add_(
-                0, dst, torch.ones(dst.shape[0], device=dst.device)).clamp_(min=1)
-            out = out / count.view((-1,) + (1,) * (out.dim() - 1))
-        return out
-    m = as_float(mq)
-    out = torch.full((n,) + tuple(m.shape[1:]), 0.0, device=m.device)
-    return out.scatter_reduce(0, dst.view((-1,) + (1,) * (m.dim() - 1)).expand_as(m), m,
-                              reduce=aggr.replace("max", "amax").replace("min", "amin"),
+        return layer._aggregate(messages, order, ctx, mean=aggr == "mean")
+    m = as_float(layer._round("message", messages.floats(), ctx, row_nodes=order.dst,
+                              num_nodes=order.n))
+    out = torch.zeros((order.n,) + tuple(m.shape[1:]), device=m.device)
+    index = order.dst.view((-1,) + (1,) * (m.dim() - 1)).expand_as(m)
+    return out.scatter_reduce(0, index, m, reduce="amax" if aggr == "max" else "amin",
                               include_self=False)
-
-
-def _sender_codes(layer: IntLayer, point: IntQuantizer, x: QTensor, src: Tensor,
-                  ctx: Context) -> QTensor:
-    """The message point's codes of ``x_j`` for every edge, rounded once per sending node
-    and gathered: a message is its sender's value, so every message of a node has the
-    same codes. A range taken from the messages is the range of the senders' rows."""
-    values = x.dequantize()
-    kind = point.spec.step_kind
-    if kind == "percentile" or (kind == "batch" and src.numel() < values.shape[0]):
-        return layer.record(point, point(values.index_select(0, src)))  # (the messages)
-    bounds = None
-    if kind == "batch":
-        flat = values.reshape(values.shape[0], -1)
-        if flat.shape[1] and src.numel():
-            senders = torch.zeros(values.shape[0], dtype=torch.bool, device=src.device)
-            senders[src] = True
-            lo, hi = flat.amin(1), flat.amax(1)
-            bounds = torch.stack([torch.where(senders, lo, torch.inf).amin(),
-                                  torch.where(senders, hi, -torch.inf).amax()])
-        else:
-            bounds = values.new_zeros(2)
-    per_node = point(values, bounds=bounds)
-    return layer.record(point, per_node.index_rows(src))
 
 
 class IntGINConv(IntLayer):
@@ -469,6 +395,7 @@ class IntGINConv(IntLayer):
                                         "flow": conv.flow, "nn": _mlp_layout(conv.nn)})
         self.eps = float(conv.eps)
         self.flow = conv.flow
+        self.graph = GraphCache()
         self.steps = steps
         linears = [s for s in steps if s[0] == "linear"]
         self.lin_names = [s[1] for s in linears]
@@ -525,10 +452,9 @@ class IntGINConv(IntLayer):
     def forward(self, x: Value, edge_index: Tensor, size: Any = None, *,
                 ctx: Context) -> Tensor:
         _no_size(self.name, size)
-        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
-            else (edge_index[1], edge_index[0])
         n = x.shape[0]
-        out = _node_messages(self, x, src, dst, n, ctx, "sum")
+        order = self.graph.get(edge_index, None, n, lambda: _order(edge_index, self.flow, n))
+        out = _node_messages(self, x, order, ctx, "sum")
         a = self._round("aggregate", out, ctx)
         h: Value | None = None
         j = 0
@@ -674,6 +600,7 @@ class IntGATConv(IntLayer):
         self.register_buffer("att_src", conv.att_src.detach().clone())
         self.register_buffer("att_dst", conv.att_dst.detach().clone())
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
+        self.graph = GraphCache()
         self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
         self.att_src_codes = self._weight(conv.att_src, "weight.att_src")
         self.att_dst_codes = self._weight(conv.att_dst, "weight.att_dst")
@@ -703,22 +630,24 @@ class IntGATConv(IntLayer):
         a_src = (h * att_src).sum(-1)
         a_dst = (h * att_dst).sum(-1)
         n = h.shape[0]
-        if self.add_loops:
-            edge_index, _ = remove_self_loops(edge_index)
-            edge_index, _ = add_self_loops(edge_index, num_nodes=n)
-        i, j = (1, 0) if self.flow == "source_to_target" else (0, 1)
-        src, dst = edge_index[j], edge_index[i]
+        order = self.graph.get(edge_index, None, n, lambda: self._prepare(edge_index, n))
+        src, dst = order.src, order.dst
         alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
         alpha = F.leaky_relu(alpha, self.negative_slope)
         alpha = softmax(alpha, dst, None, n)
-        m = alpha.unsqueeze(-1) * h.index_select(0, src)
-        mq = self._round("message", m, ctx, row_nodes=dst, num_nodes=n)
-        out = self._sum(mq, dst, n)
+        out = self._aggregate(Messages(h, src, dst, alpha), order, ctx)
         out = as_float(self._round("aggregate", out, ctx))
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    def _prepare(self, edge_index: Tensor, n: int) -> EdgeOrder:
+        """Self-loops as the layer adds them, and the edge order, once per graph."""
+        if self.add_loops:
+            edge_index, _ = remove_self_loops(edge_index)
+            edge_index, _ = add_self_loops(edge_index, num_nodes=n)
+        return _order(edge_index, self.flow, n)
 
 
 def _no_size(layer: str, size: Any) -> None:

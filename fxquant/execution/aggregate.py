@@ -1,0 +1,214 @@
+"""Messages rounded to a point's codes and summed into ``int32``, streamed in chunks of
+edges sorted by target.
+
+A layer's messages are ``coef_e * values[src_e]`` (GCN's normalization, GAT's attention)
+or the sender's own values (SAGE, GIN). They are never materialized whole: the range a
+per-tensor step is taken from comes from each node's row range and each edge's
+coefficient (rounding is monotonic, so the extremes of the products are the products of
+the extremes), then chunk after chunk of edges, in the order of their targets, the
+messages are computed, rounded to codes and added into ``int32`` sums. On this 2-core x86
+CPU with one thread and a 1M-node graph, ``index_add_`` of ``int32`` codes in target order
+ran 3x faster than PyG's float32 ``scatter_add_`` in the graph's own order, and 12x faster
+than ``int32`` in the graph's order: the sort is computed once per graph and kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fxquant._ops.quantize import bounds_of
+from fxquant.execution.kernels import QTensor
+from fxquant.execution.quantizer import IntQuantizer, RoundPlan
+from fxquant.quant.observers import percentile_bounds
+
+__all__ = ["EdgeOrder", "GraphCache", "Messages", "aggregate"]
+
+#: message values per chunk
+CHUNK = 1 << 18
+
+
+class EdgeOrder:
+    """A graph's edges sorted by target (stable), with each node's in-degree."""
+
+    def __init__(self, src: Tensor, dst: Tensor, n: int) -> None:
+        self.src, self.dst, self.n = src, dst, n
+        self.perm = torch.argsort(dst, stable=True)
+        self.sorted_dst = dst.index_select(0, self.perm)
+        self.count = torch.bincount(dst, minlength=n).to(torch.float32) if dst.numel() \
+            else torch.zeros(n, device=dst.device)
+
+
+class GraphCache:
+    """What a layer computes once per ``edge_index`` (its normalization, its edge order),
+    kept while the same tensor (unchanged) is passed again."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.value: Any = None
+
+    def get(self, edge_index: Tensor, extra: Tensor | None, n: int,
+            build: Callable[[], Any]) -> Any:
+        key = (edge_index.data_ptr(), tuple(edge_index.shape), edge_index._version, n,
+               None if extra is None else (extra.data_ptr(), tuple(extra.shape),
+                                           extra._version))
+        if key != self.key:
+            self.value = build()
+            self.key = key
+        return self.value
+
+
+class Messages:
+    """One call's messages, computable for any edges: ``coef[e] * values[src[e]]``
+    (``coef`` one number per edge, or per edge and head for ``values`` of shape
+    ``(nodes, heads, channels)``), or ``values[src[e]]`` without ``coef``."""
+
+    def __init__(self, values: Tensor, src: Tensor, dst: Tensor,
+                 coef: Tensor | None = None) -> None:
+        self.values, self.src, self.dst, self.coef = values, src, dst, coef
+
+    def floats(self, edges: Tensor | None = None) -> Tensor:
+        """The float32 messages of ``edges`` (all: None), as the simulation computes them."""
+        src = self.src if edges is None else self.src.index_select(0, edges)
+        m = self.values.index_select(0, src)
+        if self.coef is not None:
+            c = self.coef if edges is None else self.coef.index_select(0, edges)
+            m = c.view(c.shape + (1,) * (m.dim() - c.dim())) * m
+        return m
+
+    def _row_extremes(self) -> tuple[Tensor, Tensor]:
+        """Each node's (and head's) smallest and largest value."""
+        v = self.values
+        keep = 1 if self.coef is None or self.coef.dim() == 1 else self.coef.dim()
+        flat = v.reshape(v.shape[:keep] + (-1,))
+        if flat.shape[-1] == 0:
+            zero = flat.new_zeros(flat.shape[:-1])
+            return zero, zero
+        return flat.amin(-1), flat.amax(-1)
+
+    def bounds(self) -> Tensor:
+        """``(lo, hi)`` of every message, from the senders' row extremes and the
+        coefficients, without the messages themselves."""
+        if not self.src.numel() or not self.values.numel():
+            return self.values.new_zeros(2)
+        rmin, rmax = self._row_extremes()
+        lo_s, hi_s = rmin.index_select(0, self.src), rmax.index_select(0, self.src)
+        if self.coef is not None:
+            c = self.coef.view(self.coef.shape + (1,) * (lo_s.dim() - self.coef.dim()))
+            a, b = c * lo_s, c * hi_s
+            lo_s, hi_s = torch.minimum(a, b), torch.maximum(a, b)
+        bounds = torch.stack([lo_s.amin(), hi_s.amax()])
+        if not bool(torch.isfinite(bounds).all()):  # (non-finite values: the messages' own)
+            return bounds_of(self.floats(), per_row=False)
+        return bounds
+
+    def target_range(self, n: int) -> Tensor:
+        """Each target node's largest ``|message|`` (0 without messages)."""
+        rmin, rmax = self._row_extremes()
+        mag = torch.maximum(rmin.abs(), rmax.abs()).index_select(0, self.src)
+        if self.coef is not None:
+            mag = self.coef.abs().view(self.coef.shape + (1,) * (mag.dim() - self.coef.dim())) \
+                * mag
+        mag = mag.reshape(mag.shape[0], -1).amax(1) if mag.dim() > 1 else mag
+        out = torch.zeros(n, dtype=mag.dtype, device=mag.device)
+        return out.scatter_reduce(0, self.dst, mag, "amax")
+
+
+def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Tensor | None,
+              *, mean: bool = False, ties: bool = False,
+              record: Callable[[IntQuantizer, QTensor], QTensor] | None = None) -> Tensor:
+    """Each node's sum (``mean``: average) of its messages rounded to ``point``'s codes,
+    as float32 values: the codes summed into ``int32``, then rescaled. ``ties``: exact-zero
+    sums are summed again as float32 in edge order (see :func:`_zero_ties`); ``record``
+    receives every message's codes, in edge order."""
+    n = order.n
+    bounds = None
+    if point.needs_range:
+        if point.spec.step_kind == "percentile":
+            assert point.spec.percentile is not None
+            bounds = percentile_bounds(messages.floats(), point.spec.percentile)
+        else:
+            bounds = messages.bounds()
+    plan = point.plan(bounds, ids=ids, num_nodes=n,
+                      node_range=lambda: messages.target_range(n))
+    node_codes = None
+    if messages.coef is None and plan.node_bits is None and plan.scale is not None:
+        node_codes = plan.codes(messages.values)  # a message is its sender's codes
+
+    def codes(edges: Tensor | None) -> QTensor:
+        if node_codes is not None:
+            src = messages.src if edges is None else messages.src.index_select(0, edges)
+            return node_codes.index_rows(src)
+        dst = messages.dst if edges is None else messages.dst.index_select(0, edges)
+        return plan.codes(messages.floats(edges), row_nodes=dst)
+
+    if record is not None:
+        record(point, codes(None))
+    row_shape = tuple(messages.values.shape[1:])
+    width = max(1, int(torch.Size(row_shape).numel()))
+    per_row_scale = plan.scale is None and plan.node_bits is None  # a scale per message
+    total_i = torch.zeros((n,) + row_shape, dtype=torch.int32, device=messages.values.device)
+    total_f = torch.zeros((n,) + row_shape, dtype=torch.float32,
+                          device=messages.values.device) if per_row_scale else None
+    step = max(1, CHUNK // width)
+    edges_total = order.perm.shape[0]
+    shift: float | None = None
+    for start in range(0, edges_total, step):
+        edges = order.perm[start:start + step]
+        dst = order.sorted_dst[start:start + step]
+        q = codes(edges)
+        if total_f is not None:
+            total_f.index_add_(0, dst, q.dequantize())
+        else:
+            total_i.index_add_(0, dst, q.codes.to(torch.int32))
+            shift = float(q.shift) if not q.shift.dim() else None
+    if total_f is not None:
+        total = total_f
+    else:
+        levels = total_i.to(torch.float32)
+        shape = (-1,) + (1,) * len(row_shape)
+        if shift is None:  # (no edges) or a shift per row: from the plan's first row
+            shift = float(codes(order.perm[:1]).shift.reshape(-1)[0]) if edges_total else 0.0
+        if shift:
+            levels = levels + (order.count * shift).view(shape)
+        scale = _node_scale(plan, n)
+        total = levels * (scale.view(shape) if scale.dim() else scale)
+        if ties:
+            total = _zero_ties(total, levels == 0, codes, messages.dst)
+    if mean:
+        total = total / order.count.clamp(min=1).view((-1,) + (1,) * len(row_shape))
+    return total
+
+
+def _node_scale(plan: RoundPlan, n: int) -> Tensor:
+    """The scale of the messages into each node (one number where it is per tensor)."""
+    q = plan.q
+    if plan.node_bits is None or plan.scale is not None:
+        scale = plan.scale
+        return scale if isinstance(scale, Tensor) else torch.tensor(scale)
+    assert plan.amax is not None
+    _, qmax = q.grid.code_range(plan.node_bits)
+    assert isinstance(qmax, Tensor)
+    return (plan.amax.reshape(-1) / (qmax.to(torch.float32) + q.grid.offset)).clamp(
+        min=torch.finfo(torch.float32).tiny)
+
+
+def _zero_ties(total: Tensor, zero: Tensor, codes: Callable[[Tensor], QTensor],
+               dst: Tensor) -> Tensor:
+    """Sums that are exactly zero, where a mid-rise grid (which has no zero) rounds next:
+    zero lies halfway between the levels -1/2 and +1/2, so the float32 sum's rounding
+    error in the simulation picks the level. For those entries the messages are summed in
+    float32 as the simulation sums them (PyG's ``scatter_add_``, in edge order), so that
+    the tie falls the same way; every other sum stays the integer one."""
+    if not bool(zero.any()):
+        return total
+    n = total.shape[0]
+    nodes = zero.reshape(n, -1).any(1)
+    edges = nodes.index_select(0, dst).nonzero().view(-1)
+    values = codes(edges).dequantize()
+    index = dst.index_select(0, edges).view((-1,) + (1,) * (values.dim() - 1)).expand_as(values)
+    replay = torch.zeros_like(total).scatter_add_(0, index, values)
+    return torch.where(zero, replay, total)
