@@ -38,6 +38,7 @@ class EdgeOrder:
         self.src, self.dst, self.n = src, dst, n
         self.perm = torch.argsort(dst, stable=True)
         self.sorted_dst = dst.index_select(0, self.perm)
+        self.sorted_src = src.index_select(0, self.perm)
         self.count = torch.bincount(dst, minlength=n).to(torch.float32) if dst.numel() \
             else torch.zeros(n, device=dst.device)
 
@@ -66,9 +67,21 @@ class Messages:
     (``coef`` one number per edge, or per edge and head for ``values`` of shape
     ``(nodes, heads, channels)``), or ``values[src[e]]`` without ``coef``."""
 
-    def __init__(self, values: Tensor, src: Tensor, dst: Tensor,
-                 coef: Tensor | None = None) -> None:
-        self.values, self.src, self.dst, self.coef = values, src, dst, coef
+    def __init__(self, values: Tensor, order: EdgeOrder, coef: Tensor | None = None,
+                 sorted_coef: Tensor | None = None) -> None:
+        self.values, self.order, self.coef = values, order, coef
+        self.src, self.dst = order.src, order.dst
+        #: ``coef`` in the order of the targets (given where it is kept per graph)
+        self.sorted_coef = sorted_coef if sorted_coef is not None or coef is None \
+            else coef.index_select(0, order.perm)
+
+    def sorted_floats(self, start: int, stop: int) -> Tensor:
+        """The float32 messages of the edges ``start:stop`` in the order of the targets."""
+        m = self.values.index_select(0, self.order.sorted_src[start:stop])
+        if self.sorted_coef is not None:
+            c = self.sorted_coef[start:stop]
+            m = c.view(c.shape + (1,) * (m.dim() - c.dim())) * m
+        return m
 
     def floats(self, edges: Tensor | None = None) -> Tensor:
         """The float32 messages of ``edges`` (all: None), as the simulation computes them."""
@@ -138,7 +151,7 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
     if messages.coef is None and plan.node_bits is None and plan.scale is not None:
         node_codes = plan.codes(messages.values)  # a message is its sender's codes
 
-    def codes(edges: Tensor | None) -> QTensor:
+    def codes(edges: Tensor | None) -> QTensor:  # (in edge order: records, ties)
         if node_codes is not None:
             src = messages.src if edges is None else messages.src.index_select(0, edges)
             return node_codes.index_rows(src)
@@ -150,16 +163,20 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
     row_shape = tuple(messages.values.shape[1:])
     width = max(1, int(torch.Size(row_shape).numel()))
     per_row_scale = plan.scale is None and plan.node_bits is None  # a scale per message
-    total_i = torch.zeros((n,) + row_shape, dtype=torch.int32, device=messages.values.device)
-    total_f = torch.zeros((n,) + row_shape, dtype=torch.float32,
-                          device=messages.values.device) if per_row_scale else None
+    device = messages.values.device
+    total_i = torch.zeros((n,) + row_shape, dtype=torch.int32, device=device)
+    total_f = torch.zeros((n,) + row_shape, dtype=torch.float32, device=device) \
+        if per_row_scale else None
     step = max(1, CHUNK // width)
     edges_total = order.perm.shape[0]
     shift: float | None = None
     for start in range(0, edges_total, step):
-        edges = order.perm[start:start + step]
-        dst = order.sorted_dst[start:start + step]
-        q = codes(edges)
+        stop = min(start + step, edges_total)
+        dst = order.sorted_dst[start:stop]
+        if node_codes is not None:
+            q = node_codes.index_rows(order.sorted_src[start:stop])
+        else:
+            q = plan.codes(messages.sorted_floats(start, stop), row_nodes=dst)
         if total_f is not None:
             total_f.index_add_(0, dst, q.dequantize())
         else:

@@ -261,25 +261,27 @@ class IntGCNConv(IntLayer):
         h = _product(x, self.weight, self.lin_weight)
         h = as_float(self._round("linear.lin", h, ctx))
         n = h.shape[0]
-        ei, ew, order = self.graph.get(edge_index, edge_weight, n,
-                                       lambda: self._prepare(edge_index, edge_weight, n))
+        ew, sorted_ew, order = self.graph.get(edge_index, edge_weight, n,
+                                              lambda: self._prepare(edge_index, edge_weight, n))
         if ew is not None and self.point("edge") is not None:
             ew = as_float(self._round("edge", ew, ctx, row_nodes=order.dst, num_nodes=n))
-        out = self._aggregate(Messages(h, order.src, order.dst, ew), order, ctx)
+            sorted_ew = None
+        out = self._aggregate(Messages(h, order, ew, sorted_ew), order, ctx)
         out = as_float(self._round("aggregate", out, ctx))
         if self.bias is not None:
             out = out + self.bias
         return out
 
     def _prepare(self, edge_index: Tensor, edge_weight: Tensor | None, n: int
-                 ) -> tuple[Tensor, Tensor | None, EdgeOrder]:
-        """The normalized graph (PyG's ``gcn_norm``) and its edge order, once per graph."""
+                 ) -> tuple[Tensor | None, Tensor | None, EdgeOrder]:
+        """The normalized graph (PyG's ``gcn_norm``), its edge order and the coefficients
+        in that order, once per graph."""
         if self.normalize:
             edge_index, edge_weight = gcn_norm(edge_index, edge_weight, n, self.improved,
                                                self.add_loops, self.flow, torch.float32)
-        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" \
-            else (edge_index[1], edge_index[0])
-        return edge_index, edge_weight, EdgeOrder(src, dst, n)
+        order = _order(edge_index, self.flow, n)
+        sorted_ew = None if edge_weight is None else edge_weight.index_select(0, order.perm)
+        return edge_weight, sorted_ew, order
 
 
 class IntSAGEConv(IntLayer):
@@ -369,7 +371,7 @@ def _node_messages(layer: IntLayer, x: Value, order: EdgeOrder, ctx: Context,
                    aggr: str) -> Tensor:
     """Messages that are the sender's own values (``x_j``), rounded to the message point
     and aggregated (``sum`` / ``mean``; ``max`` and ``min`` in float32)."""
-    messages = Messages(as_float(x), order.src, order.dst)
+    messages = Messages(as_float(x), order)
     if aggr in ("sum", "add", "mean"):
         return layer._aggregate(messages, order, ctx, mean=aggr == "mean")
     m = as_float(layer._round("message", messages.floats(), ctx, row_nodes=order.dst,
@@ -635,7 +637,7 @@ class IntGATConv(IntLayer):
         alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
         alpha = F.leaky_relu(alpha, self.negative_slope)
         alpha = softmax(alpha, dst, None, n)
-        out = self._aggregate(Messages(h, src, dst, alpha), order, ctx)
+        out = self._aggregate(Messages(h, order, alpha), order, ctx)
         out = as_float(self._round("aggregate", out, ctx))
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:
