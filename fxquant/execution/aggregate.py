@@ -131,12 +131,13 @@ class Messages:
 
 
 def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Tensor | None,
-              *, mean: bool = False, ties: bool = False,
-              record: Callable[[IntQuantizer, QTensor], QTensor] | None = None) -> Tensor:
+              *, mean: bool = False, then: IntQuantizer | None = None,
+              record: Callable[[IntQuantizer, QTensor], QTensor] | None = None,
+              chunk: int = CHUNK) -> Tensor:
     """Each node's sum (``mean``: average) of its messages rounded to ``point``'s codes,
-    as float32 values: the codes summed into ``int32``, then rescaled. ``ties``: exact-zero
-    sums are summed again as float32 in edge order (see :func:`_zero_ties`); ``record``
-    receives every message's codes, in edge order."""
+    as float32 values: the codes summed into ``int32``, then rescaled. ``then``: the point
+    that rounds the sums next (see :func:`_replay_ties`); ``record`` receives every
+    message's codes, in edge order; ``chunk``: message values per chunk."""
     n = order.n
     bounds = None
     if point.needs_range:
@@ -167,7 +168,7 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
     total_i = torch.zeros((n,) + row_shape, dtype=torch.int32, device=device)
     total_f = torch.zeros((n,) + row_shape, dtype=torch.float32, device=device) \
         if per_row_scale else None
-    step = max(1, CHUNK // width)
+    step = max(1, chunk // width)
     edges_total = order.perm.shape[0]
     shift: float | None = None
     for start in range(0, edges_total, step):
@@ -193,11 +194,50 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
             levels = levels + (order.count * shift).view(shape)
         scale = _node_scale(plan, n)
         total = levels * (scale.view(shape) if scale.dim() else scale)
-        if ties:
-            total = _zero_ties(total, levels == 0, codes, messages.dst)
     if mean:
         total = total / order.count.clamp(min=1).view((-1,) + (1,) * len(row_shape))
+
+    def replay(nodes: Tensor) -> Tensor:
+        """The sums of ``nodes`` as the simulation computes them: the messages' values
+        added in float32 in edge order (PyG's ``scatter_add_``), divided by the count."""
+        edges = nodes.index_select(0, messages.dst).nonzero().view(-1)
+        values = codes(edges).dequantize()
+        index = messages.dst.index_select(0, edges)
+        out = torch.zeros_like(total).scatter_add_(
+            0, index.view((-1,) + (1,) * (values.dim() - 1)).expand_as(values), values)
+        if mean:
+            out = out / order.count.clamp(min=1).view((-1,) + (1,) * len(row_shape))
+        return out
+
+    if then is not None and total.numel():
+        total = _replay_ties(total, then, ids, replay)
     return total
+
+
+def _replay_ties(total: Tensor, then: IntQuantizer, ids: Tensor | None,
+                 replay: Callable[[Tensor], Tensor]) -> Tensor:
+    """The sums, with those of the nodes whose rounding at ``then`` float32 noise decides
+    taken as the simulation computes them.
+
+    An integer sum is exact; the simulation's float32 sum of the same values carries
+    rounding errors of a few units in the last place. Where a sum lies on a rounding
+    boundary of the next point (a mean of two codes halfway between two levels; zero on a
+    mid-rise grid, which has no zero), those errors pick the code, so for those nodes (and
+    the nodes holding the range a step is taken from) the float32 sum is computed as the
+    simulation computes it. Elsewhere the integer sum and the float32 sum round alike."""
+    n = total.shape[0]
+    bounds = torch.tensor([float(total.min()), float(total.max())]) \
+        if then.spec.step_kind == "batch" else None
+    if then.needs_range and bounds is None:
+        return total  # (a percentile range: sampled, no boundary to look for)
+    plan = then.plan(bounds, ids=ids, num_nodes=n)
+    rows = plan.near_boundary(total).reshape(n, -1).any(1)
+    if bounds is not None:
+        amax = float(bounds.abs().max())
+        rows = rows | (total.reshape(n, -1).abs().amax(1) >= amax * (1 - 1e-6))
+    if not bool(rows.any()):
+        return total
+    return torch.where(rows.view((-1,) + (1,) * (total.dim() - 1)), replay(rows), total)
 
 
 def _node_scale(plan: RoundPlan, n: int) -> Tensor:
@@ -211,21 +251,3 @@ def _node_scale(plan: RoundPlan, n: int) -> Tensor:
     assert isinstance(qmax, Tensor)
     return (plan.amax.reshape(-1) / (qmax.to(torch.float32) + q.grid.offset)).clamp(
         min=torch.finfo(torch.float32).tiny)
-
-
-def _zero_ties(total: Tensor, zero: Tensor, codes: Callable[[Tensor], QTensor],
-               dst: Tensor) -> Tensor:
-    """Sums that are exactly zero, where a mid-rise grid (which has no zero) rounds next:
-    zero lies halfway between the levels -1/2 and +1/2, so the float32 sum's rounding
-    error in the simulation picks the level. For those entries the messages are summed in
-    float32 as the simulation sums them (PyG's ``scatter_add_``, in edge order), so that
-    the tie falls the same way; every other sum stays the integer one."""
-    if not bool(zero.any()):
-        return total
-    n = total.shape[0]
-    nodes = zero.reshape(n, -1).any(1)
-    edges = nodes.index_select(0, dst).nonzero().view(-1)
-    values = codes(edges).dequantize()
-    index = dst.index_select(0, edges).view((-1,) + (1,) * (values.dim() - 1)).expand_as(values)
-    replay = torch.zeros_like(total).scatter_add_(0, index, values)
-    return torch.where(zero, replay, total)

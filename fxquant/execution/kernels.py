@@ -154,7 +154,7 @@ def int_matmul(x: QTensor, w: QTensor) -> Tensor:
     halves, stored biases) enter as exact corrections from the codes' row sums."""
     k = x.codes.shape[-1]
     lead = x.codes.shape[:-1]
-    a = x.codes.reshape(-1, k)
+    a = x.codes.reshape(lead.numel(), k)
     acc = int_mm(a, w.codes.t()).to(torch.float32)
     sx = x.shift.reshape(-1, 1) if x.shift.dim() else x.shift
     sw = w.shift.reshape(1, -1) if w.shift.dim() else w.shift
@@ -166,7 +166,7 @@ def int_matmul(x: QTensor, w: QTensor) -> Tensor:
     scale_x = x.scale.reshape(-1, 1) if x.scale.dim() else x.scale
     scale_w = w.scale.reshape(1, -1) if w.scale.dim() else w.scale
     out = acc * (scale_x * scale_w)
-    return out.view(*lead, -1)
+    return out.view(*lead, w.codes.shape[0])
 
 
 def _nonzero(t: Tensor) -> bool:

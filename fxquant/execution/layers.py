@@ -210,10 +210,9 @@ class IntLayer(nn.Module):
                               device=m.device).index_add_(0, messages.dst, m)
             return out / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1)) \
                 if mean else out
-        agg = self.point("aggregate")
         recording = self.__dict__.get("recording") is not None
         return aggregate(point, messages, order, ctx.ids, mean=mean,
-                         ties=agg is not None and agg.grid.midrise,
+                         then=self.point("aggregate"),
                          record=self.record if recording else None)
 
 

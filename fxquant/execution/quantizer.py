@@ -201,13 +201,10 @@ class RoundPlan:
         self.amax = amax
         self.divide = divide
 
-    def codes(self, v: Tensor, row_nodes: Tensor | None = None) -> QTensor:
-        """The codes of the rows ``v`` (rows of the nodes ``row_nodes``, or nodes in order
-        where per-node widths apply)."""
+    def _terms(self, v: Tensor, row_nodes: Tensor | None) -> dict[str, Any]:
+        """What :func:`~fxquant.execution.kernels.codes_of` needs for the rows ``v``."""
         q, grid = self.q, self.q.grid
         off = grid.offset
-        device = v.device
-        v = v.to(torch.float32)
         if self.node_bits is not None:
             bits = self.node_bits if row_nodes is None else \
                 self.node_bits.index_select(0, row_nodes)
@@ -216,17 +213,10 @@ class RoundPlan:
             if self.scale is not None:  # a learned step
                 step = self.scale
             else:
-                if self.amax is not None:
-                    amax = self.amax
-                else:
-                    amax = _row_magnitudes(v).clamp(min=0)
+                amax = self.amax if self.amax is not None else _row_magnitudes(v).clamp(min=0)
                 step = (amax.reshape(-1) / (qmax_t.to(torch.float32) + off)).clamp(min=_TINY)
-            codes = codes_of(v, step, divide=True, offset=off, qmin=qmin_t, qmax=qmax_t,
-                             bias=q.bias)
-            shift = torch.full((), float(q.bias + off), device=device)
-            scale_t = step if isinstance(step, Tensor) else torch.tensor(step)
-            return QTensor(codes, scale_t.to(torch.float32), shift, q.bias, qmin_t, qmax_t,
-                           bits, q.spec.step_kind == STEP_BATCH_ROW)
+            return {"factor": step, "divide": True, "offset": off, "zero_point": None,
+                    "qmin": qmin_t, "qmax": qmax_t, "scale": step, "bits": bits}
         qmin, qmax = q.code_range
         scale = self.scale
         zp = self.zero_point
@@ -241,14 +231,42 @@ class RoundPlan:
             factor = torch.reciprocal(scale)
         else:
             factor = f32(1.0 / scale)
-        codes = codes_of(v, factor, divide=self.divide, offset=off, zero_point=zp, qmin=qmin,
-                         qmax=qmax, bias=q.bias, toward_zero=q.spec.rounding == "toward_zero")
-        scale_t = scale if isinstance(scale, Tensor) else torch.tensor(scale, device=device)
-        shift = torch.full_like(scale_t, float(q.bias + off))
-        if zp is not None:
-            shift = shift - zp
-        return QTensor(codes, scale_t, shift, q.bias, qmin, qmax, grid.bits,
-                       scale_t.dim() > 0)
+        return {"factor": factor, "divide": self.divide, "offset": off, "zero_point": zp,
+                "qmin": qmin, "qmax": qmax, "scale": scale, "bits": grid.bits}
+
+    def codes(self, v: Tensor, row_nodes: Tensor | None = None) -> QTensor:
+        """The codes of the rows ``v`` (rows of the nodes ``row_nodes``, or nodes in order
+        where per-node widths apply)."""
+        q = self.q
+        v = v.to(torch.float32)
+        t = self._terms(v, row_nodes)
+        codes = codes_of(v, t["factor"], divide=t["divide"], offset=t["offset"],
+                         zero_point=t["zero_point"], qmin=t["qmin"], qmax=t["qmax"],
+                         bias=q.bias, toward_zero=q.spec.rounding == "toward_zero")
+        scale = t["scale"]
+        scale_t = (scale if isinstance(scale, Tensor) else torch.tensor(scale, device=v.device)
+                   ).to(torch.float32)
+        if self.node_bits is not None:
+            shift = torch.full((), float(q.bias + t["offset"]), device=v.device)
+            per_row = q.spec.step_kind == STEP_BATCH_ROW
+        else:
+            shift = torch.full_like(scale_t, float(q.bias + t["offset"]))
+            if t["zero_point"] is not None:
+                shift = shift - t["zero_point"]
+            per_row = scale_t.dim() > 0
+        return QTensor(codes, scale_t, shift, q.bias, t["qmin"], t["qmax"], t["bits"], per_row)
+
+    def near_boundary(self, v: Tensor, tolerance: float = 1e-4) -> Tensor:
+        """Where ``v`` (rows of nodes) lies within ``tolerance`` steps of a rounding
+        boundary: where float32 rounding noise decides the code."""
+        v = v.to(torch.float32)
+        t = self._terms(v, None)
+        f = t["factor"]
+        if isinstance(f, Tensor) and f.dim():
+            f = f.view((-1,) + (1,) * (v.dim() - 1))
+        y = (v / f if t["divide"] else v * f) - t["offset"]
+        frac = y - torch.floor(y)
+        return (frac - 0.5).abs() < tolerance
 
 
 #: float32's smallest normal number (a step below it is taken as unusable)
