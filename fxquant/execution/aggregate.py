@@ -25,7 +25,7 @@ from fxquant.execution.kernels import QTensor
 from fxquant.execution.quantizer import IntQuantizer, RoundPlan
 from fxquant.quant.observers import percentile_bounds
 
-__all__ = ["EdgeOrder", "GraphCache", "Messages", "aggregate"]
+__all__ = ["EdgeOrder", "GraphCache", "Messages", "aggregate", "replay_near"]
 
 #: message values per chunk
 CHUNK = 1 << 18
@@ -118,6 +118,23 @@ class Messages:
             return bounds_of(self.floats(), per_row=False)
         return bounds
 
+    def extreme_senders(self) -> Tensor:
+        """The nodes whose values make the smallest or the largest message (the range a
+        per-tensor step is taken from)."""
+        if not self.src.numel() or not self.values.numel():
+            return self.src[:0]
+        rmin, rmax = self._row_extremes()
+        lo_s, hi_s = rmin.index_select(0, self.src), rmax.index_select(0, self.src)
+        if self.coef is not None:
+            c = self.coef.view(self.coef.shape + (1,) * (lo_s.dim() - self.coef.dim()))
+            a, b = c * lo_s, c * hi_s
+            lo_s, hi_s = torch.minimum(a, b), torch.maximum(a, b)
+        lo_e = lo_s.reshape(lo_s.shape[0], -1).amin(1)
+        hi_e = hi_s.reshape(hi_s.shape[0], -1).amax(1)
+        lo, hi = float(lo_e.min()), float(hi_e.max())
+        near = (lo_e <= lo + abs(lo) * 1e-6) | (hi_e >= hi - abs(hi) * 1e-6)
+        return torch.unique(self.src[near])
+
     def target_range(self, n: int) -> Tensor:
         """Each target node's largest ``|message|`` (0 without messages)."""
         rmin, rmax = self._row_extremes()
@@ -136,7 +153,7 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
               chunk: int = CHUNK) -> Tensor:
     """Each node's sum (``mean``: average) of its messages rounded to ``point``'s codes,
     as float32 values: the codes summed into ``int32``, then rescaled. ``then``: the point
-    that rounds the sums next (see :func:`_replay_ties`); ``record`` receives every
+    that rounds the sums next (see :func:`replay_near`); ``record`` receives every
     message's codes, in edge order; ``chunk``: message values per chunk."""
     n = order.n
     bounds = None
@@ -198,46 +215,60 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
         total = total / order.count.clamp(min=1).view((-1,) + (1,) * len(row_shape))
 
     def replay(nodes: Tensor) -> Tensor:
-        """The sums of ``nodes`` as the simulation computes them: the messages' values
-        added in float32 in edge order (PyG's ``scatter_add_``), divided by the count."""
-        edges = nodes.index_select(0, messages.dst).nonzero().view(-1)
+        """The sums of ``nodes`` (ids) as the simulation computes them: the messages'
+        values added in float32 in edge order (PyG's ``scatter_add_``), divided by the
+        count."""
+        mask = torch.zeros(n, dtype=torch.bool, device=total.device)
+        mask[nodes] = True
+        edges = mask.index_select(0, messages.dst).nonzero().view(-1)
         values = codes(edges).dequantize()
         index = messages.dst.index_select(0, edges)
         out = torch.zeros_like(total).scatter_add_(
             0, index.view((-1,) + (1,) * (values.dim() - 1)).expand_as(values), values)
         if mean:
             out = out / order.count.clamp(min=1).view((-1,) + (1,) * len(row_shape))
-        return out
+        return out.index_select(0, nodes)
 
     if then is not None and total.numel():
-        total = _replay_ties(total, then, ids, replay)
+        total = replay_near(total, then, ids, replay)
     return total
 
 
-def _replay_ties(total: Tensor, then: IntQuantizer, ids: Tensor | None,
-                 replay: Callable[[Tensor], Tensor]) -> Tensor:
-    """The sums, with those of the nodes whose rounding at ``then`` float32 noise decides
-    taken as the simulation computes them.
+def replay_near(values: Tensor, then: IntQuantizer, ids: Tensor | None,
+                replay: Callable[[Tensor], Tensor], min_rows: int = 1) -> Tensor:
+    """``values`` (rows of nodes, computed on integers), with the rows whose rounding at
+    ``then`` float32 noise decides taken as the simulation computes them (``replay(rows)``:
+    those rows' values, the simulation's way).
 
-    An integer sum is exact; the simulation's float32 sum of the same values carries
-    rounding errors of a few units in the last place. Where a sum lies on a rounding
+    The integer path's values are exact or a few units in the last place from the
+    simulation's float32 values. That matters in two places only: a value on a rounding
     boundary of the next point (a mean of two codes halfway between two levels; zero on a
-    mid-rise grid, which has no zero), those errors pick the code, so for those nodes (and
-    the nodes holding the range a step is taken from) the float32 sum is computed as the
-    simulation computes it. Elsewhere the integer sum and the float32 sum round alike."""
-    n = total.shape[0]
-    bounds = torch.tensor([float(total.min()), float(total.max())]) \
+    mid-rise grid, which has no zero), whose code those units pick, and the largest value
+    where the next step is taken from the values' range, which sets every code's step.
+    Those rows (few) are recomputed; elsewhere both round alike. ``min_rows``: replay at
+    least this many rows (a float32 product of fewer rows may sum in another order)."""
+    n = values.shape[0]
+    if not n or not values.numel():
+        return values
+    bounds = torch.tensor([float(values.min()), float(values.max())]) \
         if then.spec.step_kind == "batch" else None
     if then.needs_range and bounds is None:
-        return total  # (a percentile range: sampled, no boundary to look for)
+        return values  # (a percentile range: sampled; no boundary to look for)
     plan = then.plan(bounds, ids=ids, num_nodes=n)
-    rows = plan.near_boundary(total).reshape(n, -1).any(1)
+    rows = plan.near_boundary(values).reshape(n, -1).any(1)
     if bounds is not None:
         amax = float(bounds.abs().max())
-        rows = rows | (total.reshape(n, -1).abs().amax(1) >= amax * (1 - 1e-6))
-    if not bool(rows.any()):
-        return total
-    return torch.where(rows.view((-1,) + (1,) * (total.dim() - 1)), replay(rows), total)
+        rows = rows | (values.reshape(n, -1).abs().amax(1) >= amax * (1 - 1e-6))
+    picked = rows.nonzero().view(-1)
+    count = picked.numel()
+    if not count:
+        return values
+    if count < min(min_rows, n):  # padded with other rows, whose values are kept
+        others = (~rows).nonzero().view(-1)[:min_rows - count]
+        picked = torch.cat([picked, others])
+    out = values.clone()
+    out[picked[:count]] = replay(picked)[:count].to(values.dtype)
+    return out
 
 
 def _node_scale(plan: RoundPlan, n: int) -> Tensor:

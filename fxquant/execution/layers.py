@@ -27,7 +27,13 @@ from torch_geometric.nn.models import MLP
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
 from fxquant.errors import FxquantValueError
-from fxquant.execution.aggregate import EdgeOrder, GraphCache, Messages, aggregate
+from fxquant.execution.aggregate import (
+    EdgeOrder,
+    GraphCache,
+    Messages,
+    aggregate,
+    replay_near,
+)
 from fxquant.execution.kernels import QTensor, int_matmul
 from fxquant.execution.packing import PackedCodes, pack, unpack
 from fxquant.execution.quantizer import IntQuantizer
@@ -111,6 +117,11 @@ class WeightCodes(nn.Module):
 
 
 
+#: rows a float32 product is recomputed over at least (torch's CPU product of fewer rows
+#: may add in another order than the whole matrix's)
+_EXACT_ROWS = 16
+
+
 class IntLayer(nn.Module):
     """Shared by the converted layers: the layer's points, its placements."""
 
@@ -192,6 +203,41 @@ class IntLayer(nn.Module):
             return v
         return self.record(point, point(v, ids=ctx.ids, **kwargs))
 
+    @property
+    def then(self) -> IntQuantizer | None:
+        """The point that rounds this layer's output, if any (set by the model)."""
+        return self.__dict__.get("then")
+
+    def _output(self, y: Tensor, ctx: Context, simulate: Any) -> Tensor:
+        """The output ``y``, with the rows where float32 noise picks the next point's
+        codes (or sets its step) as the simulation computes them (``simulate(rows)``)."""
+        then = self.then
+        if then is None or simulate is None:
+            return y
+        return replay_near(y, then, ctx.ids, simulate, min_rows=_EXACT_ROWS)
+
+    def _exact_senders(self, h: Tensor, x: Value, weight: WeightCodes | None,
+                       messages: Messages) -> Tensor:
+        """``h = x W^T`` with the rows that make the messages' range computed as the
+        simulation's float32 product computes them (a per-tensor message step is taken
+        from that range)."""
+        point = self.point("message")
+        if point is None or point.spec.step_kind != "batch" or weight is None \
+                or not isinstance(x, QTensor):
+            return h
+        rows = messages.extreme_senders()
+        if not rows.numel():
+            return h
+        count = rows.numel()
+        if count < _EXACT_ROWS:
+            pad = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
+            pad[rows] = False
+            rows = torch.cat([rows, pad.nonzero().view(-1)[:_EXACT_ROWS - count]])
+        exact = F.linear(x.index_rows(rows).dequantize(), weight.qtensor().dequantize())
+        out = h.clone()
+        out.view(h.shape[0], -1)[rows[:count]] = exact[:count].reshape(count, -1)
+        return out
+
     def record(self, point: IntQuantizer, q: QTensor) -> QTensor:
         """``q``, kept as ``point``'s codes while :meth:`ConvertedModel.record` runs."""
         recording = self.__dict__.get("recording")
@@ -265,7 +311,10 @@ class IntGCNConv(IntLayer):
         if ew is not None and self.point("edge") is not None:
             ew = as_float(self._round("edge", ew, ctx, row_nodes=order.dst, num_nodes=n))
             sorted_ew = None
-        out = self._aggregate(Messages(h, order, ew, sorted_ew), order, ctx)
+        messages = Messages(h, order, ew, sorted_ew)
+        if self.point("linear.lin") is None:
+            messages.values = self._exact_senders(h, x, self.weight, messages)
+        out = self._aggregate(messages, order, ctx)
         out = as_float(self._round("aggregate", out, ctx))
         if self.bias is not None:
             out = out + self.bias
@@ -356,8 +405,20 @@ class IntSAGEConv(IntLayer):
                 r = r + self.br
             y = y + r
         if self.normalize:
-            y = F.normalize(y, p=2.0, dim=-1)
-        return y
+            return F.normalize(y, p=2.0, dim=-1)
+
+        def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
+            wl = self.weight_l.qtensor().dequantize() if self.weight_l is not None else self.wl
+            out = F.linear(as_float(a.index_rows(rows) if isinstance(a, QTensor) else a[rows]),
+                           wl, self.bl)
+            if self.root:
+                wr = self.weight_r.qtensor().dequantize() if self.weight_r is not None \
+                    else self.wr
+                xr = x.index_rows(rows) if isinstance(x, QTensor) else x[rows]
+                out = out + F.linear(as_float(xr), wr, self.br)
+            return out
+
+        return self._output(y, ctx, simulate)
 
 
 def _order(edge_index: Tensor, flow: str, n: int) -> EdgeOrder:
@@ -482,7 +543,26 @@ class IntGINConv(IntLayer):
             h = self._round(f"linear.nn.{child}", y, ctx)
             j += 1
         assert h is not None
-        return as_float(h)
+        if any(self.point(f"linear.nn.{c}") is not None for _, c in self.steps if c):
+            return as_float(h)
+
+        def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
+            def pick(v: Value) -> Tensor:
+                return as_float(v.index_rows(rows) if isinstance(v, QTensor) else v[rows])
+
+            out = pick(a) + (1.0 + self.eps) * pick(x)
+            j = 0
+            for kind, _ in self.steps:
+                if kind == "relu":
+                    out = out.relu()
+                elif kind == "linear":
+                    w = self._weight_of(j)
+                    out = F.linear(out, w.qtensor().dequantize() if w is not None
+                                   else getattr(self, f"w{j}"), getattr(self, f"b{j}"))
+                    j += 1
+            return out
+
+        return self._output(as_float(h), ctx, simulate)
 
 
 def _mlp_steps(module: nn.Module) -> list[tuple[str, str]] | None:
@@ -636,7 +716,12 @@ class IntGATConv(IntLayer):
         alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
         alpha = F.leaky_relu(alpha, self.negative_slope)
         alpha = softmax(alpha, dst, None, n)
-        out = self._aggregate(Messages(h, order, alpha), order, ctx)
+        messages = Messages(h, order, alpha)
+        if self.point("linear.lin") is None:
+            flat = self._exact_senders(h.reshape(n, H * C), x, self.weight, Messages(
+                h.reshape(n, H * C), order))
+            messages.values = flat.view(-1, H, C)
+        out = self._aggregate(messages, order, ctx)
         out = as_float(self._round("aggregate", out, ctx))
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:

@@ -119,7 +119,13 @@ class ConvertedModel(nn.Module):
         self.layers = nn.ModuleDict(layers)
         self.kept = nn.ModuleDict(kept)
         self.report = ConversionReport(list(placements))
+        made_by = {s.out: s for s in self.steps if s.op == "layer"}
+        for step in self.steps:  # each layer's output point, which rounds what it returns
+            source = made_by.get(step.args[0]) if step.op == "point" and step.args else None
+            if source is not None:
+                self.layers[source.target].__dict__["then"] = self.points[step.target]
         self.eval()
+        self.requires_grad_(False)
         #: every point's codes of the last forward, when recording (see :meth:`record`)
         self.__dict__["_recorded"] = None
 
@@ -147,6 +153,11 @@ class ConvertedModel(nn.Module):
         return env
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Inference: no autograd graph is recorded (the model is not trained further)."""
+        with torch.no_grad():
+            return self._run(args, kwargs)
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         env = self._bind(args, kwargs)
         ids = env.get("node_ids")
         if ids is not None and (not isinstance(ids, Tensor) or ids.dim() != 1
