@@ -9,10 +9,12 @@
 
 from fxquant.execution.check import Comparison, PointComparison, compare
 from fxquant.execution.conversion import ConversionError, convert
+from fxquant.execution.export import export_onnx
 from fxquant.execution.kernels import QTensor
 from fxquant.execution.layers import Placement
 from fxquant.execution.model import ConversionReport, ConvertedModel
 from fxquant.execution.persist import load, save
 
 __all__ = ["Comparison", "ConversionError", "ConversionReport", "ConvertedModel", "Placement", "PointComparison",
-           "QTensor", "compare", "convert", "load", "save"]
+           "QTensor", "compare", "convert", "export_onnx", "load",
+           "save"]

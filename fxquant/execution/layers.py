@@ -506,7 +506,7 @@ class IntGINConv(IntLayer):
             current = rounded
         self.place("MLP biases and activations", RESCALE, "float32 biases; ReLU")
 
-    def _weight_of(self, j: int) -> WeightCodes | None:
+    def weight_of(self, j: int) -> WeightCodes | None:
         if not self.has_weight[j]:
             return None
         return self.weights[sum(self.has_weight[:j])]  # type: ignore[return-value]
@@ -526,7 +526,7 @@ class IntGINConv(IntLayer):
                 continue
             if kind == "identity":
                 continue
-            w = self._weight_of(j)
+            w = self.weight_of(j)
             w_float: Tensor = getattr(self, f"w{j}")
             b: Tensor | None = getattr(self, f"b{j}")
             if j == 0:
@@ -556,7 +556,7 @@ class IntGINConv(IntLayer):
                 if kind == "relu":
                     out = out.relu()
                 elif kind == "linear":
-                    w = self._weight_of(j)
+                    w = self.weight_of(j)
                     out = F.linear(out, w.qtensor().dequantize() if w is not None
                                    else getattr(self, f"w{j}"), getattr(self, f"b{j}"))
                     j += 1
