@@ -12,9 +12,10 @@ from fxquant.execution.conversion import ConversionError, convert
 from fxquant.execution.export import export_onnx
 from fxquant.execution.kernels import QTensor
 from fxquant.execution.layers import Placement
+from fxquant.execution.measure import BitOps, Storage, StorageRow, bit_operations, storage
 from fxquant.execution.model import ConversionReport, ConvertedModel
 from fxquant.execution.persist import load, save
 
-__all__ = ["Comparison", "ConversionError", "ConversionReport", "ConvertedModel", "Placement", "PointComparison",
-           "QTensor", "compare", "convert", "export_onnx", "load",
-           "save"]
+__all__ = ["BitOps", "Comparison", "ConversionError", "ConversionReport", "ConvertedModel", "Placement", "PointComparison", "Storage", "StorageRow",
+           "QTensor", "bit_operations", "compare", "convert", "export_onnx",
+           "load", "save", "storage"]

@@ -68,8 +68,10 @@ class Context:
     """What one forward shares between steps: the batch's global node ids, and per-graph
     values computed once per ``edge_index`` (a normalization, a sort)."""
 
-    def __init__(self, ids: Tensor | None = None) -> None:
+    def __init__(self, ids: Tensor | None = None, meter: list[Any] | None = None) -> None:
         self.ids = ids
+        #: what the forward computes, when counted (:func:`fxquant.execution.bit_operations`)
+        self.meter = meter
 
 
 def as_float(v: Value) -> Tensor:
@@ -160,8 +162,8 @@ class IntLayer(nn.Module):
 
     # -- shared steps ---------------------------------------------------------------------
 
-    def _product(self, what: str, x_integer: bool, weight: WeightCodes | None,
-                 fix: str) -> None:
+    def _place_product(self, what: str, x_integer: bool, weight: WeightCodes | None,
+                       fix: str) -> None:
         """Record where ``x @ W.T`` runs."""
         if x_integer and weight is not None:
             self.place(what, INTEGER, "int8 x int8 -> int32 (torch._int_mm), rescaled to float32")
@@ -238,6 +240,20 @@ class IntLayer(nn.Module):
         out.view(h.shape[0], -1)[rows[:count]] = exact[:count].reshape(count, -1)
         return out
 
+    def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
+            what: str = "product") -> Tensor:
+        """``x @ W.T``: on codes where both are codes, else in float32; counted in
+        ``ctx.meter`` (rows x inner x outer multiply-accumulates at the operands' bits)."""
+        if ctx.meter is not None:
+            rows = x.codes.shape[0] if isinstance(x, QTensor) else x.shape[0]
+            inner = x.codes.shape[-1] if isinstance(x, QTensor) else x.shape[-1]
+            ctx.meter.append(("product", f"{self.name}: {what}", rows * inner * fallback.shape[0],
+                              _bits(x), _bits(weight) if weight is not None else 32.0))
+        if isinstance(x, QTensor) and weight is not None:
+            return int_matmul(x, weight.qtensor())
+        w = weight.qtensor().dequantize() if weight is not None else fallback
+        return F.linear(as_float(x), w.to(torch.float32))
+
     def record(self, point: IntQuantizer, q: QTensor) -> QTensor:
         """``q``, kept as ``point``'s codes while :meth:`ConvertedModel.record` runs."""
         recording = self.__dict__.get("recording")
@@ -250,6 +266,15 @@ class IntLayer(nn.Module):
         """Each node's sum (or mean) of its messages: codes summed into int32 where the
         layer rounds its messages, else float32."""
         point = self.point("message")
+        if ctx.meter is not None:
+            width = int(torch.Size(messages.values.shape[1:]).numel())
+            bits = 32.0
+            if point is not None:
+                sample = point(messages.floats(),
+                               ids=ctx.ids, row_nodes=order.dst, num_nodes=order.n)
+                bits = _bits(sample)
+            ctx.meter.append(("sum", f"{self.name}: aggregation", order.perm.numel() * width,
+                              bits, 0.0))
         if point is None:
             m = messages.floats()
             out = torch.zeros((order.n,) + tuple(m.shape[1:]), dtype=torch.float32,
@@ -262,12 +287,15 @@ class IntLayer(nn.Module):
                          record=self.record if recording else None)
 
 
-def _product(x: Value, weight: WeightCodes | None, fallback: Tensor) -> Tensor:
-    """``x @ W.T``: on codes where both are codes, else in float32."""
-    if isinstance(x, QTensor) and weight is not None:
-        return int_matmul(x, weight.qtensor())
-    w = weight.qtensor().dequantize() if weight is not None else fallback
-    return F.linear(as_float(x), w.to(torch.float32))
+def _bits(v: Value | WeightCodes | None) -> float:
+    """Bits of one value of ``v``: its codes' (the mean over rows with per-node widths),
+    32 for float32."""
+    if isinstance(v, WeightCodes):
+        return float(v.meta["bits"])
+    if isinstance(v, QTensor):
+        return float(v.bits.float().mean()) if isinstance(v.bits, Tensor) and v.bits.numel() \
+            else float(v.bits)
+    return 32.0
 
 
 class IntGCNConv(IntLayer):
@@ -288,7 +316,7 @@ class IntGCNConv(IntLayer):
         self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
         self.graph = GraphCache()
-        self._product("product x W", input_integer, self.weight,
+        self._place_product("product x W", input_integer, self.weight,
                       "round it (site='weight') to run the product on integers")
         if self.point("linear.lin") is not None:
             self.place("product rounded", INTEGER, "rounded to the linear point's codes")
@@ -303,7 +331,7 @@ class IntGCNConv(IntLayer):
 
     def forward(self, x: Value, edge_index: Tensor, edge_weight: Tensor | None = None, *,
                 ctx: Context) -> Tensor:
-        h = _product(x, self.weight, self.lin_weight)
+        h = self._mm(x, self.weight, self.lin_weight, ctx)
         h = as_float(self._round("linear.lin", h, ctx))
         n = h.shape[0]
         ew, sorted_ew, order = self.graph.get(edge_index, edge_weight, n,
@@ -375,10 +403,10 @@ class IntSAGEConv(IntLayer):
         if self.point("aggregate") is not None:
             self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
         agg_integer = self.point("aggregate") is not None
-        self._product("product aggregate W_l", agg_integer, self.weight_l,
+        self._place_product("product aggregate W_l", agg_integer, self.weight_l,
                       "round lin_l's weight (site='weight')")
         if self.root:
-            self._product("product x W_r", input_integer, self.weight_r,
+            self._place_product("product x W_r", input_integer, self.weight_r,
                           "round lin_r's weight (site='weight')")
         self.place("bias and sum", RESCALE, "float32 bias and the two rescaled products added")
         if self.aggr not in ("mean", "sum", "add"):
@@ -396,11 +424,11 @@ class IntSAGEConv(IntLayer):
         order = self.graph.get(edge_index, None, n, lambda: _order(edge_index, self.flow, n))
         out = _node_messages(self, x, order, ctx, self.aggr)
         a = self._round("aggregate", out, ctx)
-        y = _product(a, self.weight_l, self.wl)
+        y = self._mm(a, self.weight_l, self.wl, ctx, "product aggregate W_l")
         if self.bl is not None:
             y = y + self.bl
         if self.root:
-            r = _product(x, self.weight_r, self.wr)
+            r = self._mm(x, self.weight_r, self.wr, ctx, "product x W_r")
             if self.br is not None:
                 r = r + self.br
             y = y + r
@@ -494,7 +522,7 @@ class IntGINConv(IntLayer):
                 else None
             widx += weight is not None
             rounded = self.point(f"linear.nn.{child}") is not None
-            self._product(f"MLP {child} product", current, weight,
+            self._place_product(f"MLP {child} product", current, weight,
                           f"round nn.{child}'s weight (site='weight')")
             if not current and i:
                 self.placements[-1] = Placement(
@@ -531,13 +559,14 @@ class IntGINConv(IntLayer):
             b: Tensor | None = getattr(self, f"b{j}")
             if j == 0:
                 if isinstance(a, QTensor) and isinstance(x, QTensor) and w is not None:
-                    y = _product(a, w, w_float) + (1.0 + self.eps) * _product(x, w, w_float)
+                    y = self._mm(a, w, w_float, ctx, f"MLP {child}") + (1.0 + self.eps) * \
+                        self._mm(x, w, w_float, ctx, f"MLP {child}")
                 else:
-                    y = F.linear(as_float(a) + (1.0 + self.eps) * as_float(x),
-                                 w.qtensor().dequantize() if w is not None else w_float)
+                    y = self._mm(as_float(a) + (1.0 + self.eps) * as_float(x), w, w_float,
+                                 ctx, f"MLP {child}")
             else:
                 assert h is not None
-                y = _product(h, w, w_float)
+                y = self._mm(h, w, w_float, ctx, f"MLP {child}")
             if b is not None:
                 y = y + b
             h = self._round(f"linear.nn.{child}", y, ctx)
@@ -685,7 +714,7 @@ class IntGATConv(IntLayer):
         self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
         self.att_src_codes = self._weight(conv.att_src, "weight.att_src")
         self.att_dst_codes = self._weight(conv.att_dst, "weight.att_dst")
-        self._product("product x W", input_integer, self.weight,
+        self._place_product("product x W", input_integer, self.weight,
                       "round it (site='weight') to run the product on integers")
         self.place("attention", FLOAT, "float32 attention logits, leaky ReLU and softmax per "
                    "target node",
@@ -702,7 +731,7 @@ class IntGATConv(IntLayer):
             raise FxquantValueError(f"the converted layer {self.name!r} takes no edge features "
                                     "(edge_attr); its GATConv was built without edge_dim")
         H, C = self.heads, self.channels
-        h = _product(x, self.weight, self.lin_weight)
+        h = self._mm(x, self.weight, self.lin_weight, ctx)
         h = as_float(self._round("linear.lin", h, ctx)).view(-1, H, C)
         att_src = self.att_src_codes.qtensor().dequantize() if self.att_src_codes is not None \
             else self.att_src

@@ -128,6 +128,8 @@ class ConvertedModel(nn.Module):
         self.requires_grad_(False)
         #: every point's codes of the last forward, when recording (see :meth:`record`)
         self.__dict__["_recorded"] = None
+        #: what the forward computes, when counted (:func:`fxquant.execution.bit_operations`)
+        self.__dict__["_meter"] = None
 
     # -- calling --------------------------------------------------------------------------
 
@@ -164,7 +166,8 @@ class ConvertedModel(nn.Module):
                                 or ids.is_floating_point() or ids.dtype == torch.bool):
             raise FxquantTypeError("node_ids must be a 1-D integer tensor of global node ids "
                                    "(PyG's batch.n_id)")
-        ctx = Context(None if ids is None else ids.to(torch.int64))
+        ctx = Context(None if ids is None else ids.to(torch.int64),
+                      self.__dict__.get("_meter"))
         recorded = self.__dict__["_recorded"]
         for step in self.steps:
             args_v = [self._read(env, a) for a in step.args]
