@@ -21,6 +21,7 @@ format), ``layer``, ``site``, ``tensor``, ``name`` and ``float_training``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -64,8 +65,7 @@ class Grid:
         """``(qmin, qmax)`` at this grid's width, or at per-node ``bits`` (then symmetric:
         ``-qmax..qmax`` on a signed grid that is not mid-rise, as per-node widths round)."""
         if bits is None:
-            fmt = IntFormat(self.bits, self.signed, self.asymmetric, self.midrise)
-            return fmt.qmin, fmt.qmax
+            return _whole_range(self)
         if isinstance(bits, Tensor):
             b = bits.to(torch.int64)
             one = torch.ones_like(b)
@@ -78,6 +78,12 @@ class Grid:
 
     def spec(self) -> str:
         return IntFormat(self.bits, self.signed, self.asymmetric, self.midrise).spec()
+
+
+@functools.lru_cache(maxsize=64)
+def _whole_range(grid: Grid) -> tuple[int, int]:
+    fmt = IntFormat(grid.bits, grid.signed, grid.asymmetric, grid.midrise)
+    return fmt.qmin, fmt.qmax
 
 
 @dataclass

@@ -48,7 +48,7 @@ def _onnx() -> Any:
 
 
 def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
-                feature_dim: int | None = None) -> None:
+                feature_dim: int | None = None, float32: bool = False) -> None:
     """Write ``model`` to ``path`` as an ONNX model (opset :data:`OPSET`).
 
     Args:
@@ -59,6 +59,9 @@ def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
         path (str or Path): the ``.onnx`` file.
         feature_dim (int, optional): the features' width, written into the input's shape.
             (default: :obj:`None`: left symbolic)
+        float32 (bool, optional): write the same graph without any rounding, on the float32
+            weights the model was converted from: the float32 reference that ONNX Runtime
+            runs beside the integer graph. (default: :obj:`False`)
 
     Example:
         >>> import os, tempfile, torch, fxquant
@@ -81,7 +84,7 @@ def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
     if not isinstance(model, ConvertedModel):
         raise FxquantTypeError(f"export_onnx expects a ConvertedModel, got {type(model).__name__}")
     onnx = _onnx()
-    builder = _Builder(onnx, model)
+    builder = _Builder(onnx, model, float32)
     graph_model = builder.build(feature_dim)
     onnx.checker.check_model(graph_model)
     onnx.save(graph_model, os.fspath(path))
@@ -89,21 +92,24 @@ def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
 
 class _Q:
     """Codes in the graph: the int8 tensor's name, and the names of its scale and shift
-    (each ``[]`` or ``[rows, 1]``)."""
+    (each ``[]`` or ``[rows, 1]``); ``floats``: the same codes as float32 (where the
+    rounding made them), from which a product takes them as ``uint8`` (the operand type
+    ONNX Runtime's integer products are fastest on)."""
 
-    def __init__(self, codes: str, scale: str, shift: str) -> None:
-        self.codes, self.scale, self.shift = codes, scale, shift
+    def __init__(self, codes: str, scale: str, shift: str, floats: str | None = None) -> None:
+        self.codes, self.scale, self.shift, self.floats = codes, scale, shift, floats
 
 
 class _Builder:
-    def __init__(self, onnx: Any, model: ConvertedModel) -> None:
+    def __init__(self, onnx: Any, model: ConvertedModel, float32: bool = False) -> None:
         self.onnx = onnx
+        self.float32 = float32
         self.h = onnx.helper
         self.model = model
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self.count = 0
-        self.needs_ids = any(q.widths is not None for q in _quantizers(model))
+        self.needs_ids = not float32 and any(q.widths is not None for q in _quantizers(model))
 
     # -- small helpers --------------------------------------------------------------------
 
@@ -173,6 +179,8 @@ class _Builder:
                                   "is converted (see model.report)")
         assert output is not None
         self.nodes.append(self.h.make_node("Identity", [output], ["logits"]))
+        used = {name for node in self.nodes for name in node.input}
+        self.inits = [t for t in self.inits if t.name in used]
         graph = self.h.make_graph(self.nodes, "fxquant_converted", inputs, [
             self.h.make_tensor_value_info("logits", tp.FLOAT, ["nodes", "classes"])],
             initializer=self.inits)
@@ -196,6 +204,8 @@ class _Builder:
 
     def quantize(self, q: IntQuantizer, x: str, row_nodes: str | None = None) -> _Q:
         """``x`` (float32) rounded to ``q``'s codes (as :class:`RoundPlan` does)."""
+        if self.float32:
+            return x  # type: ignore[return-value]
         spec, grid = q.spec, q.grid
         if spec.step_kind == "percentile":
             raise ExportError(f"export_onnx: the point {spec.module!r} ({spec.label}) takes "
@@ -240,7 +250,7 @@ class _Builder:
         shift = self.const(float(q.bias + off))
         if zp is not None:
             shift = self.op("Sub", [shift, zp])
-        return _Q(self.cast(n, self.onnx.TensorProto.INT8), scale, shift)
+        return _Q(self.cast(n, self.onnx.TensorProto.INT8), scale, shift, n)
 
     def int_scale(self, q: IntQuantizer, lo: str, hi: str) -> tuple[str, str | None]:
         """``fxquant.quantize``'s ``int_scale`` in the graph."""
@@ -309,26 +319,32 @@ class _Builder:
         if q.bias:
             n = self.op("Sub", [n, self.const(float(q.bias))])
         return _Q(self.cast(n, self.onnx.TensorProto.INT8), step,
-                  self.const(float(q.bias + off)))
+                  self.const(float(q.bias + off)), n)
 
     # -- products and sums ----------------------------------------------------------------
 
     def weight(self, w: WeightCodes) -> _Q:
         q = w.qtensor()
-        scale = q.scale.reshape(1, -1) if q.scale.dim() else q.scale
+        scale, shift = torch.as_tensor(q.scale), torch.as_tensor(q.shift)
         return _Q(self.const(q.codes.t().contiguous(), torch.int8, "w"),
-                  self.const(scale), self.const(q.shift.reshape(1, -1) if q.shift.dim()
-                                                else q.shift))
+                  self.const(scale.reshape(1, -1) if scale.dim() else scale),
+                  self.const(shift.reshape(1, -1) if shift.dim() else shift))
 
     def matmul(self, x: Any, w: WeightCodes | None, w_float: Tensor) -> str:
         """``x @ W.T``: ``MatMulInteger`` of codes, rescaled (as ``int_matmul``)."""
+        if self.float32:
+            w = None
         if isinstance(x, _Q) and w is not None:
             wq = self.weight(w)
-            acc = self.cast(self.op("MatMulInteger", [x.codes, wq.codes]), self.FLOAT)
+            floats = x.floats if x.floats is not None else self.cast(x.codes, self.FLOAT)
+            unsigned = self.cast(self.op("Add", [floats, self.const(128.0)]),
+                                 self.onnx.TensorProto.UINT8)
+            acc = self.cast(self.op("MatMulInteger", [
+                unsigned, wq.codes, self.const(128, torch.uint8)]), self.FLOAT)
             q = w.qtensor()
             colsum = self.const(q.codes.sum(1, dtype=torch.int32).float().view(1, -1))
             acc = self.op("Add", [acc, self.op("Mul", [x.shift, colsum])])
-            if bool((q.shift != 0).any()):
+            if bool((torch.as_tensor(q.shift) != 0).any()):
                 rowsum = self.op("ReduceSum", [self.cast(x.codes, self.FLOAT), self.const(
                     [1], torch.int64)], keepdims=1)
                 k = float(q.codes.shape[1])
@@ -360,7 +376,7 @@ class _Builder:
         m = self.op("Gather", [values, src], axis=0)
         if coef is not None:
             m = self.op("Mul", [m, self.op("Unsqueeze", [coef, self.const([1], torch.int64)])])
-        point = layer.point("message")
+        point = None if self.float32 else layer.point("message")
         width = self.op("Slice", [self.op("Shape", [m]), self.const([1], torch.int64),
                                   self.const([2], torch.int64)])
         index = self.op("Expand", [self.op("Unsqueeze", [dst, self.const([1], torch.int64)]),
@@ -402,7 +418,7 @@ class _Builder:
         return count
 
     def round_at(self, layer: IntLayer, key: str, v: str) -> Any:
-        point = layer.point(key)
+        point = None if self.float32 else layer.point(key)
         return v if point is None else self.quantize(point, v)
 
     # -- layers ---------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["CHUNK", "QTensor", "codes_of", "f32", "int_matmul", "int_mm", "segment_sum"]
+__all__ = ["CHUNK", "QTensor", "codes_of", "f32", "int_matmul", "int_mm", "number", "per_row",
+           "segment_sum"]
 
 #: values per chunk of :func:`codes_of` (its float32 scratch stays in cache)
 CHUNK = 1 << 16
@@ -33,8 +34,9 @@ class QTensor:
 
     Args:
         codes (Tensor): ``int8`` codes (the grid's codes minus ``bias``).
-        scale (Tensor): float32, ``()`` or one per row.
-        shift (Tensor): float32, ``()`` or one per row: ``bias - zero_point + offset``.
+        scale (Tensor or float): one number, or float32 with one per row.
+        shift (Tensor or float): one number, or one per row: ``bias - zero_point +
+            offset``.
         bias (int): what was subtracted from the grid's codes to fit ``int8`` (0 or 128).
         qmin, qmax (int or Tensor): the grid's code range (per row with per-node widths).
         bits (int or Tensor): bits per value (per row with per-node widths).
@@ -42,8 +44,8 @@ class QTensor:
     """
 
     codes: Tensor
-    scale: Tensor
-    shift: Tensor
+    scale: Tensor | float
+    shift: Tensor | float
     bias: int
     qmin: Tensor | int
     qmax: Tensor | int
@@ -56,8 +58,8 @@ class QTensor:
     def shape(self) -> torch.Size:
         return self.codes.shape
 
-    def _rows(self, t: Tensor) -> Tensor:
-        return t.view((-1,) + (1,) * (self.codes.dim() - 1)) if t.dim() else t
+    def _rows(self, t: Tensor | float) -> Tensor | float:
+        return t.view((-1,) + (1,) * (self.codes.dim() - 1)) if per_row(t) else t  # type: ignore[union-attr]
 
     def levels(self) -> Tensor:
         """``code + shift`` as float32 (the value in units of the scale)."""
@@ -77,7 +79,7 @@ class QTensor:
 
     def index_rows(self, index: Tensor) -> QTensor:
         """The rows ``index`` (with their per-row scale, shift, range and width)."""
-        def pick(v: Tensor | int) -> Tensor | int:
+        def pick(v: Tensor | float) -> Tensor | float:
             return v.index_select(0, index) if isinstance(v, Tensor) and v.dim() else v
         return QTensor(self.codes.index_select(0, index), pick(self.scale),  # type: ignore[arg-type]
                        pick(self.shift), self.bias, pick(self.qmin), pick(self.qmax),  # type: ignore[arg-type]
@@ -98,39 +100,48 @@ def codes_of(v: Tensor, factor: float | Tensor, *, divide: bool = False, offset:
     order of float32 operations. ``factor``, ``zero_point``, ``qmin`` and ``qmax`` are one
     number or one per row (dim 0). Computed over chunks of rows in a float32 scratch that
     stays in cache, written straight into the ``int8`` result."""
-    out = torch.empty(v.shape, dtype=torch.int8, device=v.device)
     if not v.numel():
-        return out
+        return torch.empty(v.shape, dtype=torch.int8, device=v.device)
     rows = v.shape[0] if v.dim() else 1
-    flat, dest = v.reshape(rows, -1), out.view(rows, -1)
+    flat = v.reshape(rows, -1)
     width = flat.shape[1]
     step = max(1, CHUNK // max(width, 1))
-    scratch = torch.empty(min(step, rows), width, dtype=torch.float32, device=v.device)
     per = [isinstance(t, Tensor) and t.dim() > 0 for t in (factor, zero_point, qmin, qmax)]
     lo_f = float(qmin) if not per[2] else 0.0  # type: ignore[arg-type]
     hi_f = float(qmax) if not per[3] else 0.0  # type: ignore[arg-type]
-    for start in range(0, rows, step):
-        stop = min(start + step, rows)
-        part, buf = flat[start:stop], scratch[:stop - start]
+
+    def chunk(start: int, stop: int, buf: Tensor | None) -> Tensor:
+        part = flat[start:stop] if (start, stop) != (0, rows) else flat
 
         def rows_of(t: Tensor) -> Tensor:
-            return t[start:stop].view(-1, 1).to(torch.float32)
+            t = t if (start, stop) == (0, rows) else t[start:stop]
+            return t.view(-1, 1).to(torch.float32)
 
         f = rows_of(factor) if per[0] else factor  # type: ignore[arg-type]
-        (torch.div if divide else torch.mul)(part, f, out=buf)
+        op = torch.div if divide else torch.mul
+        y = op(part, f) if buf is None else op(part, f, out=buf)
         if offset:
-            buf.sub_(offset)
-        buf.trunc_() if toward_zero else buf.round_()
+            y.sub_(offset)
+        y.trunc_() if toward_zero else y.round_()
         if zero_point is not None:
-            buf.add_(rows_of(zero_point) if per[1] else zero_point)  # type: ignore[arg-type]
+            y.add_(rows_of(zero_point) if per[1] else zero_point)  # type: ignore[arg-type]
         if per[2] or per[3]:
-            torch.maximum(buf, rows_of(qmin) if per[2] else torch.tensor(lo_f), out=buf)  # type: ignore[arg-type]
-            torch.minimum(buf, rows_of(qmax) if per[3] else torch.tensor(hi_f), out=buf)  # type: ignore[arg-type]
+            torch.maximum(y, rows_of(qmin) if per[2] else torch.tensor(lo_f), out=y)  # type: ignore[arg-type]
+            torch.minimum(y, rows_of(qmax) if per[3] else torch.tensor(hi_f), out=y)  # type: ignore[arg-type]
         else:
-            buf.clamp_(lo_f, hi_f)
+            y.clamp_(lo_f, hi_f)
         if bias:
-            buf.sub_(bias)
-        dest[start:stop].copy_(buf)
+            y.sub_(bias)
+        return y
+
+    if rows <= step:  # one chunk: no scratch, no copy
+        return chunk(0, rows, None).to(torch.int8).view(v.shape)
+    out = torch.empty(v.shape, dtype=torch.int8, device=v.device)
+    dest = out.view(rows, -1)
+    scratch = torch.empty(step, width, dtype=torch.float32, device=v.device)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        dest[start:stop].copy_(chunk(start, stop, scratch[:stop - start]))
     return out
 
 
@@ -156,21 +167,31 @@ def int_matmul(x: QTensor, w: QTensor) -> Tensor:
     lead = x.codes.shape[:-1]
     a = x.codes.reshape(lead.numel(), k)
     acc = int_mm(a, w.codes.t()).to(torch.float32)
-    sx = x.shift.reshape(-1, 1) if x.shift.dim() else x.shift
-    sw = w.shift.reshape(1, -1) if w.shift.dim() else w.shift
+    sx = x.shift.reshape(-1, 1) if per_row(x.shift) else number(x.shift)  # type: ignore[union-attr]
+    sw = w.shift.reshape(1, -1) if per_row(w.shift) else number(w.shift)  # type: ignore[union-attr]
     if _nonzero(sx):
         acc = acc + sx * w.codes.sum(1, dtype=torch.int32).to(torch.float32).view(1, -1)
     if _nonzero(sw):
         acc = acc + a.sum(1, dtype=torch.int32).to(torch.float32).view(-1, 1) * sw
         acc = acc + (k * sx) * sw
-    scale_x = x.scale.reshape(-1, 1) if x.scale.dim() else x.scale
-    scale_w = w.scale.reshape(1, -1) if w.scale.dim() else w.scale
+    scale_x = x.scale.reshape(-1, 1) if per_row(x.scale) else number(x.scale)  # type: ignore[union-attr]
+    scale_w = w.scale.reshape(1, -1) if per_row(w.scale) else number(w.scale)  # type: ignore[union-attr]
     out = acc * (scale_x * scale_w)
     return out.view(*lead, w.codes.shape[0])
 
 
-def _nonzero(t: Tensor) -> bool:
-    return bool(t != 0) if not t.dim() else bool((t != 0).any())
+def _nonzero(t: Tensor | float) -> bool:
+    return bool((t != 0).any()) if isinstance(t, Tensor) else t != 0
+
+
+def per_row(t: Tensor | float) -> bool:
+    """Whether a scale or shift has one entry per row (else it is one number)."""
+    return isinstance(t, Tensor) and t.dim() > 0
+
+
+def number(t: Tensor | float) -> float:
+    """A one-number scale or shift as a Python float."""
+    return float(t) if isinstance(t, Tensor) else t
 
 
 def segment_sum(codes: Tensor, index: Tensor, num_nodes: int) -> Tensor:

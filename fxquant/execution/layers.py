@@ -34,7 +34,7 @@ from fxquant.execution.aggregate import (
     aggregate,
     replay_near,
 )
-from fxquant.execution.kernels import QTensor, int_matmul
+from fxquant.execution.kernels import QTensor, int_matmul, number, per_row
 from fxquant.execution.packing import PackedCodes, pack, unpack
 from fxquant.execution.quantizer import IntQuantizer
 
@@ -90,10 +90,10 @@ class WeightCodes(nn.Module):
             ((slot, data),) = packed.groups.items()
             meta = {"shape": list(q.codes.shape), "bits": int(q.bits), "slot": slot,
                     "qmin": int(q.qmin), "qmax": int(q.qmax), "bias": q.bias,
-                    "per_row": q.scale.dim() > 0}
+                    "per_row": per_row(q.scale)}
             self.register_buffer("data", data)
-            self.register_buffer("scale", q.scale.detach().clone())
-            self.register_buffer("shift", q.shift.detach().clone())
+            self.register_buffer("scale", torch.as_tensor(q.scale, dtype=torch.float32).clone())
+            self.register_buffer("shift", torch.as_tensor(q.shift, dtype=torch.float32).clone())
         else:
             assert meta is not None
             self.register_buffer("data", torch.zeros(0, dtype=torch.uint8))
@@ -102,8 +102,20 @@ class WeightCodes(nn.Module):
         self.meta = dict(meta)
 
     def qtensor(self) -> QTensor:
+        """The codes, unpacked (kept unpacked while the packed bytes are unchanged)."""
+        key = (self.data.data_ptr(), self.data._version, self.scale._version)
+        cached = self.__dict__.get("_unpacked")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        q = self._unpack()
+        self.__dict__["_unpacked"] = (key, q)
+        return q
+
+    def _unpack(self) -> QTensor:
         m = self.meta
-        like = QTensor(torch.empty(0, dtype=torch.int8), self.scale, self.shift, m["bias"],
+        scale = self.scale if self.scale.dim() else float(self.scale)
+        shift = self.shift if self.shift.dim() else float(self.shift)
+        like = QTensor(torch.empty(0, dtype=torch.int8), scale, shift, m["bias"],
                        m["qmin"], m["qmax"], m["bits"], m["per_row"])
         codes = unpack(PackedCodes({m["slot"]: self.data}, torch.Size(m["shape"]), None), like)
         return like.with_codes(codes)
@@ -118,6 +130,10 @@ class WeightCodes(nn.Module):
 
 
 
+
+#: how the converted layers sum message codes (:func:`~fxquant.execution.aggregate.accumulator`)
+SUM_HOW = ("exact integer sums of the message codes (index_add_ in target order; in float32 "
+           "where in-degree x 128 <= 2**24, else int32)")
 
 #: rows a float32 product is recomputed over at least (torch's CPU product of fewer rows
 #: may add in another order than the whole matrix's)
@@ -194,8 +210,7 @@ class IntLayer(nn.Module):
                        (" (values rescaled in float32)" if values_integer else ""),
                        "" if values_integer else "the values sent have no point before the "
                        "messages")
-        agg = "int32 sum of the message codes (index_add_)" if message is not None else \
-            "float32 sum"
+        agg = SUM_HOW if message is not None else "float32 sum"
         self.place("aggregation", INTEGER if message is not None else FLOAT, agg,
                    "" if message is not None else "the messages are float32")
 
@@ -217,28 +232,6 @@ class IntLayer(nn.Module):
         if then is None or simulate is None:
             return y
         return replay_near(y, then, ctx.ids, simulate, min_rows=_EXACT_ROWS)
-
-    def _exact_senders(self, h: Tensor, x: Value, weight: WeightCodes | None,
-                       messages: Messages) -> Tensor:
-        """``h = x W^T`` with the rows that make the messages' range computed as the
-        simulation's float32 product computes them (a per-tensor message step is taken
-        from that range)."""
-        point = self.point("message")
-        if point is None or point.spec.step_kind != "batch" or weight is None \
-                or not isinstance(x, QTensor):
-            return h
-        rows = messages.extreme_senders()
-        if not rows.numel():
-            return h
-        count = rows.numel()
-        if count < _EXACT_ROWS:
-            pad = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
-            pad[rows] = False
-            rows = torch.cat([rows, pad.nonzero().view(-1)[:_EXACT_ROWS - count]])
-        exact = F.linear(x.index_rows(rows).dequantize(), weight.qtensor().dequantize())
-        out = h.clone()
-        out.view(h.shape[0], -1)[rows[:count]] = exact[:count].reshape(count, -1)
-        return out
 
     def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
             what: str = "product") -> Tensor:
@@ -284,7 +277,8 @@ class IntLayer(nn.Module):
         recording = self.__dict__.get("recording") is not None
         return aggregate(point, messages, order, ctx.ids, mean=mean,
                          then=self.point("aggregate"),
-                         record=self.record if recording else None)
+                         record=self.record if recording else None,
+                         accumulate=self.rebuild.get("accumulate", "auto"))
 
 
 def _bits(v: Value | WeightCodes | None) -> float:
@@ -339,10 +333,7 @@ class IntGCNConv(IntLayer):
         if ew is not None and self.point("edge") is not None:
             ew = as_float(self._round("edge", ew, ctx, row_nodes=order.dst, num_nodes=n))
             sorted_ew = None
-        messages = Messages(h, order, ew, sorted_ew)
-        if self.point("linear.lin") is None:
-            messages.values = self._exact_senders(h, x, self.weight, messages)
-        out = self._aggregate(messages, order, ctx)
+        out = self._aggregate(Messages(h, order, ew, sorted_ew), order, ctx)
         out = as_float(self._round("aggregate", out, ctx))
         if self.bias is not None:
             out = out + self.bias
@@ -397,8 +388,8 @@ class IntSAGEConv(IntLayer):
                    "" if message is not None else "the layer has no message point; round "
                    "the messages (site='message') to aggregate integers")
         self.place(f"{self.aggr} aggregation", INTEGER if message is not None else FLOAT,
-                   "int32 sum of the message codes" + (", divided by the count in float32"
-                                                       if self.aggr == "mean" else ""),
+                   SUM_HOW + (", divided by the count in float32" if self.aggr == "mean"
+                              else ""),
                    "" if message is not None else "the messages are float32")
         if self.point("aggregate") is not None:
             self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
@@ -506,7 +497,7 @@ class IntGINConv(IntLayer):
                    if message is not None else "float32 messages",
                    "" if message is not None else "round the messages (site='message')")
         self.place("sum aggregation", INTEGER if message is not None else FLOAT,
-                   "int32 sum of the message codes" if message is not None else "float32 sum",
+                   SUM_HOW if message is not None else "float32 sum",
                    "" if message is not None else "the messages are float32")
         agg_integer = self.point("aggregate") is not None
         if agg_integer:
@@ -649,7 +640,7 @@ def _mlp_layout(module: nn.Module) -> dict[str, Any]:
 def conv_from(rebuild: dict[str, Any]) -> nn.Module:
     """An untrained PyG layer of the shape a converted layer was built from."""
     args = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rebuild.items()
-            if k not in ("cls", "nn", "eps", "input_integer")}
+            if k not in ("cls", "nn", "eps", "input_integer", "accumulate")}
     kind = rebuild["cls"]
     if kind == "GCNConv":
         return GCNConv(**args)
@@ -678,8 +669,8 @@ def relu_codes(v: Value) -> Value:
     """ReLU of codes where zero is a code (a clamp), else of the values."""
     if isinstance(v, QTensor):
         shift = v.shift
-        if not shift.dim() and float(shift) == round(float(shift)):
-            floor = -int(round(float(shift)))
+        if not per_row(shift) and number(shift) == round(number(shift)):
+            floor = -int(round(number(shift)))
             if -128 <= floor <= 127:
                 return v.with_codes(v.codes.clamp(min=floor))
         return v.dequantize().relu()
@@ -745,12 +736,7 @@ class IntGATConv(IntLayer):
         alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
         alpha = F.leaky_relu(alpha, self.negative_slope)
         alpha = softmax(alpha, dst, None, n)
-        messages = Messages(h, order, alpha)
-        if self.point("linear.lin") is None:
-            flat = self._exact_senders(h.reshape(n, H * C), x, self.weight, Messages(
-                h.reshape(n, H * C), order))
-            messages.values = flat.view(-1, H, C)
-        out = self._aggregate(messages, order, ctx)
+        out = self._aggregate(Messages(h, order, alpha), order, ctx)
         out = as_float(self._round("aggregate", out, ctx))
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:

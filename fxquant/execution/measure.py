@@ -19,7 +19,7 @@ from tabulate import tabulate
 from torch import Tensor
 
 from fxquant.errors import FxquantTypeError
-from fxquant.execution.kernels import QTensor
+from fxquant.execution.kernels import QTensor, per_row
 from fxquant.execution.layers import IntLayer
 from fxquant.execution.model import ConvertedModel
 from fxquant.execution.packing import pack
@@ -160,11 +160,11 @@ def _has_codes(layer: IntLayer, buffer: str) -> bool:
 def _row(name: str, kind: str, q: QTensor, asymmetric: bool) -> StorageRow:
     """A stored tensor: packed codes; a scale (and an asymmetric grid's zero point) of 4
     bytes per tensor, or per row where each row has its own."""
-    per_row = q.scale_per_row and q.scale.dim() > 0
+    rows_scaled = q.scale_per_row and per_row(q.scale)
     numbers = 2 if asymmetric else 1
-    rows = int(q.scale.numel()) if per_row else 1
+    rows = int(q.scale.numel()) if rows_scaled else 1  # type: ignore[union-attr]
     return StorageRow(name, kind, int(q.codes.numel()), _bits(q), pack(q).nbytes,
-                      0 if per_row else 4 * numbers, 4 * numbers * rows if per_row else 0,
+                      0 if rows_scaled else 4 * numbers, 4 * numbers * rows if rows_scaled else 0,
                       4 * int(q.codes.numel()))
 
 

@@ -244,17 +244,17 @@ class RoundPlan:
                          zero_point=t["zero_point"], qmin=t["qmin"], qmax=t["qmax"],
                          bias=q.bias, toward_zero=q.spec.rounding == "toward_zero")
         scale = t["scale"]
-        scale_t = (scale if isinstance(scale, Tensor) else torch.tensor(scale, device=v.device)
-                   ).to(torch.float32)
-        if self.node_bits is not None:
-            shift = torch.full((), float(q.bias + t["offset"]), device=v.device)
-            per_row = q.spec.step_kind == STEP_BATCH_ROW
-        else:
-            shift = torch.full_like(scale_t, float(q.bias + t["offset"]))
-            if t["zero_point"] is not None:
-                shift = shift - t["zero_point"]
-            per_row = scale_t.dim() > 0
-        return QTensor(codes, scale_t, shift, q.bias, t["qmin"], t["qmax"], t["bits"], per_row)
+        if isinstance(scale, Tensor):
+            scale = scale.to(torch.float32)
+            if not scale.dim():
+                scale = float(scale)
+        shift: Tensor | float = float(q.bias + t["offset"])
+        zp = t["zero_point"]
+        if self.node_bits is None and zp is not None:
+            shift = shift - zp if not isinstance(zp, Tensor) or zp.dim() else shift - float(zp)
+        per_row = q.spec.step_kind == STEP_BATCH_ROW if self.node_bits is not None \
+            else isinstance(scale, Tensor)
+        return QTensor(codes, scale, shift, q.bias, t["qmin"], t["qmax"], t["bits"], per_row)
 
     def near_boundary(self, v: Tensor, tolerance: float = 1e-4) -> Tensor:
         """Where ``v`` (rows of nodes) lies within ``tolerance`` steps of a rounding

@@ -129,8 +129,9 @@ GRAPHS = st.tuples(st.integers(0, 9), st.integers(0, 30), st.integers(0, 2**31 -
 
 @FAST
 @given(graph=GRAPHS, width=st.integers(1, 4), chunk=st.sampled_from([1, 3, 1 << 18]),
-       kind=st.sampled_from(["batch", "lsq", "widths"]), coef=st.booleans())
-def test_aggregation_sums_the_codes(graph, width, chunk, kind, coef):
+       kind=st.sampled_from(["batch", "lsq", "widths"]), coef=st.booleans(),
+       accumulate=st.sampled_from(["auto", "int32"]))
+def test_aggregation_sums_the_codes(graph, width, chunk, kind, coef, accumulate):
     """Messages rounded chunk by chunk in target order and summed into int32: each node's
     sum is the sum of its messages' values, which are the point's codes of the messages
     (empty and edgeless graphs, chunks of one edge)."""
@@ -155,7 +156,8 @@ def test_aggregation_sums_the_codes(graph, width, chunk, kind, coef):
     messages = agg.Messages(data.x, order, c)
     recorded = {}
     total = agg.aggregate(quantizer, messages, order, None,
-                          record=lambda p, q: recorded.setdefault("m", q), chunk=chunk)
+                          record=lambda p, q: recorded.setdefault("m", q), chunk=chunk,
+                          accumulate=accumulate)
     with torch.no_grad():
         expected_codes = quantizer(messages.floats(), row_nodes=order.dst, num_nodes=n)
     assert torch.equal(recorded["m"].codes, expected_codes.codes)
