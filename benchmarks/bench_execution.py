@@ -179,6 +179,26 @@ def peak_bytes(fn: Callable[[], Any]) -> int:
 # -- the sections -----------------------------------------------------------------------
 
 
+def _latency_cases(model: nn.Module, models: dict[str, fxquant.ConvertedModel], data: Data,
+                   compile_: bool) -> dict[str, Callable[[], Any]]:
+    """PyG float32 (eager, compiled) and the converted models, each a call of one forward."""
+    x, ei = data.x, data.edge_index
+    int8 = models["int8"]
+    stored = int8.quantize_input(x)
+    cases: dict[str, Callable[[], Any]] = {"pyg float32 eager": lambda: model(x, ei)}
+    if compile_:
+        compiled = torch.compile(model)
+        cases["pyg float32 compiled"] = lambda: compiled(x, ei)
+    cases["int8, stored int8 features"] = lambda: int8(stored, ei)
+    cases["int8, float32 features"] = lambda: int8(x, ei)
+    for config, m in models.items():
+        if config == "int8":
+            continue
+        features = m.quantize_input(x) if m.input_point is not None else x
+        cases[f"{config}, stored features"] = lambda m=m, f=features: m(f, ei)
+    return cases
+
+
 def latency(name: str, data: Data, classes: int, args: argparse.Namespace) -> list[dict]:
     rows = []
     configs = ("int8",) if data.num_nodes > 100_000 else CONFIGS
@@ -186,19 +206,7 @@ def latency(name: str, data: Data, classes: int, args: argparse.Namespace) -> li
         model = make_model(kind, data.num_features, classes).eval()
         models = {c: converted(make_model(kind, data.num_features, classes), c, data)
                   for c in configs}
-        int8 = models["int8"]
-        stored = int8.quantize_input(data.x)
-        x, ei = data.x, data.edge_index
-        cases: dict[str, Callable[[], Any]] = {"pyg float32 eager": lambda m=model: m(x, ei)}
-        if args.compile:
-            compiled = torch.compile(model)
-            cases["pyg float32 compiled"] = lambda m=compiled: m(x, ei)
-        cases["int8, stored int8 features"] = lambda: int8(stored, ei)
-        cases["int8, float32 features"] = lambda: int8(x, ei)
-        for config in configs[1:]:
-            m = models[config]
-            features = m.quantize_input(x) if m.input_point is not None else x
-            cases[f"{config}, stored features"] = lambda m=m, f=features: m(f, ei)
+        cases = _latency_cases(model, models, data, args.compile)
         first = {}
         for case, fn in cases.items():  # first calls: per-graph preparation, compilation
             with torch.no_grad():
@@ -226,7 +234,7 @@ def memory(name: str, data: Data, classes: int, args: argparse.Namespace) -> lis
     for kind in args.models:
         base = make_model(kind, data.num_features, classes).eval()
         with torch.no_grad():
-            float_peak = peak_bytes(lambda: base(data.x, data.edge_index))
+            float_peak = peak_bytes(lambda b=base: b(data.x, data.edge_index))
         for config in CONFIGS:
             model = converted(make_model(kind, data.num_features, classes), config, data)
             s = storage(model, data.x, data.edge_index)
@@ -283,7 +291,7 @@ def onnx_runtime(data: Data, classes: int, args: argparse.Namespace) -> list[dic
             options.intra_op_num_threads = threads
             sessions = {k: ort.InferenceSession(p, options, providers=["CPUExecutionProvider"])
                         for k, p in paths.items()}
-            cases = {k: (lambda s=s: s.run(None, feed)) for k, s in sessions.items()}
+            cases = {k: (lambda s=s, f=feed: s.run(None, f)) for k, s in sessions.items()}
             for case, result in alternate(cases, args.rounds, args.min_time,
                                           "onnxruntime float32").items():
                 rows.append({"model": kind, "threads": threads, "case": case, **result})

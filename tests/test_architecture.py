@@ -15,7 +15,8 @@ PACKAGE = Path(fxquant.__file__).resolve().parent
 LAYERS = {
     "fxquant.formats": 0, "fxquant.modes": 0, "fxquant._ops": 1, "fxquant.fx": 2,
     "fxquant.quant": 3, "fxquant.linter": 3, "fxquant.datasets": 0, "fxquant._safe_path": 0,
-    "fxquant.pipeline": 4, "fxquant.testing": 4, "fxquant.execution": 4, "fxquant.recipes": 5, "fxquant.cli": 5,
+    "fxquant.pipeline": 4, "fxquant.testing": 4, "fxquant.execution": 4,
+    "fxquant.recipes": 5, "fxquant.cli": 5,
     "fxquant.__main__": 6, "fxquant.errors": 0, "fxquant._version": 0,
     "fxquant": 6,
 }

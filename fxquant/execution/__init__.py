@@ -16,6 +16,22 @@ from fxquant.execution.measure import BitOps, Storage, StorageRow, bit_operation
 from fxquant.execution.model import ConversionReport, ConvertedModel
 from fxquant.execution.persist import load, save
 
-__all__ = ["BitOps", "Comparison", "ConversionError", "ConversionReport", "ConvertedModel", "Placement", "PointComparison", "Storage", "StorageRow",
-           "QTensor", "bit_operations", "compare", "convert", "export_onnx",
-           "load", "save", "storage"]
+__all__ = [
+           "BitOps",
+           "Comparison",
+           "ConversionError",
+           "ConversionReport",
+           "ConvertedModel",
+           "Placement",
+           "PointComparison",
+           "QTensor",
+           "Storage",
+           "StorageRow",
+           "bit_operations",
+           "compare",
+           "convert",
+           "export_onnx",
+           "load",
+           "save",
+           "storage",
+]

@@ -98,7 +98,7 @@ class Messages:
         """Each node's (and head's) smallest and largest value."""
         v = self.values
         keep = 1 if self.coef is None or self.coef.dim() == 1 else self.coef.dim()
-        flat = v.reshape(v.shape[:keep] + (-1,))
+        flat = v.reshape((*v.shape[:keep], -1))
         if flat.shape[-1] == 0:
             zero = flat.new_zeros(flat.shape[:-1])
             return zero, zero
@@ -189,8 +189,8 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
     per_row_scale = plan.scale is None and plan.node_bits is None  # a scale per message
     device = messages.values.device
     exact = accumulator(accumulate, order) if not per_row_scale else torch.float32
-    total_i = torch.zeros((n,) + row_shape, dtype=exact, device=device)
-    total_f = torch.zeros((n,) + row_shape, dtype=torch.float32, device=device) \
+    total_i = torch.zeros((n, *row_shape), dtype=exact, device=device)
+    total_f = torch.zeros((n, *row_shape), dtype=torch.float32, device=device) \
         if per_row_scale else None
     step = max(1, chunk // width)
     edges_total = order.perm.shape[0]
@@ -227,7 +227,8 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
         if shift:
             levels = levels + (order.count * shift).view(shape)
         scale = _node_scale(plan, n)
-        total = levels * (scale.view(shape) if per_row(scale) else scale)
+        total = levels * (scale.view(shape) if isinstance(scale, Tensor) and per_row(scale)
+                          else scale)
     if mean:
         total = total / order.count.clamp(min=1).view((-1,) + (1,) * len(row_shape))
 

@@ -91,7 +91,7 @@ def compare(gm: GraphModule, converted: ConvertedModel, *args: Any,
         levels; ``agree`` of ``nodes`` predictions. ``str()`` is a table.
     """
     quantizers = _quantizers(converted)
-    seen: dict[str, Tensor] = {}
+    seen: dict[str, tuple[Tensor, Tensor | None, Tensor | None, int | None]] = {}
     hooks = []
     for name, module in gm.named_modules():
         if isinstance(module, QuantPoint) and name in quantizers:
@@ -114,7 +114,7 @@ def compare(gm: GraphModule, converted: ConvertedModel, *args: Any,
             if name in seen or name in codes:
                 missing.append(name)
             continue
-        x, ids, row_nodes, num_nodes = seen[name]  # type: ignore[misc]
+        x, ids, row_nodes, num_nodes = seen[name]
         with torch.no_grad():
             expected = quantizer(x, ids=ids, row_nodes=row_nodes, num_nodes=num_nodes)
         got = codes[name]

@@ -296,7 +296,7 @@ class _Converter:
             quantizers = {_site_key(v): IntQuantizer(v) for v in inner.values()}
             try:
                 integer = self._is_integer(node.args[0] if node.args else None)
-                layer = cls(target, module, quantizers, integer)
+                layer = cls(target, module, quantizers, integer)  # type: ignore[call-arg]
                 layer.rebuild["input_integer"] = integer
                 layer.rebuild["accumulate"] = self.accumulate
             except ValueError as e:
@@ -337,7 +337,7 @@ class _Converter:
         key = self._module_key(str(node.target)) if module is not None else node.name
         if module is None:
             fn = node.target
-            module = _Function(fn, node.op)  # type: ignore[arg-type]
+            module = _Function(fn, node.op)
         self.kept[key] = copy.deepcopy(module).eval()
         args = [self._ref(a) for a in node.args]
         kwargs = {k: self._ref(v) for k, v in node.kwargs.items()}

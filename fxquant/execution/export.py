@@ -40,7 +40,7 @@ class ExportError(FxquantValueError):
 
 def _onnx() -> Any:
     try:
-        import onnx  # noqa: PLC0415 (an optional dependency)
+        import onnx
     except ImportError as e:
         raise FxquantImportError("export_onnx needs the onnx package: pip install "
                                  "'fxquant[export]'") from e
@@ -135,7 +135,7 @@ class _Builder:
         return self.op("Cast", [x], to=to)
 
     @property
-    def FLOAT(self) -> Any:  # noqa: N802
+    def FLOAT(self) -> Any:
         return self.onnx.TensorProto.FLOAT
 
     # -- the program ----------------------------------------------------------------------
@@ -160,7 +160,7 @@ class _Builder:
         for step in model.steps:
             args = [env.get(a) if isinstance(a, str) else None for a in step.args]
             if step.op == "point":
-                env[step.out] = self.quantize(self.model.points[step.target],
+                env[step.out] = self.quantize(self.model.point(step.target),
                                               self.as_float(args[0]))
             elif step.op == "layer":
                 env[step.out] = self.layer(model.layers[step.target], args)
@@ -234,10 +234,8 @@ class _Builder:
                          keepdims=1 if per_row else 0)
             scale, zp = self.int_scale(q, lo, hi)
             divide = False
-        if divide:
-            y = self.op("Div", [x, scale])
-        else:
-            y = self.op("Mul", [x, self.op("Reciprocal", [scale])])
+        y = self.op("Div", [x, scale]) if divide else \
+            self.op("Mul", [x, self.op("Reciprocal", [scale])])
         if off:
             y = self.op("Sub", [y, self.const(off)])
         n = self.op("Round", [y]) if spec.rounding != "toward_zero" \
@@ -493,6 +491,7 @@ class _Builder:
         if layer.bl is not None:
             y = self.op("Add", [y, self.const(layer.bl)])
         if layer.root:
+            assert layer.wr is not None
             r = self.matmul(x, layer.weight_r, layer.wr)
             if layer.br is not None:
                 r = self.op("Add", [r, self.const(layer.br)])

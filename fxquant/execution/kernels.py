@@ -81,9 +81,9 @@ class QTensor:
         """The rows ``index`` (with their per-row scale, shift, range and width)."""
         def pick(v: Tensor | float) -> Tensor | float:
             return v.index_select(0, index) if isinstance(v, Tensor) and v.dim() else v
-        return QTensor(self.codes.index_select(0, index), pick(self.scale),  # type: ignore[arg-type]
-                       pick(self.shift), self.bias, pick(self.qmin), pick(self.qmax),  # type: ignore[arg-type]
-                       pick(self.bits), self.scale_per_row)
+        return QTensor(self.codes.index_select(0, index), pick(self.scale),
+                       pick(self.shift), self.bias, pick(self.qmin),  # type: ignore[arg-type]
+                       pick(self.qmax), pick(self.bits), self.scale_per_row)  # type: ignore[arg-type]
 
 
 def f32(value: float) -> float:
@@ -107,8 +107,8 @@ def codes_of(v: Tensor, factor: float | Tensor, *, divide: bool = False, offset:
     width = flat.shape[1]
     step = max(1, CHUNK // max(width, 1))
     per = [isinstance(t, Tensor) and t.dim() > 0 for t in (factor, zero_point, qmin, qmax)]
-    lo_f = float(qmin) if not per[2] else 0.0  # type: ignore[arg-type]
-    hi_f = float(qmax) if not per[3] else 0.0  # type: ignore[arg-type]
+    lo_f = float(qmin) if not per[2] else 0.0
+    hi_f = float(qmax) if not per[3] else 0.0
 
     def chunk(start: int, stop: int, buf: Tensor | None) -> Tensor:
         part = flat[start:stop] if (start, stop) != (0, rows) else flat
@@ -199,7 +199,7 @@ def segment_sum(codes: Tensor, index: Tensor, num_nodes: int) -> Tensor:
     ``index``. ``index_add_`` into ``int32``: of the integer routes torch has on the CPU
     (``scatter_add_``, a cumulative sum over sorted rows; its sparse products and
     ``segment_reduce`` take no integers) the one measured fastest."""
-    out = torch.zeros((num_nodes,) + tuple(codes.shape[1:]), dtype=torch.int32,
+    out = torch.zeros((num_nodes, *codes.shape[1:]), dtype=torch.int32,
                       device=codes.device)
     if codes.shape[0]:
         out.index_add_(0, index, codes.to(torch.int32))

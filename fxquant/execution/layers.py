@@ -81,7 +81,11 @@ def as_float(v: Value) -> Tensor:
 
 class WeightCodes(nn.Module):
     """A weight rounded by its point, stored packed (``data``) with its scale and shift;
-    :meth:`codes` unpacks it for a product."""
+    :meth:`qtensor` unpacks it for a product."""
+
+    data: Tensor
+    scale: Tensor
+    shift: Tensor
 
     def __init__(self, q: QTensor | None = None, meta: dict[str, Any] | None = None) -> None:
         super().__init__()
@@ -170,8 +174,8 @@ class IntLayer(nn.Module):
         return codes
 
     def point(self, key: str) -> IntQuantizer | None:
-        return self.points[key.replace(".", "__")] if key.replace(".", "__") in self.points \
-            else None
+        key = key.replace(".", "__")
+        return self.points[key] if key in self.points else None  # type: ignore[return-value]  # noqa: SIM401
 
     def place(self, what: str, runs: str, how: str, why: str = "") -> None:
         self.placements.append(Placement(f"{self.name}: {what}", runs, how, why))
@@ -270,7 +274,7 @@ class IntLayer(nn.Module):
                               bits, 0.0))
         if point is None:
             m = messages.floats()
-            out = torch.zeros((order.n,) + tuple(m.shape[1:]), dtype=torch.float32,
+            out = torch.zeros((order.n, *m.shape[1:]), dtype=torch.float32,
                               device=m.device).index_add_(0, messages.dst, m)
             return out / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1)) \
                 if mean else out
@@ -296,6 +300,8 @@ class IntGCNConv(IntLayer):
     """``GCNConv`` (normalized, self-loops as the layer adds them) on codes."""
 
     kind = "GCNConv"
+    lin_weight: Tensor
+    bias: Tensor | None
 
     def __init__(self, name: str, conv: GCNConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
@@ -355,6 +361,10 @@ class IntSAGEConv(IntLayer):
     """``SAGEConv`` (mean, sum or max aggregation of the neighbours' codes; root weight)."""
 
     kind = "SAGEConv"
+    wl: Tensor
+    bl: Tensor | None
+    wr: Tensor | None
+    br: Tensor | None
 
     def __init__(self, name: str, conv: SAGEConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
@@ -419,6 +429,7 @@ class IntSAGEConv(IntLayer):
         if self.bl is not None:
             y = y + self.bl
         if self.root:
+            assert self.wr is not None
             r = self._mm(x, self.weight_r, self.wr, ctx, "product x W_r")
             if self.br is not None:
                 r = r + self.br
@@ -433,6 +444,7 @@ class IntSAGEConv(IntLayer):
             if self.root:
                 wr = self.weight_r.qtensor().dequantize() if self.weight_r is not None \
                     else self.wr
+                assert wr is not None
                 xr = x.index_rows(rows) if isinstance(x, QTensor) else x[rows]
                 out = out + F.linear(as_float(xr), wr, self.br)
             return out
@@ -455,7 +467,7 @@ def _node_messages(layer: IntLayer, x: Value, order: EdgeOrder, ctx: Context,
         return layer._aggregate(messages, order, ctx, mean=aggr == "mean")
     m = as_float(layer._round("message", messages.floats(), ctx, row_nodes=order.dst,
                               num_nodes=order.n))
-    out = torch.zeros((order.n,) + tuple(m.shape[1:]), device=m.device)
+    out = torch.zeros((order.n, *m.shape[1:]), device=m.device)
     index = order.dst.view((-1,) + (1,) * (m.dim() - 1)).expand_as(m)
     return out.scatter_reduce(0, index, m, reduce="amax" if aggr == "max" else "amin",
                               include_self=False)
@@ -505,13 +517,10 @@ class IntGINConv(IntLayer):
         # the MLP: its first product takes (1 + eps) x + aggregate, two grids, as two
         # integer products; later products take what the MLP's points round
         current = agg_integer and input_integer
-        widx = 0
         for i, (kind, child) in enumerate(steps):
             if kind != "linear":
                 continue
-            weight = self.weights[widx] if self.has_weight[self.lin_names.index(child)] \
-                else None
-            widx += weight is not None
+            weight = self.weight_of(self.lin_names.index(child))
             rounded = self.point(f"linear.nn.{child}") is not None
             self._place_product(f"MLP {child} product", current, weight,
                           f"round nn.{child}'s weight (site='weight')")
@@ -598,9 +607,8 @@ def _mlp_steps(module: nn.Module) -> list[tuple[str, str]] | None:
         count = len(module.lins)
         for i in range(count):
             steps.append(("linear", f"lins.{i}"))
-            if i < count - 1 or not module.plain_last:
-                if module.act is not None:
-                    steps.append(("relu", ""))
+            if (i < count - 1 or not module.plain_last) and module.act is not None:
+                steps.append(("relu", ""))
         return steps
     if isinstance(module, nn.Sequential):
         steps = []
@@ -670,7 +678,7 @@ def relu_codes(v: Value) -> Value:
     if isinstance(v, QTensor):
         shift = v.shift
         if not per_row(shift) and number(shift) == round(number(shift)):
-            floor = -int(round(number(shift)))
+            floor = -round(number(shift))
             if -128 <= floor <= 127:
                 return v.with_codes(v.codes.clamp(min=floor))
         return v.dequantize().relu()
@@ -682,6 +690,10 @@ class IntGATConv(IntLayer):
     coefficients (a leaky ReLU and a softmax per target) are float32."""
 
     kind = "GATConv"
+    lin_weight: Tensor
+    att_src: Tensor
+    att_dst: Tensor
+    bias: Tensor | None
 
     def __init__(self, name: str, conv: GATConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:

@@ -140,9 +140,10 @@ def storage(model: ConvertedModel, *args: Any, **kwargs: Any) -> Storage:
             if buffer_name.startswith(("b", "bias")) or not _has_codes(layer, buffer_name):
                 float_params += buffer.numel() * 4
     widths = 0
-    for q in quantizers.values():
-        if q.widths is not None and q.spec.widths_stored and q.spec.site != "weight":
-            widths += q.widths.numel() // 2  # one 4-bit width a node (1..8 bits: 3 bits)
+    for quantizer in quantizers.values():
+        table = quantizer.widths
+        if table is not None and quantizer.spec.widths_stored and quantizer.spec.site != "weight":
+            widths += table.numel() // 2  # one 4-bit width a node (1..8 bits: 3 bits)
     return Storage(rows, widths, float_params)
 
 
@@ -153,7 +154,7 @@ def _has_codes(layer: IntLayer, buffer: str) -> bool:
     if buffer in names:
         return getattr(layer, names[buffer], None) is not None
     if buffer.startswith("w") and buffer[1:].isdigit():
-        return bool(layer.has_weight[int(buffer[1:])])  # type: ignore[attr-defined]
+        return bool(getattr(layer, "has_weight")[int(buffer[1:])])  # noqa: B009
     return False
 
 

@@ -30,6 +30,7 @@ from fxquant.execution.layers import (
     as_float,
     relu_codes,
 )
+from fxquant.execution.quantizer import IntQuantizer
 
 __all__ = ["ConversionReport", "ConvertedModel", "Step"]
 
@@ -212,6 +213,12 @@ class ConvertedModel(nn.Module):
             return [ConvertedModel._read(env, r) for r in ref]
         return ref
 
+    def point(self, name: str) -> IntQuantizer:
+        """The converted top-level point ``name``."""
+        found = self.points[name]
+        assert isinstance(found, IntQuantizer)
+        return found
+
     @property
     def input_point(self) -> str | None:
         """The point that rounds the model's first input (the features), if any."""
@@ -241,7 +248,8 @@ class ConvertedModel(nn.Module):
         """Run a forward and return the codes of every point it rounds, by the point's
         module name in the transformed model (``"conv1_quant"``,
         ``"conv1_message_quant"``)."""
-        self.__dict__["_recorded"] = recorded = {}
+        recorded: dict[str, QTensor] = {}
+        self.__dict__["_recorded"] = recorded
         for layer in self.layers.values():
             layer.__dict__["recording"] = recorded
         try:

@@ -52,7 +52,6 @@ def unpack_bits(data: Tensor, bits: int, numel: int) -> Tensor:
     slot = container_bits(bits)
     if slot == 8:
         return data[:numel]
-    per = 8 // slot
     shifts = torch.arange(0, 8, slot, dtype=torch.uint8, device=data.device)
     values = (data.view(-1, 1) >> shifts) & ((1 << slot) - 1)
     return values.view(-1)[:numel]
@@ -108,7 +107,7 @@ def unpack(packed: PackedCodes, like: QTensor) -> Tensor:
         for slot, data in packed.groups.items():
             rows = (packed.row_slots == slot).nonzero().view(-1)
             values = unpack_bits(data, slot, rows.numel() * per_row)
-            u.index_copy_(0, rows, values.view((rows.numel(),) + tuple(shape[1:])))
+            u.index_copy_(0, rows, values.view((rows.numel(), *shape[1:])))
     codes = u.to(torch.int16)
     if isinstance(like.qmin, Tensor) and like.qmin.dim():
         codes = codes + like.qmin.view((-1,) + (1,) * (codes.dim() - 1)).to(torch.int16)

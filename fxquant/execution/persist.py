@@ -71,7 +71,7 @@ def save(model: ConvertedModel, path: str | os.PathLike[str]) -> None:
     program = {
         "inputs": [[n, _EMPTY if d is inspect.Parameter.empty else d] for n, d in model.signature],
         "steps": [asdict(s) for s in model.steps],
-        "points": {k: p.meta() for k, p in model.points.items()},
+        "points": {k: model.point(k).meta() for k in model.points},
         "layers": {k: _layer_meta(layer) for k, layer in model.layers.items()},
         "kept": kept,
         "placements": model.report.to_dict(),
@@ -83,7 +83,7 @@ def save(model: ConvertedModel, path: str | os.PathLike[str]) -> None:
 def _layer_meta(layer: nn.Module) -> dict[str, Any]:
     assert isinstance(layer, IntLayer)
     return {"name": layer.name, "rebuild": layer.rebuild,
-            "points": {k: p.meta() for k, p in layer.points.items()}}
+            "points": {k: _quantizer(p).meta() for k, p in layer.points.items()}}
 
 
 def load(path: str | os.PathLike[str]) -> ConvertedModel:
@@ -109,17 +109,23 @@ def load(path: str | os.PathLike[str]) -> ConvertedModel:
         inner = {name.replace("__", "."): IntQuantizer.from_meta(
             m, _prefixed(state, f"layers.{key}.points.{name}."))
             for name, m in meta["points"].items()}
-        layer = classes[rebuild["cls"]](meta["name"], conv_from(rebuild), inner,
+        layer = classes[rebuild["cls"]](meta["name"], conv_from(rebuild), inner,  # type: ignore[call-arg, arg-type]
                                         rebuild["input_integer"])
         layer.rebuild = dict(rebuild)
         layers[key] = layer
     kept: dict[str, nn.Module] = {k: FixedArguments(v["fixed"], v["model"], v["unused"])
                                   for k, v in program["kept"].items()}
     inputs = [(n, inspect.Parameter.empty if d == _EMPTY else d) for n, d in program["inputs"]]
-    model = ConvertedModel(inputs, [Step(**s) for s in program["steps"]], points, layers, kept,
+    model = ConvertedModel(inputs, [Step(**s) for s in program["steps"]], dict(points), layers,
+                           kept,
                            [Placement(**p) for p in program["placements"]])
     model.load_state_dict(state)
     return model
+
+
+def _quantizer(module: nn.Module) -> IntQuantizer:
+    assert isinstance(module, IntQuantizer)
+    return module
 
 
 def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

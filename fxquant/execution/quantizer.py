@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from fxquant._ops.quantize import bounds_of, int_scale
+from fxquant.errors import FxquantValueError
 from fxquant.execution._points import (
     STEP_BATCH,
     STEP_BATCH_ROW,
@@ -28,7 +29,6 @@ from fxquant.execution._points import (
     PointSpec,
     node_widths,
 )
-from fxquant.errors import FxquantValueError
 from fxquant.execution.kernels import QTensor, codes_of, f32
 from fxquant.formats import IntFormat
 from fxquant.modes import Scale

@@ -105,7 +105,7 @@ def test_unknown_layer_is_refused_or_kept():
             return self.conv(x, edge_index)
 
     gm = fxquant.transform(Other(), mapping("int8"), lint="off").eval()
-    with pytest.raises(ConversionError, match="layer 'conv'.*GraphConv"):
+    with pytest.raises(ConversionError, match=r"layer 'conv'.*GraphConv"):
         fxquant.convert(gm)
     model = fxquant.convert(gm, strict=False)
     data = _graph()
@@ -136,7 +136,7 @@ def test_save_and_load_round_trip(tmp_path):
     """Saved without pickled code (weights_only), loaded without the model's class: the
     same outputs, the same report, and weights stored packed."""
     data = _graph()
-    gm, run = transformed("gcn", "int4-lsq-p", data, 3)
+    gm, _ = transformed("gcn", "int4-lsq-p", data, 3)
     gm.train()
     gm(data.x, data.edge_index)
     gm.eval()
