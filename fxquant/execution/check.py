@@ -82,7 +82,7 @@ def compare(gm: GraphModule, converted: ConvertedModel, *args: Any,
     Args:
         gm (GraphModule): the transformed model ``converted`` was converted from.
         converted (ConvertedModel): :func:`fxquant.convert`'s result.
-        *args, **kwargs: the forward's inputs (``x, edge_index``, ``node_ids=``).
+        args, kwargs: the forward's inputs (``x, edge_index``, ``node_ids=``).
         mask (Tensor, optional): the nodes whose predictions are compared (a bool mask or
             ids). (default: :obj:`None`: all)
 

@@ -15,7 +15,15 @@ from torch_geometric.nn import MessagePassing
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.execution._points import PointSpec, read_point
-from fxquant.execution.layers import FLOAT, INTEGER, RESCALE, IntLayer, Placement, layer_classes
+from fxquant.execution.layers import (
+    FLOAT,
+    INTEGER,
+    RESCALE,
+    IntLayer,
+    Placement,
+    Unconvertible,
+    layer_classes,
+)
 from fxquant.execution.model import ConversionReport, ConvertedModel, Step
 from fxquant.execution.quantizer import IntQuantizer
 from fxquant.fx.guards import FixedArguments
@@ -299,7 +307,7 @@ class _Converter:
                 layer = cls(target, module, quantizers, integer)  # type: ignore[call-arg]
                 layer.rebuild["input_integer"] = integer
                 layer.rebuild["accumulate"] = self.accumulate
-            except ValueError as e:
+            except Unconvertible as e:
                 why = str(e).split(": ", 1)[-1]
         if layer is None:
             if self.strict:

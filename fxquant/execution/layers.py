@@ -38,13 +38,31 @@ from fxquant.execution.kernels import QTensor, int_matmul, number, per_row
 from fxquant.execution.packing import PackedCodes, pack, unpack
 from fxquant.execution.quantizer import IntQuantizer
 
-__all__ = ["FLOAT", "INTEGER", "RESCALE", "Context", "IntLayer", "Placement", "Value",
-           "WeightCodes", "as_float", "conv_from", "layer_classes", "relu_codes"]
+__all__ = [
+    "FLOAT",
+    "INTEGER",
+    "RESCALE",
+    "Context",
+    "IntLayer",
+    "Placement",
+    "Unconvertible",
+    "Value",
+    "WeightCodes",
+    "as_float",
+    "conv_from",
+    "layer_classes",
+    "relu_codes",
+]
 
 INTEGER, RESCALE, FLOAT = "integer", "rescale", "float32"
 
 #: a value between steps: codes with their scale, or float32 values
 Value = QTensor | Tensor
+
+
+class Unconvertible(FxquantValueError):
+    """A layer's settings have no integer form here (the converter turns it into a
+    refusal, or a layer kept as its simulation)."""
 
 
 @dataclass(frozen=True)
@@ -369,7 +387,7 @@ class IntSAGEConv(IntLayer):
     def __init__(self, name: str, conv: SAGEConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
         if conv.project:
-            raise ValueError(f"{name}: SAGEConv(project=True) is not converted")
+            raise Unconvertible(f"{name}: SAGEConv(project=True) is not converted")
         super().__init__(name, points, {
             "cls": "SAGEConv", "in_channels": conv.in_channels,
             "out_channels": conv.out_channels, "aggr": str(conv.aggr),
@@ -482,7 +500,7 @@ class IntGINConv(IntLayer):
                  input_integer: bool) -> None:
         steps = _mlp_steps(conv.nn)
         if steps is None:
-            raise ValueError(f"{name}: GINConv's nn {type(conv.nn).__name__} is not an MLP of "
+            raise Unconvertible(f"{name}: GINConv's nn {type(conv.nn).__name__} is not an MLP of "
                              "linears and ReLUs")
         super().__init__(name, points, {"cls": "GINConv", "eps": float(conv.eps),
                                         "flow": conv.flow, "nn": _mlp_layout(conv.nn)})
@@ -698,7 +716,7 @@ class IntGATConv(IntLayer):
     def __init__(self, name: str, conv: GATConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
         if conv.lin is None or conv.edge_dim is not None or conv.res is not None:
-            raise ValueError(f"{name}: GATConv with separate source and target linears, edge "
+            raise Unconvertible(f"{name}: GATConv with separate source and target linears, edge "
                              "features or a residual is not converted")
         super().__init__(name, points, {
             "cls": "GATConv", "in_channels": conv.in_channels,

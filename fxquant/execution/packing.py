@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fxquant.errors import FxquantValueError
 from fxquant.execution.kernels import QTensor
 
 __all__ = ["PackedCodes", "container_bits", "pack", "pack_bits", "unpack", "unpack_bits"]
@@ -26,7 +27,8 @@ def container_bits(bits: int) -> int:
     for slot in (1, 2, 4, 8):
         if bits <= slot:
             return slot
-    raise ValueError(f"codes of {bits} bits do not fit a byte")
+    raise FxquantValueError(f"codes of {bits} bits do not fit a byte; the packed storage holds "
+                            "codes of at most 8 bits")
 
 
 def pack_bits(u: Tensor, bits: int) -> Tensor:
