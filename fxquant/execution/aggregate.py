@@ -14,15 +14,15 @@ than ``int32`` in the graph's order: the sort is computed once per graph and kep
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fxquant._ops.quantize import bounds_of
 from fxquant.execution.kernels import QTensor, number, per_row
-from fxquant.execution.quantizer import IntQuantizer, RoundPlan
+from fxquant.execution.quantizer import IntQuantizer, RoundPlan, tensor_range
 from fxquant.quant.observers import percentile_bounds
 
 __all__ = ["EXACT_FLOAT", "EdgeOrder", "GraphCache", "Messages", "accumulator", "aggregate",
@@ -122,16 +122,16 @@ class Messages:
         self.__dict__["_extremes"] = (lo_s, hi_s)
         return lo_s, hi_s
 
-    def bounds(self) -> Tensor:
+    def bounds(self) -> tuple[float, float]:
         """``(lo, hi)`` of every message, from the senders' row extremes and the
         coefficients, without the messages themselves."""
         if not self.src.numel() or not self.values.numel():
-            return self.values.new_zeros(2)
+            return 0.0, 0.0
         lo_e, hi_e = self._edge_extremes()
-        bounds = torch.stack([lo_e.amin(), hi_e.amax()])
-        if not bool(torch.isfinite(bounds).all()):  # (non-finite values: the messages' own)
-            return bounds_of(self.floats(), per_row=False)
-        return bounds
+        lo, hi = lo_e.amin().item(), hi_e.amax().item()
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # (the messages' own finite ones)
+            return tensor_range(self.floats())
+        return lo, hi
 
     def target_range(self, n: int) -> Tensor:
         """Each target node's largest ``|message|`` (0 without messages)."""
@@ -159,16 +159,14 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
     width = max(1, int(torch.Size(row_shape).numel()))
     small = order.perm.shape[0] * width <= chunk  # one chunk: the messages materialized
     whole = messages.floats() if small else None
-    bounds = None
+    bounds: Tensor | tuple[float, float] | None = None
     if point.needs_range:
         if point.spec.step_kind == "percentile":
             assert point.spec.percentile is not None
             bounds = percentile_bounds(whole if whole is not None else messages.floats(),
                                        point.spec.percentile)
         elif whole is not None:
-            bounds = torch.stack(torch.aminmax(whole)) if whole.numel() else whole.new_zeros(2)
-            if not bool(torch.isfinite(bounds).all()):
-                bounds = bounds_of(whole, per_row=False)
+            bounds = tensor_range(whole)
         else:
             bounds = messages.bounds()
     plan = point.plan(bounds, ids=ids, num_nodes=n,
@@ -271,14 +269,13 @@ def replay_near(values: Tensor, then: IntQuantizer, ids: Tensor | None,
     n = values.shape[0]
     if not n or not values.numel():
         return values
-    bounds = torch.tensor([float(values.min()), float(values.max())]) \
-        if then.spec.step_kind == "batch" else None
+    bounds = tensor_range(values) if then.spec.step_kind == "batch" else None
     if then.needs_range and bounds is None:
         return values  # (a percentile range: sampled; no boundary to look for)
     plan = then.plan(bounds, ids=ids, num_nodes=n)
     rows = plan.near_boundary(values).reshape(n, -1).any(1)
     if bounds is not None:
-        amax = float(bounds.abs().max())
+        amax = max(abs(bounds[0]), abs(bounds[1]))
         rows = rows | (values.reshape(n, -1).abs().amax(1) >= amax * (1 - 1e-6))
     picked = rows.nonzero().view(-1)
     count = picked.numel()

@@ -42,8 +42,8 @@ class ConversionError(FxquantValueError):
     names it, says why and what to change."""
 
 
-def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto"
-            ) -> ConvertedModel:
+def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto",
+            ties: str = "simulation") -> ConvertedModel:
     """A trained model returned by :func:`fxquant.transform` on integer kernels.
 
     Values between quantization points are stored as integer codes with their scales;
@@ -75,6 +75,14 @@ def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto"
             ``"auto"``: float32 where every sum is exact there (in-degree x 128 <=
             2**24), which holds the same integers and which torch's CPU kernels add 2-3x
             faster, else int32. (default: ``"auto"``)
+        ties (str, optional): where a value lies on a rounding boundary of the next point
+            (within float32 noise: a mean of two codes halfway between two levels, zero on
+            a mid-rise grid), the simulation's own float32 rounding error picks the code.
+            ``"simulation"``: those rows (and the rows holding a range a step is taken
+            from) are recomputed as the simulation computes them, so the codes agree with
+            it; ``"nearest"``: the integer path's exact values are rounded as they are
+            (faster; one level from the simulation's code at such ties). (default:
+            ``"simulation"``)
 
     Returns:
         ConvertedModel: called like ``gm`` (``node_ids=`` included); ``report`` says what
@@ -109,22 +117,26 @@ def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto"
     if accumulate not in ("auto", "int32"):
         raise FxquantValueError(f"convert: accumulate={accumulate!r} is not one of "
                                 "['auto', 'int32']")
+    if ties not in ("simulation", "nearest"):
+        raise FxquantValueError(f"convert: ties={ties!r} is not one of "
+                                "['simulation', 'nearest']")
     points = dict(quantization_points(gm))
     if not points:
         raise FxquantValueError("fxquant.convert: this model has no quantization points; there "
                                 "is nothing to run on integers. Please transform it with an "
                                 "integer format first")
-    return _Converter(gm, points, strict, accumulate).run()
+    return _Converter(gm, points, strict, accumulate, ties).run()
 
 
 class _Converter:
     """Walks the graph once, building the steps; raises before anything is built."""
 
     def __init__(self, gm: GraphModule, points: dict[str, QuantPoint], strict: bool,
-                 accumulate: str = "auto") -> None:
+                 accumulate: str = "auto", ties: str = "simulation") -> None:
         self.gm = gm
         self.strict = strict
         self.accumulate = accumulate
+        self.ties = ties
         self.specs = {name: read_point(name, p) for name, p in points.items()}
         self.steps: list[Step] = []
         self.points: dict[str, nn.Module] = {}
@@ -307,6 +319,7 @@ class _Converter:
                 layer = cls(target, module, quantizers, integer)  # type: ignore[call-arg]
                 layer.rebuild["input_integer"] = integer
                 layer.rebuild["accumulate"] = self.accumulate
+                layer.rebuild["ties"] = self.ties
             except Unconvertible as e:
                 why = str(e).split(": ", 1)[-1]
         if layer is None:

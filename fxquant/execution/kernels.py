@@ -63,7 +63,10 @@ class QTensor:
 
     def levels(self) -> Tensor:
         """``code + shift`` as float32 (the value in units of the scale)."""
-        return self.codes.to(torch.float32) + self._rows(self.shift)
+        codes = self.codes.to(torch.float32)
+        if not per_row(self.shift) and number(self.shift) == 0.0:
+            return codes
+        return codes + self._rows(self.shift)
 
     def dequantize(self) -> Tensor:
         """The values, float32."""

@@ -251,7 +251,7 @@ class IntLayer(nn.Module):
         """The output ``y``, with the rows where float32 noise picks the next point's
         codes (or sets its step) as the simulation computes them (``simulate(rows)``)."""
         then = self.then
-        if then is None or simulate is None:
+        if then is None or simulate is None or self.rebuild.get("ties") == "nearest":
             return y
         return replay_near(y, then, ctx.ids, simulate, min_rows=_EXACT_ROWS)
 
@@ -297,8 +297,9 @@ class IntLayer(nn.Module):
             return out / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1)) \
                 if mean else out
         recording = self.__dict__.get("recording") is not None
+        exact = self.rebuild.get("ties", "simulation") == "simulation"
         return aggregate(point, messages, order, ctx.ids, mean=mean,
-                         then=self.point("aggregate"),
+                         then=self.point("aggregate") if exact else None,
                          record=self.record if recording else None,
                          accumulate=self.rebuild.get("accumulate", "auto"))
 
@@ -666,7 +667,7 @@ def _mlp_layout(module: nn.Module) -> dict[str, Any]:
 def conv_from(rebuild: dict[str, Any]) -> nn.Module:
     """An untrained PyG layer of the shape a converted layer was built from."""
     args = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rebuild.items()
-            if k not in ("cls", "nn", "eps", "input_integer", "accumulate")}
+            if k not in ("cls", "nn", "eps", "input_integer", "accumulate", "ties")}
     kind = rebuild["cls"]
     if kind == "GCNConv":
         return GCNConv(**args)

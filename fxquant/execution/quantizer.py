@@ -34,7 +34,7 @@ from fxquant.formats import IntFormat
 from fxquant.modes import Scale
 from fxquant.quant.observers import percentile_bounds
 
-__all__ = ["IntQuantizer", "RoundPlan"]
+__all__ = ["IntQuantizer", "RoundPlan", "tensor_range"]
 
 #: the fields of a :class:`PointSpec` that are plain values (saved as JSON)
 _META = ("module", "label", "layer", "site", "tensor", "rounding", "step_kind", "pow2",
@@ -88,12 +88,13 @@ class IntQuantizer(nn.Module):
     # -- rounding -------------------------------------------------------------------------
 
     def forward(self, v: Tensor, *, ids: Tensor | None = None, row_nodes: Tensor | None = None,
-                num_nodes: int | None = None, bounds: Tensor | None = None) -> QTensor:
+                num_nodes: int | None = None,
+                bounds: Tensor | tuple[float, float] | None = None) -> QTensor:
         """The codes of ``v`` (float32). Rows are nodes (``ids``: their global ids), or, with
         ``row_nodes``, rows of the nodes ``row_nodes`` names (a message's target) among
         ``num_nodes``. ``bounds``: the ``(lo, hi)`` a range taken from the values would
         give, where the caller knows it (the values are a part of what the point rounds)."""
-        v = v.to(torch.float32)
+        v = _float32(v)
         n = num_nodes if num_nodes is not None else (v.shape[0] if v.dim() else 1)
 
         def node_range() -> Tensor:
@@ -108,7 +109,7 @@ class IntQuantizer(nn.Module):
                 assert self.spec.percentile is not None
                 bounds = percentile_bounds(v, self.spec.percentile)
             elif self.spec.step_kind == STEP_BATCH:
-                bounds = torch.tensor(_tensor_range(v))
+                bounds = tensor_range(v)
         plan = self.plan(bounds, ids=ids, num_nodes=n, node_range=node_range)
         return plan.codes(v, row_nodes)
 
@@ -123,7 +124,8 @@ class IntQuantizer(nn.Module):
         lo, hi = self.grid.code_range()
         return int(lo), int(hi)
 
-    def plan(self, bounds: Tensor | None = None, *, ids: Tensor | None = None,
+    def plan(self, bounds: Tensor | tuple[float, float] | None = None, *,
+             ids: Tensor | None = None,
              num_nodes: int = 0, node_range: Callable[[], Tensor] | None = None) -> RoundPlan:
         """How this point rounds in this forward: its step (from ``bounds``, the ``(lo,
         hi)`` of everything it rounds, where the step comes from the values; per row it
@@ -149,15 +151,15 @@ class IntQuantizer(nn.Module):
         if spec.step_kind == STEP_BATCH_ROW:
             return RoundPlan(self, None, None, node_bits, None, node_bits is not None)
         assert bounds is not None
+        lo, hi = (float(b) for b in bounds.tolist()) if isinstance(bounds, Tensor) else bounds
         if node_bits is not None:
             return RoundPlan(self, None, None, node_bits,
-                             torch.maximum(bounds[0].abs(), bounds[1].abs()).clamp(min=0), True)
+                             torch.tensor(max(abs(lo), abs(hi), 0.0)), True)
         if spec.pow2:
             fmt = IntFormat(self.grid.bits, self.grid.signed, self.grid.asymmetric,
                             self.grid.midrise)
-            scale_t, zp_t = int_scale(bounds.to(torch.float32), fmt, Scale.TENSOR_POW2)
+            scale_t, zp_t = int_scale(torch.tensor([lo, hi]), fmt, Scale.TENSOR_POW2)
             return RoundPlan(self, scale_t, zp_t, None, None, False)
-        lo, hi = (float(b) for b in bounds.tolist())
         scale, zp = self._tensor_scale(lo, hi)
         return RoundPlan(self, scale, zp, None, None, False)
 
@@ -238,7 +240,7 @@ class RoundPlan:
         """The codes of the rows ``v`` (rows of the nodes ``row_nodes``, or nodes in order
         where per-node widths apply)."""
         q = self.q
-        v = v.to(torch.float32)
+        v = _float32(v)
         t = self._terms(v, row_nodes)
         codes = codes_of(v, t["factor"], divide=t["divide"], offset=t["offset"],
                          zero_point=t["zero_point"], qmin=t["qmin"], qmax=t["qmax"],
@@ -259,7 +261,7 @@ class RoundPlan:
     def near_boundary(self, v: Tensor, tolerance: float = 1e-4) -> Tensor:
         """Where ``v`` (rows of nodes) lies within ``tolerance`` steps of a rounding
         boundary: where float32 rounding noise decides the code."""
-        v = v.to(torch.float32)
+        v = _float32(v)
         t = self._terms(v, None)
         f = t["factor"]
         if isinstance(f, Tensor) and f.dim():
@@ -273,11 +275,16 @@ class RoundPlan:
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _tensor_range(v: Tensor) -> tuple[float, float]:
+def _float32(v: Tensor) -> Tensor:
+    return v if v.dtype == torch.float32 else v.to(torch.float32)
+
+
+def tensor_range(v: Tensor) -> tuple[float, float]:
     """``(lo, hi)`` of ``v``'s finite values (zeros where there are none), read once."""
     if not v.numel():
         return 0.0, 0.0
-    lo, hi = (float(t) for t in torch.stack(torch.aminmax(v)).tolist())
+    lo_t, hi_t = torch.aminmax(v)
+    lo, hi = lo_t.item(), hi_t.item()
     if math.isfinite(lo) and math.isfinite(hi):
         return lo, hi
     lo_t, hi_t = bounds_of(v, per_row=False).tolist()

@@ -146,6 +146,10 @@ def test_save_and_load_round_trip(tmp_path):
     again = load(path)
     torch.testing.assert_close(again(data.x, data.edge_index), model(data.x, data.edge_index),
                                rtol=0, atol=0)
+    nearest = fxquant.convert(gm, ties="nearest", accumulate="int32")
+    save(nearest, path)
+    assert load(path).layers["conv1"].rebuild["ties"] == "nearest"
+    assert load(path).layers["conv1"].rebuild["accumulate"] == "int32"
     assert again.report.placements == model.report.placements
     raw = torch.load(path, weights_only=True)
     weight = raw["state_dict"]["layers.conv1.weight.data"]
@@ -176,3 +180,20 @@ def test_node_ids_select_per_node_widths():
     assert result.ok(codes=0.99), str(result)
     with pytest.raises(fxquant.FxquantError, match="node_ids has 2 entries"):
         model(data.x[ids], sub, node_ids=ids[:2])
+
+
+def test_conversion_options():
+    """accumulate='int32' sums into int32 and ties='nearest' rounds the integer values as
+    they are: the same predictions, codes at most one level from the simulation's; both
+    are saved with the model; unknown values are refused."""
+    data = _graph()
+    gm = _int8()
+    for kwargs in ({"accumulate": "int32"}, {"ties": "nearest"}):
+        model = fxquant.convert(gm, **kwargs)
+        result = compare(gm, model, data.x, data.edge_index)
+        assert all(p.max_diff <= 1 for p in result.points), str(result)
+        assert result.agreement >= 0.9
+    with pytest.raises(fxquant.FxquantError, match="accumulate='float64'"):
+        fxquant.convert(gm, accumulate="float64")
+    with pytest.raises(fxquant.FxquantError, match="ties='up'"):
+        fxquant.convert(gm, ties="up")
