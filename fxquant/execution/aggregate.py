@@ -234,7 +234,7 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
         """The sums of ``nodes`` (ids) as the simulation computes them: the messages'
         values added in float32 in edge order (PyG's ``scatter_add_``), divided by the
         count (of every node at once where the messages are at hand: fewer ops)."""
-        if in_order is not None:
+        if in_order is not None and 4 * nodes.numel() >= n:  # (most nodes: all at once)
             values, index = in_order.dequantize(), messages.dst
         else:
             mask = torch.zeros(n, dtype=torch.bool, device=total.device)
@@ -255,17 +255,17 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
 
 def replay_near(values: Tensor, then: IntQuantizer, ids: Tensor | None,
                 replay: Callable[[Tensor], Tensor], min_rows: int = 1) -> Tensor:
-    """``values`` (rows of nodes, computed on integers), with the rows whose rounding at
-    ``then`` float32 noise decides taken as the simulation computes them (``replay(rows)``:
-    those rows' values, the simulation's way).
+    """``values`` (rows of nodes, computed on integers; written in place), with the rows
+    whose rounding at ``then`` float32 noise decides taken as the simulation computes them
+    (``replay(rows)``: those rows' values, the simulation's way).
 
     The integer path's values are exact or a few units in the last place from the
     simulation's float32 values. That matters in two places only: a value on a rounding
     boundary of the next point (a mean of two codes halfway between two levels; zero on a
     mid-rise grid, which has no zero), whose code those units pick, and the largest value
     where the next step is taken from the values' range, which sets every code's step.
-    Those rows (few) are recomputed; elsewhere both round alike. ``min_rows``: replay at
-    least this many rows (a float32 product of fewer rows may sum in another order)."""
+    Those rows are recomputed; elsewhere both round alike. ``min_rows``: replay at least
+    this many rows (a float32 product of fewer rows may sum in another order)."""
     n = values.shape[0]
     if not n or not values.numel():
         return values
@@ -273,10 +273,11 @@ def replay_near(values: Tensor, then: IntQuantizer, ids: Tensor | None,
     if then.needs_range and bounds is None:
         return values  # (a percentile range: sampled; no boundary to look for)
     plan = then.plan(bounds, ids=ids, num_nodes=n)
-    rows = plan.near_boundary(values).reshape(n, -1).any(1)
+    rows = plan.near_boundary(values)
     if bounds is not None:
         amax = max(abs(bounds[0]), abs(bounds[1]))
-        rows = rows | (values.reshape(n, -1).abs().amax(1) >= amax * (1 - 1e-6))
+        lo, hi = torch.aminmax(values.reshape(n, -1), dim=1)
+        rows = rows | (torch.maximum(lo.neg_(), hi) >= amax * (1 - 1e-6))
     picked = rows.nonzero().view(-1)
     count = picked.numel()
     if not count:
@@ -284,9 +285,8 @@ def replay_near(values: Tensor, then: IntQuantizer, ids: Tensor | None,
     if count < min(min_rows, n):  # padded with other rows, whose values are kept
         others = (~rows).nonzero().view(-1)[:min_rows - count]
         picked = torch.cat([picked, others])
-    out = values.clone()
-    out[picked[:count]] = replay(picked)[:count].to(values.dtype)
-    return out
+    values[picked[:count]] = replay(picked)[:count].to(values.dtype)  # (a fresh tensor)
+    return values
 
 
 #: the largest sum of codes a float32 accumulator holds exactly (every integer up to 2**24)

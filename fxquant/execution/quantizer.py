@@ -29,7 +29,7 @@ from fxquant.execution._points import (
     PointSpec,
     node_widths,
 )
-from fxquant.execution.kernels import QTensor, codes_of, f32
+from fxquant.execution.kernels import CHUNK, QTensor, codes_of, f32
 from fxquant.formats import IntFormat
 from fxquant.modes import Scale
 from fxquant.quant.observers import percentile_bounds
@@ -259,16 +259,27 @@ class RoundPlan:
         return QTensor(codes, scale, shift, q.bias, t["qmin"], t["qmax"], t["bits"], per_row)
 
     def near_boundary(self, v: Tensor, tolerance: float = 1e-4) -> Tensor:
-        """Where ``v`` (rows of nodes) lies within ``tolerance`` steps of a rounding
-        boundary: where float32 rounding noise decides the code."""
+        """The rows of ``v`` (rows of nodes) with a value within ``tolerance`` steps of a
+        rounding boundary: where float32 rounding noise decides the code. Chunks of rows,
+        so that the passes stay in cache: ``y = v * factor - offset`` lies near ``k + 1/2``
+        where ``(y + 1/2 + tolerance) mod 1 < 2 tolerance``."""
         v = _float32(v)
         t = self._terms(v, None)
+        rows = v.shape[0] if v.dim() else 1
+        flat = v.reshape(rows, -1)
+        out = torch.zeros(rows, dtype=torch.bool, device=v.device)
+        if not flat.numel():
+            return out
         f = t["factor"]
-        if isinstance(f, Tensor) and f.dim():
-            f = f.view((-1,) + (1,) * (v.dim() - 1))
-        y = (v / f if t["divide"] else v * f) - t["offset"]
-        frac = y - torch.floor(y)
-        return (frac - 0.5).abs() < tolerance
+        per = isinstance(f, Tensor) and f.dim() > 0
+        step = max(1, CHUNK // max(flat.shape[1], 1))
+        for start in range(0, rows, step):
+            part = flat[start:start + step]
+            fs = f[start:start + step].view(-1, 1) if per else f  # type: ignore[index]
+            y = part / fs if t["divide"] else part * fs
+            y.add_(0.5 + tolerance - t["offset"]).remainder_(1.0)
+            out[start:start + step] = (y < 2 * tolerance).any(1)
+        return out
 
 
 #: float32's smallest normal number (a step below it is taken as unusable)
