@@ -275,7 +275,7 @@ class RoundPlan:
         step = max(1, CHUNK // max(flat.shape[1], 1))
         for start in range(0, rows, step):
             part = flat[start:start + step]
-            fs = f[start:start + step].view(-1, 1) if per else f  # type: ignore[index]
+            fs = f[start:start + step].view(-1, 1) if per else f
             y = part / fs if t["divide"] else part * fs
             y.add_(0.5 + tolerance - t["offset"]).remainder_(1.0)
             out[start:start + step] = (y < 2 * tolerance).any(1)
