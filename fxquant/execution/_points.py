@@ -3,20 +3,23 @@ evaluation forward rounds to, as the integer kernels need it.
 
 Everything else in :mod:`fxquant.execution` sees a point only through :class:`PointSpec`
 (the integer grid, where its step comes from, the per-node widths, what cannot run on
-integers) and the two functions that mirror the point's evaluation arithmetic,
-:func:`node_widths` and :func:`grid_of_rows`. If the layout of ``QuantPoint`` changes,
+integers), :func:`node_widths` (which mirrors the point's evaluation lookup of per-node
+widths) and :func:`batch_ids`. If the layout of ``QuantPoint`` changes,
 this module is the one to follow it.
 
 Fields of a point read here: ``config.format`` (an ``IntFormat``: ``bits``, ``signed``,
-``asymmetric``, ``midrise``, ``qmin``, ``qmax``, ``offset``, ``max_finite``),
+``asymmetric``, ``midrise``, through which ``qmin`` / ``qmax`` / ``offset``),
 ``config.rounding``, ``config.scale`` (``per_row``, ``per_block``, ``pow2``),
-``config.range``, ``config.protect``, ``config.node_bits`` (``learned``, ``min_bits``,
-``max_bits``, ``stored``), ``config.grad_format`` (training only), ``step`` (the learned
-step ``exp(log_step)`` as evaluation clamps it), ``observer`` (``momentum``, ``widen``,
-``percentile``, ``per_row``, ``calibrated``, ``running``), ``row_bits`` /
-``row_bits_table`` (the per-node widths, learned or fixed), ``seen_range`` (learned
-widths: which nodes training saw), ``override_number`` (a per-node override of the
-format), ``layer``, ``site``, ``tensor``, ``name`` and ``float_training``.
+``config.range`` (``"lsq"``, ``"percentile:Q"``, ``"minmax"``), ``config.protect``
+(``describe()``), ``config.node_bits`` (``learned``, ``min_bits``, ``max_bits``,
+``stored``), ``step`` (the learned step ``exp(log_step)`` as evaluation clamps it),
+``observer`` (``momentum``, ``widen``, ``percentile``, ``calibrated``, ``running``),
+``row_bits`` / ``row_bits_table`` (the per-node widths, learned or fixed), ``seen_range``
+(learned widths: which nodes training saw), ``override_number`` (a per-node override of
+the format), ``layer``, ``site``, ``tensor``, ``name``; and, to compare with a running
+simulation (:func:`batch_ids`), ``uses_node_ids`` and the GraphModule's node-id context
+(``__dict__["_node_ids"].ids``). The int grids' scale from a range is
+``fxquant._ops.quantize.int_scale`` (the simulation's own function).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from fxquant.formats import IntFormat
 from fxquant.modes import Rounding, Scale
 from fxquant.quant import QuantPoint
 
-__all__ = ["Grid", "PointSpec", "grid_of_rows", "node_widths", "read_point"]
+__all__ = ["Grid", "PointSpec", "batch_ids", "node_widths", "read_point"]
 
 #: how a point's step is found in evaluation
 STEP_LEARNED = "learned"  # a learned step (range="lsq"): fixed
@@ -257,15 +260,8 @@ def _nearest_seen(spec: PointSpec, node_range: Tensor | None, table: Tensor, n: 
     return torch.where(count > 0, table[order.indices[pick]], table.mean())
 
 
-def grid_of_rows(spec: PointSpec, bits: Tensor | None) -> tuple[Tensor | int, Tensor | int]:
-    """``(qmin, qmax)``: per row (``bits``: each row's width) or of the whole grid."""
-    assert spec.grid is not None
-    return spec.grid.code_range(bits)
-
-
-def top_level(spec: PointSpec) -> float:
-    """The largest level of the point's grid (at ``max_bits`` with per-node widths)."""
-    assert spec.grid is not None
-    if spec.widths is None:
-        return float(spec.grid.code_range()[1]) + spec.grid.offset
-    return float(spec.grid.code_range(spec.max_bits)[1]) + spec.grid.offset
+def batch_ids(point: QuantPoint) -> Tensor | None:
+    """The global node ids the point's current forward looks its per-node settings up by
+    (``node_ids=`` of the transformed model), or None."""
+    context = point.__dict__.get("_node_ids")
+    return context.ids if context is not None and point.uses_node_ids else None

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.fx import GraphModule
 
 from fxquant.errors import FxquantValueError
+from fxquant.execution._points import batch_ids
 from fxquant.execution.model import ConvertedModel
 from fxquant.execution.quantizer import IntQuantizer
 from fxquant.quant import QuantPoint
@@ -147,8 +148,8 @@ def _keep_input(name: str, seen: dict[str, Any]) -> Any:
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
              output: Any) -> None:
         del output
-        context = module.__dict__.get("_node_ids")
-        ids = context.ids if context is not None and module.uses_node_ids else None
+        assert isinstance(module, QuantPoint)
+        ids = batch_ids(module)
         degree = kwargs.get("node_degree")
         n = degree.shape[0] if isinstance(degree, Tensor) else None
         seen[name] = (args[0].detach().to(torch.float32), ids, kwargs.get("row_nodes"), n)
