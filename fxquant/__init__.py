@@ -11,6 +11,8 @@ Architecture (imports flow one way, top to bottom; the two wings never import ea
   ``truncate``/``quantize``/``transform``, ``summary``) and :mod:`fxquant.linter`
   (rules, reports, state restoration, symbolic and dynamic lint, ``check``,
   ``functionalize_inplace``)
+- :mod:`fxquant.execution` (above the quant wing): ``convert`` a trained transformed model
+  to integer kernels, check it against the simulation, save it, export it to ONNX
 - top: :mod:`fxquant.pipeline` (``transform`` that lints its result), :mod:`fxquant.cli`,
   and this module, which only re-exports.
 
@@ -21,9 +23,10 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
 
 # isort: split
-from fxquant import recipes
+from fxquant import execution, recipes
 from fxquant._version import __version__ as __version__
 from fxquant.errors import FxquantError
+from fxquant.execution import ConversionError, ConvertedModel, convert
 from fxquant.formats import CustomFormat, Format, IntFormat, TopN, register_format
 from fxquant.fx import GNNTracer, TraceError, trace
 from fxquant.fx.standardize import fast_dropout
@@ -65,6 +68,8 @@ from fxquant.quant import (
 
 __all__ = [
     "BitReport",
+    "ConversionError",
+    "ConvertedModel",
     "CustomFormat",
     "Finding",
     "Format",
@@ -92,6 +97,8 @@ __all__ = [
     "bit_penalty",
     "bit_report",
     "check",
+    "convert",
+    "execution",
     "fast_dropout",
     "functionalize_inplace",
     "lint",

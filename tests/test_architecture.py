@@ -15,7 +15,8 @@ PACKAGE = Path(fxquant.__file__).resolve().parent
 LAYERS = {
     "fxquant.formats": 0, "fxquant.modes": 0, "fxquant._ops": 1, "fxquant.fx": 2,
     "fxquant.quant": 3, "fxquant.linter": 3, "fxquant.datasets": 0, "fxquant._safe_path": 0,
-    "fxquant.pipeline": 4, "fxquant.testing": 4, "fxquant.recipes": 5, "fxquant.cli": 5,
+    "fxquant.pipeline": 4, "fxquant.testing": 4, "fxquant.execution": 4,
+    "fxquant.recipes": 5, "fxquant.cli": 5,
     "fxquant.__main__": 6, "fxquant.errors": 0, "fxquant._version": 0, "fxquant.planted": 0,
     "fxquant": 6,
 }
@@ -53,7 +54,8 @@ def _imports(module: str, path: Path) -> list[tuple[str, str, int]]:
 
 
 def test_imports_flow_down_and_wings_do_not_meet():
-    """formats/modes -> _ops -> fx -> quant | linter -> pipeline -> cli / __init__."""
+    """formats/modes -> _ops -> fx -> quant | linter -> pipeline, execution -> cli /
+    __init__."""
     modules = _modules()
     wrong = []
     for module, path in modules.items():

@@ -1,0 +1,794 @@
+"""Converted GNN layers: PyG's ``GCNConv``, ``SAGEConv``, ``GINConv`` and ``GATConv`` as
+their transformed copies compute them in evaluation, on integer codes.
+
+Each layer takes its input as a :class:`~fxquant.execution.kernels.QTensor` (the codes an
+input point rounded it to) or as float32 values, and returns float32 values (the top-level
+output point, if any, rounds them). Inside, a product of codes by weight codes runs as
+``int8 x int8 -> int32``, messages are rounded to the message point's codes, which are
+summed into ``int32``, and the aggregate point rounds the sum; between two of these the
+accumulators are rescaled in float32 exactly where the simulation computes in float32
+(normalization coefficients, biases, a mean's division). What cannot run on integers
+here (a product whose operand no point rounds, GAT's attention softmax) runs in float32,
+and each layer lists what runs where in :attr:`IntLayer.placements`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+from torch_geometric.nn.dense.linear import Linear as PygLinear
+from torch_geometric.nn.models import MLP
+from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
+
+from fxquant.errors import FxquantValueError
+from fxquant.execution.aggregate import (
+    EdgeOrder,
+    GraphCache,
+    Messages,
+    aggregate,
+    replay_near,
+)
+from fxquant.execution.kernels import QTensor, int_matmul, number, per_row
+from fxquant.execution.packing import PackedCodes, pack, unpack
+from fxquant.execution.quantizer import IntQuantizer
+
+__all__ = [
+    "FLOAT",
+    "INTEGER",
+    "RESCALE",
+    "Context",
+    "IntLayer",
+    "Placement",
+    "Unconvertible",
+    "Value",
+    "WeightCodes",
+    "as_float",
+    "conv_from",
+    "layer_classes",
+    "relu_codes",
+]
+
+INTEGER, RESCALE, FLOAT = "integer", "rescale", "float32"
+
+#: a value between steps: codes with their scale, or float32 values
+Value = QTensor | Tensor
+
+
+class Unconvertible(FxquantValueError):
+    """A layer's settings have no integer form here (the converter turns it into a
+    refusal, or a layer kept as its simulation)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One part of the converted model and where it runs.
+
+    ``runs`` is ``"integer"`` (codes multiplied or summed in int32, or rounded to a
+    point's codes), ``"rescale"`` (float32 arithmetic on an integer accumulator on its
+    way to the next point's codes: scales, normalization coefficients, biases) or
+    ``"float32"`` (computed on float values: not integer execution); ``why`` says why a
+    float32 part is, and how to make it integer.
+    """
+
+    where: str
+    runs: str
+    how: str
+    why: str = ""
+
+
+class Context:
+    """What one forward shares between steps: the batch's global node ids, and per-graph
+    values computed once per ``edge_index`` (a normalization, a sort)."""
+
+    def __init__(self, ids: Tensor | None = None, meter: list[Any] | None = None) -> None:
+        self.ids = ids
+        #: what the forward computes, when counted (:func:`fxquant.execution.bit_operations`)
+        self.meter = meter
+
+
+def as_float(v: Value) -> Tensor:
+    """Float32 values of a step's output."""
+    return v.dequantize() if isinstance(v, QTensor) else v
+
+
+class WeightCodes(nn.Module):
+    """A weight rounded by its point, stored packed (``data``) with its scale and shift;
+    :meth:`qtensor` unpacks it for a product."""
+
+    data: Tensor
+    scale: Tensor
+    shift: Tensor
+
+    def __init__(self, q: QTensor | None = None, meta: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        if q is not None:
+            packed = pack(q)
+            ((slot, data),) = packed.groups.items()
+            meta = {"shape": list(q.codes.shape), "bits": int(q.bits), "slot": slot,
+                    "qmin": int(q.qmin), "qmax": int(q.qmax), "bias": q.bias,
+                    "per_row": per_row(q.scale)}
+            self.register_buffer("data", data)
+            self.register_buffer("scale", torch.as_tensor(q.scale, dtype=torch.float32).clone())
+            self.register_buffer("shift", torch.as_tensor(q.shift, dtype=torch.float32).clone())
+        else:
+            assert meta is not None
+            self.register_buffer("data", torch.zeros(0, dtype=torch.uint8))
+            self.register_buffer("scale", torch.zeros(()))
+            self.register_buffer("shift", torch.zeros(()))
+        self.meta = dict(meta)
+
+    def qtensor(self) -> QTensor:
+        """The codes, unpacked (kept unpacked while the packed bytes are unchanged)."""
+        key = (self.data.data_ptr(), self.data._version, self.scale._version)
+        cached = self.__dict__.get("_unpacked")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        q = self._unpack()
+        self.__dict__["_unpacked"] = (key, q)
+        return q
+
+    def _unpack(self) -> QTensor:
+        m = self.meta
+        scale = self.scale if self.scale.dim() else float(self.scale)
+        shift = self.shift if self.shift.dim() else float(self.shift)
+        like = QTensor(torch.empty(0, dtype=torch.int8), scale, shift, m["bias"],
+                       m["qmin"], m["qmax"], m["bits"], m["per_row"])
+        codes = unpack(PackedCodes({m["slot"]: self.data}, torch.Size(m["shape"]), None), like)
+        return like.with_codes(codes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.numel()) + 4 * int(self.scale.numel() + self.shift.numel())
+
+    def extra_repr(self) -> str:
+        m = self.meta
+        return f"{tuple(m['shape'])}, {m['bits']} bits" + (", per row" if m["per_row"] else "")
+
+
+
+
+#: how the converted layers sum message codes (:func:`~fxquant.execution.aggregate.accumulator`)
+SUM_HOW = ("exact integer sums of the message codes (index_add_ in target order; in float32 "
+           "where in-degree x 128 <= 2**24, else int32)")
+
+#: rows a float32 product is recomputed over at least (torch's CPU product of fewer rows
+#: may add in another order than the whole matrix's)
+_EXACT_ROWS = 16
+
+
+class IntLayer(nn.Module):
+    """Shared by the converted layers: the layer's points, its placements."""
+
+    kind = ""
+
+    def __init__(self, name: str, points: dict[str, IntQuantizer],
+                 rebuild: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.name = name
+        #: how to build an untrained layer of the same shape (:func:`conv_from`), which
+        #: loading converts again before it reads the state
+        self.rebuild = dict(rebuild or {})
+        self.points = nn.ModuleDict({k.replace(".", "__"): v for k, v in points.items()})
+        self.placements: list[Placement] = []
+        #: each weight point's codes, by the point's name in the transformed model
+        self.weight_codes: dict[str, WeightCodes] = {}
+
+    def _weight(self, param: Tensor, key: str) -> WeightCodes | None:
+        """``param`` rounded by the weight point ``key`` (None: no such point)."""
+        point = self.point(key)
+        if point is None:
+            return None
+        with torch.no_grad():
+            codes = WeightCodes(point(param.detach().to(torch.float32)))
+        self.weight_codes[point.spec.module] = codes
+        self.place(f"weight {point.spec.tensor}", INTEGER,
+                   f"stored as {point.spec.describe()} codes ({codes.meta['slot']} bits a code)")
+        return codes
+
+    def point(self, key: str) -> IntQuantizer | None:
+        key = key.replace(".", "__")
+        return self.points[key] if key in self.points else None  # type: ignore[return-value]  # noqa: SIM401
+
+    def place(self, what: str, runs: str, how: str, why: str = "") -> None:
+        self.placements.append(Placement(f"{self.name}: {what}", runs, how, why))
+
+    # -- shared steps ---------------------------------------------------------------------
+
+    def _place_product(self, what: str, x_integer: bool, weight: WeightCodes | None,
+                       fix: str) -> None:
+        """Record where ``x @ W.T`` runs."""
+        if x_integer and weight is not None:
+            self.place(what, INTEGER, "int8 x int8 -> int32 (torch._int_mm), rescaled to float32")
+        elif weight is None and x_integer:
+            self.place(what, FLOAT, "float32 product of the codes' values and float32 weights",
+                       f"its weight has no quantization point; {fix}")
+        elif weight is not None:
+            self.place(what, FLOAT, "float32 product of float32 values and the weight's codes",
+                       "its input has no quantization point; round the layer's input "
+                       "(site='input') to run it on integers")
+        else:
+            self.place(what, FLOAT, "float32 product", "neither operand is rounded")
+
+    def _messages(self, values_integer: bool, per_edge_float: bool) -> None:
+        message = self.point("message")
+        if message is None:
+            self.place("messages", FLOAT, "float32 messages",
+                       "the layer has no message point; round the messages (site='message') "
+                       "to aggregate integers")
+        elif per_edge_float:
+            self.place("messages", FLOAT, "float32 coefficients per edge, then rounded "
+                       "to the message point's codes",
+                       "the coefficients are computed in float32 (a softmax); this part of "
+                       "the layer cannot run on integers")
+        else:
+            self.place("messages", RESCALE if values_integer else FLOAT,
+                       "rounded to the message point's codes" +
+                       (" (values rescaled in float32)" if values_integer else ""),
+                       "" if values_integer else "the values sent have no point before the "
+                       "messages")
+        agg = SUM_HOW if message is not None else "float32 sum"
+        self.place("aggregation", INTEGER if message is not None else FLOAT, agg,
+                   "" if message is not None else "the messages are float32")
+
+    def _round(self, key: str, v: Tensor, ctx: Context, **kwargs: Any) -> Value:
+        point = self.point(key)
+        if point is None:
+            return v
+        return self.record(point, point(v, ids=ctx.ids, **kwargs))
+
+    @property
+    def then(self) -> IntQuantizer | None:
+        """The point that rounds this layer's output, if any (set by the model)."""
+        return self.__dict__.get("then")
+
+    def _output(self, y: Tensor, ctx: Context, simulate: Any) -> Tensor:
+        """The output ``y``, with the rows where float32 noise picks the next point's
+        codes (or sets its step) as the simulation computes them (``simulate(rows)``)."""
+        then = self.then
+        if then is None or simulate is None or self.rebuild.get("ties") == "nearest":
+            return y
+        return replay_near(y, then, ctx.ids, simulate, min_rows=_EXACT_ROWS)
+
+    def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
+            what: str = "product") -> Tensor:
+        """``x @ W.T``: on codes where both are codes, else in float32; counted in
+        ``ctx.meter`` (rows x inner x outer multiply-accumulates at the operands' bits)."""
+        if ctx.meter is not None:
+            rows = x.codes.shape[0] if isinstance(x, QTensor) else x.shape[0]
+            inner = x.codes.shape[-1] if isinstance(x, QTensor) else x.shape[-1]
+            ctx.meter.append(("product", f"{self.name}: {what}", rows * inner * fallback.shape[0],
+                              _bits(x), _bits(weight) if weight is not None else 32.0))
+        if isinstance(x, QTensor) and weight is not None:
+            return int_matmul(x, weight.qtensor())
+        w = weight.qtensor().dequantize() if weight is not None else fallback
+        return F.linear(as_float(x), w.to(torch.float32))
+
+    def record(self, point: IntQuantizer, q: QTensor) -> QTensor:
+        """``q``, kept as ``point``'s codes while :meth:`ConvertedModel.record` runs."""
+        recording = self.__dict__.get("recording")
+        if recording is not None:
+            recording[point.spec.module] = q
+        return q
+
+    def _aggregate(self, messages: Messages, order: EdgeOrder, ctx: Context,
+                   mean: bool = False) -> Tensor:
+        """Each node's sum (or mean) of its messages: codes summed into int32 where the
+        layer rounds its messages, else float32."""
+        point = self.point("message")
+        if ctx.meter is not None:
+            width = int(torch.Size(messages.values.shape[1:]).numel())
+            bits = 32.0
+            if point is not None:
+                sample = point(messages.floats(),
+                               ids=ctx.ids, row_nodes=order.dst, num_nodes=order.n)
+                bits = _bits(sample)
+            ctx.meter.append(("sum", f"{self.name}: aggregation", order.perm.numel() * width,
+                              bits, 0.0))
+        if point is None:
+            m = messages.floats()
+            out = torch.zeros((order.n, *m.shape[1:]), dtype=torch.float32,
+                              device=m.device).index_add_(0, messages.dst, m)
+            return out / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1)) \
+                if mean else out
+        recording = self.__dict__.get("recording") is not None
+        exact = self.rebuild.get("ties", "simulation") == "simulation"
+        return aggregate(point, messages, order, ctx.ids, mean=mean,
+                         then=self.point("aggregate") if exact else None,
+                         record=self.record if recording else None,
+                         accumulate=self.rebuild.get("accumulate", "auto"))
+
+
+def _bits(v: Value | WeightCodes | None) -> float:
+    """Bits of one value of ``v``: its codes' (the mean over rows with per-node widths),
+    32 for float32."""
+    if isinstance(v, WeightCodes):
+        return float(v.meta["bits"])
+    if isinstance(v, QTensor):
+        return float(v.bits.float().mean()) if isinstance(v.bits, Tensor) and v.bits.numel() \
+            else float(v.bits)
+    return 32.0
+
+
+class IntGCNConv(IntLayer):
+    """``GCNConv`` (normalized, self-loops as the layer adds them) on codes."""
+
+    kind = "GCNConv"
+    lin_weight: Tensor
+    bias: Tensor | None
+
+    def __init__(self, name: str, conv: GCNConv, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        super().__init__(name, points, {
+            "cls": "GCNConv", "in_channels": conv.in_channels,
+            "out_channels": conv.out_channels, "improved": conv.improved,
+            "add_self_loops": conv.add_self_loops, "normalize": conv.normalize,
+            "bias": conv.bias is not None, "flow": conv.flow})
+        self.normalize, self.improved = conv.normalize, conv.improved
+        self.add_loops, self.flow = conv.add_self_loops, conv.flow
+        self.register_buffer("lin_weight", conv.lin.weight.detach().clone())
+        self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
+        self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
+        self.graph = GraphCache()
+        self._place_product("product x W", input_integer, self.weight,
+                      "round it (site='weight') to run the product on integers")
+        if self.point("linear.lin") is not None:
+            self.place("product rounded", INTEGER, "rounded to the linear point's codes")
+        self.place("normalization", RESCALE, "float32 coefficient per edge (gcn_norm), applied "
+                   "to the product's rescaled values")
+        self._messages(True, False)
+        if self.point("aggregate") is not None:
+            self.place("aggregate", INTEGER, "int32 sums rescaled and rounded to the aggregate "
+                       "point's codes")
+        if self.bias is not None:
+            self.place("bias", RESCALE, "float32 bias added to the aggregate's values")
+
+    def forward(self, x: Value, edge_index: Tensor, edge_weight: Tensor | None = None, *,
+                ctx: Context) -> Tensor:
+        h = self._mm(x, self.weight, self.lin_weight, ctx)
+        h = as_float(self._round("linear.lin", h, ctx))
+        n = h.shape[0]
+        ew, sorted_ew, order = self.graph.get(edge_index, edge_weight, n,
+                                              lambda: self._prepare(edge_index, edge_weight, n))
+        if ew is not None and self.point("edge") is not None:
+            ew = as_float(self._round("edge", ew, ctx, row_nodes=order.dst, num_nodes=n))
+            sorted_ew = None
+        out = self._aggregate(Messages(h, order, ew, sorted_ew), order, ctx)
+        out = as_float(self._round("aggregate", out, ctx))
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _prepare(self, edge_index: Tensor, edge_weight: Tensor | None, n: int
+                 ) -> tuple[Tensor | None, Tensor | None, EdgeOrder]:
+        """The normalized graph (PyG's ``gcn_norm``), its edge order and the coefficients
+        in that order, once per graph."""
+        if self.normalize:
+            edge_index, edge_weight = gcn_norm(edge_index, edge_weight, n, self.improved,
+                                               self.add_loops, self.flow, torch.float32)
+        order = _order(edge_index, self.flow, n)
+        sorted_ew = None if edge_weight is None else edge_weight.index_select(0, order.perm)
+        return edge_weight, sorted_ew, order
+
+
+class IntSAGEConv(IntLayer):
+    """``SAGEConv`` (mean, sum or max aggregation of the neighbours' codes; root weight)."""
+
+    kind = "SAGEConv"
+    wl: Tensor
+    bl: Tensor | None
+    wr: Tensor | None
+    br: Tensor | None
+
+    def __init__(self, name: str, conv: SAGEConv, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        if conv.project:
+            raise Unconvertible(f"{name}: SAGEConv(project=True) is not converted")
+        super().__init__(name, points, {
+            "cls": "SAGEConv", "in_channels": conv.in_channels,
+            "out_channels": conv.out_channels, "aggr": str(conv.aggr),
+            "normalize": conv.normalize, "root_weight": conv.root_weight,
+            "bias": conv.lin_l.bias is not None, "flow": conv.flow})
+        self.aggr = str(conv.aggr)
+        self.flow = conv.flow
+        self.root = conv.root_weight
+        self.normalize = conv.normalize
+        self.graph = GraphCache()
+        self.register_buffer("wl", conv.lin_l.weight.detach().clone())
+        self.register_buffer("bl", None if conv.lin_l.bias is None
+                             else conv.lin_l.bias.detach().clone())
+        self.weight_l = self._weight(conv.lin_l.weight, "weight.lin_l.weight")
+        self.weight_r = None
+        self.register_buffer("wr", None)
+        self.register_buffer("br", None)
+        if self.root:
+            self.wr = conv.lin_r.weight.detach().clone()
+            self.br = None if conv.lin_r.bias is None else conv.lin_r.bias.detach().clone()
+            self.weight_r = self._weight(conv.lin_r.weight, "weight.lin_r.weight")
+        message = self.point("message")
+        self.place("messages", RESCALE if input_integer and message is not None else FLOAT,
+                   "each neighbour's codes rounded to the message point's codes"
+                   if message is not None else "float32 messages",
+                   "" if message is not None else "the layer has no message point; round "
+                   "the messages (site='message') to aggregate integers")
+        self.place(f"{self.aggr} aggregation", INTEGER if message is not None else FLOAT,
+                   SUM_HOW + (", divided by the count in float32" if self.aggr == "mean"
+                              else ""),
+                   "" if message is not None else "the messages are float32")
+        if self.point("aggregate") is not None:
+            self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
+        agg_integer = self.point("aggregate") is not None
+        self._place_product("product aggregate W_l", agg_integer, self.weight_l,
+                      "round lin_l's weight (site='weight')")
+        if self.root:
+            self._place_product("product x W_r", input_integer, self.weight_r,
+                          "round lin_r's weight (site='weight')")
+        self.place("bias and sum", RESCALE, "float32 bias and the two rescaled products added")
+        if self.aggr not in ("mean", "sum", "add"):
+            self.placements[1] = Placement(f"{name}: {self.aggr} aggregation", FLOAT,
+                                           f"float32 {self.aggr}",
+                                           "only sum and mean aggregation run on integers")
+        if self.normalize:
+            self.place("normalize", FLOAT, "float32 L2 normalization",
+                       "normalize=True divides by a float32 norm")
+
+    def forward(self, x: Value, edge_index: Tensor, size: Any = None, *,
+                ctx: Context) -> Tensor:
+        _no_size(self.name, size)
+        n = x.shape[0]
+        order = self.graph.get(edge_index, None, n, lambda: _order(edge_index, self.flow, n))
+        out = _node_messages(self, x, order, ctx, self.aggr)
+        a = self._round("aggregate", out, ctx)
+        y = self._mm(a, self.weight_l, self.wl, ctx, "product aggregate W_l")
+        if self.bl is not None:
+            y = y + self.bl
+        if self.root:
+            assert self.wr is not None
+            r = self._mm(x, self.weight_r, self.wr, ctx, "product x W_r")
+            if self.br is not None:
+                r = r + self.br
+            y = y + r
+        if self.normalize:
+            return F.normalize(y, p=2.0, dim=-1)
+
+        def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
+            wl = self.weight_l.qtensor().dequantize() if self.weight_l is not None else self.wl
+            out = F.linear(as_float(a.index_rows(rows) if isinstance(a, QTensor) else a[rows]),
+                           wl, self.bl)
+            if self.root:
+                wr = self.weight_r.qtensor().dequantize() if self.weight_r is not None \
+                    else self.wr
+                assert wr is not None
+                xr = x.index_rows(rows) if isinstance(x, QTensor) else x[rows]
+                out = out + F.linear(as_float(xr), wr, self.br)
+            return out
+
+        return self._output(y, ctx, simulate)
+
+
+def _order(edge_index: Tensor, flow: str, n: int) -> EdgeOrder:
+    src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" \
+        else (edge_index[1], edge_index[0])
+    return EdgeOrder(src, dst, n)
+
+
+def _node_messages(layer: IntLayer, x: Value, order: EdgeOrder, ctx: Context,
+                   aggr: str) -> Tensor:
+    """Messages that are the sender's own values (``x_j``), rounded to the message point
+    and aggregated (``sum`` / ``mean``; ``max`` and ``min`` in float32)."""
+    messages = Messages(as_float(x), order)
+    if aggr in ("sum", "add", "mean"):
+        return layer._aggregate(messages, order, ctx, mean=aggr == "mean")
+    m = as_float(layer._round("message", messages.floats(), ctx, row_nodes=order.dst,
+                              num_nodes=order.n))
+    out = torch.zeros((order.n, *m.shape[1:]), device=m.device)
+    index = order.dst.view((-1,) + (1,) * (m.dim() - 1)).expand_as(m)
+    return out.scatter_reduce(0, index, m, reduce="amax" if aggr == "max" else "amin",
+                              include_self=False)
+
+
+class IntGINConv(IntLayer):
+    """``GINConv`` whose ``nn`` is PyG's ``MLP`` or a ``Sequential`` of linears and ReLUs."""
+
+    kind = "GINConv"
+
+    def __init__(self, name: str, conv: GINConv, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        steps = _mlp_steps(conv.nn)
+        if steps is None:
+            raise Unconvertible(f"{name}: GINConv's nn {type(conv.nn).__name__} is not an MLP of "
+                             "linears and ReLUs")
+        super().__init__(name, points, {"cls": "GINConv", "eps": float(conv.eps),
+                                        "flow": conv.flow, "nn": _mlp_layout(conv.nn)})
+        self.eps = float(conv.eps)
+        self.flow = conv.flow
+        self.graph = GraphCache()
+        self.steps = steps
+        linears = [s for s in steps if s[0] == "linear"]
+        self.lin_names = [s[1] for s in linears]
+        self.weights = nn.ModuleList()
+        self.has_weight: list[bool] = []
+        for i, (_, child) in enumerate(linears):
+            module = conv.nn.get_submodule(child)
+            self.register_buffer(f"w{i}", module.weight.detach().clone())
+            self.register_buffer(f"b{i}", None if module.bias is None
+                                 else module.bias.detach().clone())
+            wc = self._weight(module.weight, f"weight.nn.{child}.weight")
+            self.has_weight.append(wc is not None)
+            if wc is not None:
+                self.weights.append(wc)
+        message = self.point("message")
+        self.place("messages", RESCALE if input_integer and message is not None else FLOAT,
+                   "each neighbour's codes rounded to the message point's codes"
+                   if message is not None else "float32 messages",
+                   "" if message is not None else "round the messages (site='message')")
+        self.place("sum aggregation", INTEGER if message is not None else FLOAT,
+                   SUM_HOW if message is not None else "float32 sum",
+                   "" if message is not None else "the messages are float32")
+        agg_integer = self.point("aggregate") is not None
+        if agg_integer:
+            self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
+        # the MLP: its first product takes (1 + eps) x + aggregate, two grids, as two
+        # integer products; later products take what the MLP's points round
+        current = agg_integer and input_integer
+        for i, (kind, child) in enumerate(steps):
+            if kind != "linear":
+                continue
+            weight = self.weight_of(self.lin_names.index(child))
+            rounded = self.point(f"linear.nn.{child}") is not None
+            self._place_product(f"MLP {child} product", current, weight,
+                          f"round nn.{child}'s weight (site='weight')")
+            if not current and i:
+                self.placements[-1] = Placement(
+                    f"{name}: MLP {child} product", FLOAT,
+                    "float32 product of the MLP's hidden values and the weight's codes"
+                    if weight is not None else "float32 product",
+                    "the MLP's hidden values have no quantization point; round the layer's "
+                    "linear outputs (site='linear') to run it on integers")
+            current = rounded
+        self.place("MLP biases and activations", RESCALE, "float32 biases; ReLU")
+
+    def weight_of(self, j: int) -> WeightCodes | None:
+        if not self.has_weight[j]:
+            return None
+        return self.weights[sum(self.has_weight[:j])]  # type: ignore[return-value]
+
+    def forward(self, x: Value, edge_index: Tensor, size: Any = None, *,
+                ctx: Context) -> Tensor:
+        _no_size(self.name, size)
+        n = x.shape[0]
+        order = self.graph.get(edge_index, None, n, lambda: _order(edge_index, self.flow, n))
+        out = _node_messages(self, x, order, ctx, "sum")
+        a = self._round("aggregate", out, ctx)
+        h: Value | None = None
+        j = 0
+        for kind, child in self.steps:
+            if kind == "relu":
+                h = relu_codes(h)  # type: ignore[arg-type]
+                continue
+            if kind == "identity":
+                continue
+            w = self.weight_of(j)
+            w_float: Tensor = getattr(self, f"w{j}")
+            b: Tensor | None = getattr(self, f"b{j}")
+            if j == 0:
+                if isinstance(a, QTensor) and isinstance(x, QTensor) and w is not None:
+                    y = self._mm(a, w, w_float, ctx, f"MLP {child}") + (1.0 + self.eps) * \
+                        self._mm(x, w, w_float, ctx, f"MLP {child}")
+                else:
+                    y = self._mm(as_float(a) + (1.0 + self.eps) * as_float(x), w, w_float,
+                                 ctx, f"MLP {child}")
+            else:
+                assert h is not None
+                y = self._mm(h, w, w_float, ctx, f"MLP {child}")
+            if b is not None:
+                y = y + b
+            h = self._round(f"linear.nn.{child}", y, ctx)
+            j += 1
+        assert h is not None
+        if any(self.point(f"linear.nn.{c}") is not None for _, c in self.steps if c):
+            return as_float(h)
+
+        def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
+            def pick(v: Value) -> Tensor:
+                return as_float(v.index_rows(rows) if isinstance(v, QTensor) else v[rows])
+
+            out = pick(a) + (1.0 + self.eps) * pick(x)
+            j = 0
+            for kind, _ in self.steps:
+                if kind == "relu":
+                    out = out.relu()
+                elif kind == "linear":
+                    w = self.weight_of(j)
+                    out = F.linear(out, w.qtensor().dequantize() if w is not None
+                                   else getattr(self, f"w{j}"), getattr(self, f"b{j}"))
+                    j += 1
+            return out
+
+        return self._output(as_float(h), ctx, simulate)
+
+
+def _mlp_steps(module: nn.Module) -> list[tuple[str, str]] | None:
+    """The MLP as ``("linear", child name)``, ``("relu", "")`` steps (evaluation: dropout
+    and identity norms are no-ops); None where it is something else."""
+    linears = (nn.Linear, PygLinear)
+    if isinstance(module, MLP):
+        if module.act is not None and not isinstance(module.act, nn.ReLU):
+            return None
+        if any(not isinstance(n, nn.Identity) for n in module.norms):
+            return None
+        steps: list[tuple[str, str]] = []
+        count = len(module.lins)
+        for i in range(count):
+            steps.append(("linear", f"lins.{i}"))
+            if (i < count - 1 or not module.plain_last) and module.act is not None:
+                steps.append(("relu", ""))
+        return steps
+    if isinstance(module, nn.Sequential):
+        steps = []
+        for name, child in module.named_children():
+            if isinstance(child, linears):
+                steps.append(("linear", name))
+            elif isinstance(child, nn.ReLU):
+                steps.append(("relu", ""))
+            elif isinstance(child, (nn.Dropout, nn.Identity)):
+                steps.append(("identity", ""))
+            else:
+                return None
+        return steps
+    return None
+
+
+def _mlp_layout(module: nn.Module) -> dict[str, Any]:
+    """What :func:`conv_from` rebuilds a GIN layer's MLP from."""
+    if isinstance(module, MLP):
+        return {"kind": "mlp", "channels": list(module.channel_list),
+                "bias": module.lins[0].bias is not None, "plain_last": module.plain_last,
+                "act": module.act is not None}
+    layers: list[Any] = []
+    for _, child in module.named_children():
+        if isinstance(child, (nn.Linear, PygLinear)):
+            layers.append(["linear", child.in_channels if isinstance(child, PygLinear)
+                           else child.in_features, child.out_channels
+                           if isinstance(child, PygLinear) else child.out_features,
+                           child.bias is not None])
+        elif isinstance(child, nn.ReLU):
+            layers.append(["relu"])
+        else:
+            layers.append(["identity"])
+    return {"kind": "sequential", "layers": layers}
+
+
+def conv_from(rebuild: dict[str, Any]) -> nn.Module:
+    """An untrained PyG layer of the shape a converted layer was built from."""
+    args = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rebuild.items()
+            if k not in ("cls", "nn", "eps", "input_integer", "accumulate", "ties")}
+    kind = rebuild["cls"]
+    if kind == "GCNConv":
+        return GCNConv(**args)
+    if kind == "SAGEConv":
+        return SAGEConv(**args)
+    if kind == "GATConv":
+        return GATConv(**args)
+    if kind == "GINConv":
+        layout = rebuild["nn"]
+        if layout["kind"] == "mlp":
+            mlp: nn.Module = MLP(layout["channels"], act="relu" if layout["act"] else None,
+                                 norm=None, bias=layout["bias"], plain_last=layout["plain_last"])
+        else:
+            parts: list[nn.Module] = []
+            for entry in layout["layers"]:
+                if entry[0] == "linear":
+                    parts.append(nn.Linear(entry[1], entry[2], bias=entry[3]))
+                else:
+                    parts.append(nn.ReLU() if entry[0] == "relu" else nn.Identity())
+            mlp = nn.Sequential(*parts)
+        return GINConv(mlp, eps=rebuild["eps"], **args)
+    raise FxquantValueError(f"unknown converted layer kind {kind!r}")
+
+
+def relu_codes(v: Value) -> Value:
+    """ReLU of codes where zero is a code (a clamp), else of the values."""
+    if isinstance(v, QTensor):
+        shift = v.shift
+        if not per_row(shift) and number(shift) == round(number(shift)):
+            floor = -round(number(shift))
+            if -128 <= floor <= 127:
+                return v.with_codes(v.codes.clamp(min=floor))
+        return v.dequantize().relu()
+    return v.relu()
+
+
+class IntGATConv(IntLayer):
+    """``GATConv`` with its product, messages and aggregation on codes; the attention
+    coefficients (a leaky ReLU and a softmax per target) are float32."""
+
+    kind = "GATConv"
+    lin_weight: Tensor
+    att_src: Tensor
+    att_dst: Tensor
+    bias: Tensor | None
+
+    def __init__(self, name: str, conv: GATConv, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        if conv.lin is None or conv.edge_dim is not None or conv.res is not None:
+            raise Unconvertible(f"{name}: GATConv with separate source and target linears, edge "
+                             "features or a residual is not converted")
+        super().__init__(name, points, {
+            "cls": "GATConv", "in_channels": conv.in_channels,
+            "out_channels": conv.out_channels, "heads": conv.heads, "concat": conv.concat,
+            "negative_slope": conv.negative_slope, "add_self_loops": conv.add_self_loops,
+            "fill_value": conv.fill_value, "bias": conv.bias is not None, "flow": conv.flow})
+        self.heads, self.channels, self.concat = conv.heads, conv.out_channels, conv.concat
+        self.negative_slope = conv.negative_slope
+        self.add_loops, self.fill_value, self.flow = conv.add_self_loops, conv.fill_value, \
+            conv.flow
+        self.register_buffer("lin_weight", conv.lin.weight.detach().clone())
+        self.register_buffer("att_src", conv.att_src.detach().clone())
+        self.register_buffer("att_dst", conv.att_dst.detach().clone())
+        self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
+        self.graph = GraphCache()
+        self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
+        self.att_src_codes = self._weight(conv.att_src, "weight.att_src")
+        self.att_dst_codes = self._weight(conv.att_dst, "weight.att_dst")
+        self._place_product("product x W", input_integer, self.weight,
+                      "round it (site='weight') to run the product on integers")
+        self.place("attention", FLOAT, "float32 attention logits, leaky ReLU and softmax per "
+                   "target node",
+                   "a softmax has no integer form: GAT's attention coefficients stay float32")
+        self._messages(True, True)
+        if self.point("aggregate") is not None:
+            self.place("aggregate", INTEGER, "rounded to the aggregate point's codes")
+        self.place("heads and bias", RESCALE, "float32 concatenation or mean of the heads, bias")
+
+    def forward(self, x: Value, edge_index: Tensor, edge_attr: Tensor | None = None,
+                size: Any = None, *, ctx: Context) -> Tensor:
+        _no_size(self.name, size)
+        if edge_attr is not None:
+            raise FxquantValueError(f"the converted layer {self.name!r} takes no edge features "
+                                    "(edge_attr); its GATConv was built without edge_dim")
+        H, C = self.heads, self.channels
+        h = self._mm(x, self.weight, self.lin_weight, ctx)
+        h = as_float(self._round("linear.lin", h, ctx)).view(-1, H, C)
+        att_src = self.att_src_codes.qtensor().dequantize() if self.att_src_codes is not None \
+            else self.att_src
+        att_dst = self.att_dst_codes.qtensor().dequantize() if self.att_dst_codes is not None \
+            else self.att_dst
+        a_src = (h * att_src).sum(-1)
+        a_dst = (h * att_dst).sum(-1)
+        n = h.shape[0]
+        order = self.graph.get(edge_index, None, n, lambda: self._prepare(edge_index, n))
+        src, dst = order.src, order.dst
+        alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
+        alpha = F.leaky_relu(alpha, self.negative_slope)
+        alpha = softmax(alpha, dst, None, n)
+        out = self._aggregate(Messages(h, order, alpha), order, ctx)
+        out = as_float(self._round("aggregate", out, ctx))
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _prepare(self, edge_index: Tensor, n: int) -> EdgeOrder:
+        """Self-loops as the layer adds them, and the edge order, once per graph."""
+        if self.add_loops:
+            edge_index, _ = remove_self_loops(edge_index)
+            edge_index, _ = add_self_loops(edge_index, num_nodes=n)
+        return _order(edge_index, self.flow, n)
+
+
+def _no_size(layer: str, size: Any) -> None:
+    if size is not None:
+        raise FxquantValueError(f"the converted layer {layer!r} takes a square graph (size=None), "
+                                f"got size={size!r}")
+
+
+def layer_classes() -> dict[type[nn.Module], type[IntLayer]]:
+    """The PyG layers converted, and their integer form."""
+    return {GCNConv: IntGCNConv, SAGEConv: IntSAGEConv, GINConv: IntGINConv,
+            GATConv: IntGATConv}

@@ -1,0 +1,199 @@
+"""fxquant.convert: what it converts, what it refuses (naming the point), the report of
+what runs where, node ids, stored features, saving and loading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.nn import GCNConv
+
+import fxquant
+from fxquant.execution import ConversionError, compare, load, save
+from tests.support.execution import mapping, random_graph, transformed
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def _graph():
+    return random_graph(12, 40, 4, seed=1)
+
+
+def _int8(model=None):
+    gm = fxquant.transform(model or TwoLayers(), mapping("int8"), lint="off")
+    return gm.eval()
+
+
+def test_int8_converts_with_every_part_on_integers():
+    """All five sites at int8: products, messages and sums on integers, nothing float32,
+    and the same predictions."""
+    data = _graph()
+    gm = _int8()
+    model = fxquant.convert(gm)
+    assert model.report.float32 == []
+    runs = {p.where: p.runs for p in model.report.placements}
+    assert runs["conv1: product x W"] == "integer"
+    assert runs["conv1: aggregation"] == "integer"
+    result = compare(gm, model, data.x, data.edge_index)
+    assert result.ok(codes=0.99), str(result)
+    assert "conv1_message_quant" in {p.point for p in result.points}
+
+
+@pytest.mark.parametrize("config, reason", [
+    (fxquant.QuantConfig("e4m3", scale="tensor"), "float format"),
+    (fxquant.QuantConfig(10), "top-N truncation"),
+    (fxquant.QuantConfig("int8", "stochastic", scale="tensor"), "stochastically"),
+])
+def test_strict_refuses_a_point_naming_it(config, reason):
+    """A point with no integer form: strict=True names the point and why; strict=False
+    keeps its simulated rounding in float32 and lists it."""
+    m = mapping("int8").set_name("conv1", config, site="output")
+    gm = fxquant.transform(TwoLayers(), m, lint="off").eval()
+    with pytest.raises(ConversionError, match=rf"'conv1_quant'.*{reason}.*strict=False"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    float32 = model.report.float32
+    assert [p.where for p in float32] == ["output of 'conv1'"]
+    assert reason in float32[0].why
+    data = _graph()
+    torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index),
+                               rtol=0, atol=1e-5)
+
+
+def test_strict_refuses_a_float_product_between_integer_parts():
+    """Weights without a point: the product is float32 between integer parts, so strict
+    refuses it and says how to round it; strict=False runs it and reports it."""
+    m = fxquant.QuantMapping()
+    for site in ("input", "message", "aggregate", "output"):
+        m.set_global(fxquant.QuantConfig("int8", scale="tensor"), site=site)
+    gm = fxquant.transform(TwoLayers(), m, lint="off").eval()
+    with pytest.raises(ConversionError, match=r"product x W.*site='weight'"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    assert {p.where for p in model.report.float32} == {"conv1: product x W",
+                                                       "conv2: product x W"}
+
+
+def test_gat_softmax_is_float32_and_listed():
+    """GAT's attention softmax has no integer form: refused strictly, listed otherwise."""
+    data = _graph()
+    gm, _ = transformed("gat", "int8", data, 3)
+    gm.eval()
+    with pytest.raises(ConversionError, match="softmax"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    assert any("attention" in p.where for p in model.report.float32)
+    assert compare(gm, model, data.x, data.edge_index).agreement == 1.0
+
+
+def test_unknown_layer_is_refused_or_kept():
+    """A layer of another kind: refused naming it, or run as its simulation."""
+    from torch_geometric.nn import GraphConv
+
+    class Other(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GraphConv(4, 3)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    gm = fxquant.transform(Other(), mapping("int8"), lint="off").eval()
+    with pytest.raises(ConversionError, match=r"layer 'conv'.*GraphConv"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    data = _graph()
+    torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+
+
+def test_no_points_and_wrong_arguments():
+    with pytest.raises(fxquant.FxquantError, match="no quantization points"):
+        fxquant.convert(fxquant.trace(TwoLayers()))
+    with pytest.raises(TypeError, match="GraphModule"):
+        fxquant.convert(TwoLayers())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="strict"):
+        fxquant.convert(_int8(), strict="yes")  # type: ignore[arg-type]
+
+
+def test_stored_features_are_the_first_points_codes():
+    """quantize_input gives the codes features are stored as; the model takes them in
+    place of the float32 features and computes the same."""
+    data = _graph()
+    model = fxquant.convert(_int8())
+    codes = model.quantize_input(data.x)
+    assert codes.codes.dtype == torch.int8 and codes.point == model.input_point
+    torch.testing.assert_close(model(codes, data.edge_index), model(data.x, data.edge_index),
+                               rtol=0, atol=0)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    """Saved without pickled code (weights_only), loaded without the model's class: the
+    same outputs, the same report, and weights stored packed."""
+    data = _graph()
+    gm, _ = transformed("gcn", "int4-lsq-p", data, 3)
+    gm.train()
+    gm(data.x, data.edge_index)
+    gm.eval()
+    model = fxquant.convert(gm)
+    path = tmp_path / "model.pt"
+    save(model, path)
+    again = load(path)
+    torch.testing.assert_close(again(data.x, data.edge_index), model(data.x, data.edge_index),
+                               rtol=0, atol=0)
+    nearest = fxquant.convert(gm, ties="nearest", accumulate="int32")
+    save(nearest, path)
+    assert load(path).layers["conv1"].rebuild["ties"] == "nearest"
+    assert load(path).layers["conv1"].rebuild["accumulate"] == "int32"
+    assert again.report.placements == model.report.placements
+    raw = torch.load(path, weights_only=True)
+    weight = raw["state_dict"]["layers.conv1.weight.data"]
+    assert weight.dtype == torch.uint8 and weight.numel() == (16 * 4 + 1) // 2
+
+
+def test_save_refuses_kept_python_code(tmp_path):
+    m = mapping("int8").set_name("conv1", fxquant.QuantConfig(10), site="output")
+    model = fxquant.convert(fxquant.transform(TwoLayers(), m, lint="off").eval(), strict=False)
+    with pytest.raises(fxquant.FxquantError, match="cannot be saved without pickling"):
+        save(model, tmp_path / "m.pt")
+
+
+def test_node_ids_select_per_node_widths():
+    """A mini-batch with its global node ids: the widths of those nodes, as the
+    transformed model looks them up."""
+    data = random_graph(30, 90, 6, seed=2)
+    data.x = (data.x > 1).float()  # (exact on the recipe's uint1 input grid)
+    gm, _ = transformed("sage", "recommended", data, 3)  # (GCNConv(cached=True) would reuse
+    # the whole graph's normalization on a batch)
+    gm.train()
+    gm(data.x, data.edge_index)
+    gm.eval()
+    model = fxquant.convert(gm, strict=False)
+    ids = torch.tensor([3, 7, 11, 12, 20, 29])
+    sub = torch.tensor([[0, 1, 2, 3, 4, 5, 1], [1, 2, 3, 4, 5, 0, 3]])
+    result = compare(gm, model, data.x[ids], sub, node_ids=ids)
+    assert result.ok(codes=0.99), str(result)
+    with pytest.raises(fxquant.FxquantError, match="node_ids has 2 entries"):
+        model(data.x[ids], sub, node_ids=ids[:2])
+
+
+def test_conversion_options():
+    """accumulate='int32' sums into int32 and ties='nearest' rounds the integer values as
+    they are: the same predictions, codes at most one level from the simulation's; both
+    are saved with the model; unknown values are refused."""
+    data = _graph()
+    gm = _int8()
+    for kwargs in ({"accumulate": "int32"}, {"ties": "nearest"}):
+        model = fxquant.convert(gm, **kwargs)
+        result = compare(gm, model, data.x, data.edge_index)
+        assert all(p.max_diff <= 1 for p in result.points), str(result)
+        assert result.agreement >= 0.9
+    with pytest.raises(fxquant.FxquantError, match="accumulate='float64'"):
+        fxquant.convert(gm, accumulate="float64")
+    with pytest.raises(fxquant.FxquantError, match="ties='up'"):
+        fxquant.convert(gm, ties="up")
