@@ -5,7 +5,6 @@ does. Without the ``export`` extra the tests skip, except under CI=true, where t
 from __future__ import annotations
 
 import functools
-import os
 
 import pytest
 import torch
@@ -17,16 +16,11 @@ from fxquant.execution import export_onnx
 from fxquant.execution.export import ExportError
 from tests.support.data import needs_data
 from tests.support.execution import random_graph, train, transformed
+from tests.support.extras import require
 
 
 def _runtime():
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime
-    except ImportError:
-        if os.environ.get("CI"):  # CI installs the [export] extra: these must run there
-            raise
-        pytest.skip("pip install 'fxquant[export]'")
+    _, onnxruntime = require("export", "onnx", "onnxruntime")
     return onnxruntime
 
 

@@ -18,6 +18,7 @@ import torch
 
 import fxquant
 from tests.support.data import SHARED, needs_data
+from tests.support.extras import require
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = ["-m", "experiments.train_ddp"]
@@ -83,12 +84,7 @@ def test_stochastic_rounding_is_reproducible_from_one_seed(tmp_path):
 def test_neighbor_loader_under_ddp(tmp_path):
     """NeighborLoader needs torch-sparse (or pyg-lib): CI installs the [scale] extra, so
     there this runs for real; elsewhere it is skipped with the install command."""
-    try:
-        import torch_sparse  # noqa: F401
-    except ImportError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("pip install --no-build-isolation torch-scatter torch-sparse")
+    require("scale", "torch_sparse")
     _run([*COMMON, "--epochs", "1", "--loader", "neighbor", "--dump-state", str(tmp_path)],
          ranks=2)
     rank0, rank1 = _states(tmp_path, 2)

@@ -4,7 +4,6 @@ full graph and in any mini-batch that contains it (``node_ids=batch.n_id``)."""
 from __future__ import annotations
 
 import copy
-import os
 import pickle
 
 import pytest
@@ -16,6 +15,7 @@ from torch_geometric.utils import add_remaining_self_loops, subgraph
 
 import fxquant
 from tests.quant import TwoGCN
+from tests.support.extras import require
 
 N = 60
 HUBS = torch.tensor([3, 7, 20, 41])
@@ -223,12 +223,7 @@ def test_batches_of_changing_size_compile_once():
 def test_neighbor_loader_batches():
     """NeighborLoader (torch-sparse or pyg-lib): seed rows come out as in the full graph for
     a row-wise model, so the node-level settings followed the global ids."""
-    try:
-        import torch_sparse  # noqa: F401
-    except ImportError:
-        if os.environ.get("CI"):  # CI installs the [scale] extra: this must run there
-            raise
-        pytest.skip("pip install --no-build-isolation torch-scatter torch-sparse")
+    require("scale", "torch_sparse")
     gm = row_wise_model()
     data = graph()
     full = gm(data.x, data.edge_index)
