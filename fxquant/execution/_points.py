@@ -3,23 +3,17 @@ evaluation forward rounds to, as the integer kernels need it.
 
 Everything else in :mod:`fxquant.execution` sees a point only through :class:`PointSpec`
 (the integer grid, where its step comes from, the per-node widths, what cannot run on
-integers), :func:`node_widths` (which mirrors the point's evaluation lookup of per-node
-widths) and :func:`batch_ids`. If the layout of ``QuantPoint`` changes,
-this module is the one to follow it.
+integers) and :func:`node_widths` (which mirrors the point's evaluation lookup of per-node
+widths). If the layout of ``QuantPoint`` changes, this module is the one to follow it.
 
-Fields of a point read here: ``config.format`` (an ``IntFormat``: ``bits``, ``signed``,
-``asymmetric``, ``midrise``, through which ``qmin`` / ``qmax`` / ``offset``),
-``config.rounding``, ``config.scale`` (``per_row``, ``per_block``, ``pow2``),
-``config.range`` (``"lsq"``, ``"percentile:Q"``, ``"minmax"``), ``config.protect``
-(``describe()``), ``config.node_bits`` (``learned``, ``min_bits``, ``max_bits``,
-``stored``), ``step`` (the learned step ``exp(log_step)`` as evaluation clamps it),
-``observer`` (``momentum``, ``widen``, ``percentile``, ``calibrated``, ``running``),
-``row_bits`` / ``row_bits_table`` (the per-node widths, learned or fixed), ``seen_range``
-(learned widths: which nodes training saw), ``override_number`` (a per-node override of
-the format), ``layer``, ``site``, ``tensor``, ``name``; and, to compare with a running
-simulation (:func:`batch_ids`), ``uses_node_ids`` and the GraphModule's node-id context
-(``__dict__["_node_ids"].ids``). The int grids' scale from a range is
-``fxquant._ops.quantize.int_scale`` (the simulation's own function).
+A point is read through its documented interface only: :meth:`QuantPoint.grid
+<fxquant.quant.points.QuantPoint.grid>` (an :class:`~fxquant.quant.grid.IntegerGrid`:
+format, rounding, scale, where the step comes from, the learned or stored step and zero
+point, whether codes take the step's reciprocal), its ``config`` (``range``,
+``percentile``, ``node_bits``, ``protect``), its parts ``node_widths`` (``bits``,
+``seen_range``, ``learned``), ``observer`` (``stored``, ``running``: the range per-node
+steps are taken from) and ``override`` (``format``), and ``layer``, ``site``, ``tensor``,
+``name``.
 """
 
 from __future__ import annotations
@@ -31,12 +25,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from fxquant._ops.quantize import int_scale
-from fxquant.formats import IntFormat
-from fxquant.modes import Rounding, Scale
-from fxquant.quant import QuantPoint
+from fxquant.formats import IntFormat, TopN
+from fxquant.modes import Rounding, Scale, ScaleKind
+from fxquant.quant import IntegerGrid, QuantPoint
 
-__all__ = ["Grid", "PointSpec", "batch_ids", "node_widths", "read_point"]
+__all__ = ["Grid", "PointSpec", "node_widths", "read_point"]
 
 #: how a point's step is found in evaluation
 STEP_LEARNED = "learned"  # a learned step (range="lsq"): fixed
@@ -122,6 +115,9 @@ class PointSpec:
     seen_range: Tensor | None
     widths_stored: bool
     protection: str | None  # training only: evaluation rounds every node
+    #: codes are ``round(x * (1 / step))`` (the registered op's way) rather than
+    #: ``round(x / step)`` (learned steps, per-node widths): IntegerGrid.reciprocal
+    reciprocal: bool = True
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -146,75 +142,93 @@ def read_point(module: str, point: QuantPoint) -> PointSpec:
     evaluation forward rounds; never changes the point."""
     config = point.config
     fmt = config.format
-    problems: list[str] = []
+    problems = _problems(point)
     grid = Grid.of(fmt) if isinstance(fmt, IntFormat) else None
-    if grid is None:
-        kind = "top-N truncation" if type(fmt).__name__ == "TopN" else "a float format"
-        problems.append(f"its format {fmt.spec()} is {kind}, which has no integer codes; "
-                        "please round it to an integer format (e.g. 'int8')")
-    elif grid.bits > 8:
-        problems.append(f"its grid {grid.spec()} is wider than 8 bits; the integer kernels "
-                        "multiply and store 8-bit codes. Please train it at 8 bits or fewer")
-    rounding = Rounding.parse(config.rounding)
-    if rounding is Rounding.STOCHASTIC:
-        problems.append("it rounds stochastically, which draws random numbers in evaluation; "
-                        "please train it with rounding='nearest'")
+    read: IntegerGrid | None = None
+    if not problems:
+        # the grid of a probe: its step where the step is learned or stored (the data's own
+        # range sets it otherwise, each forward), and how codes are computed
+        read = point.grid(torch.zeros(1, 1))
+        if read.source == "none":
+            problems.append("it rounds to the integers themselves (no scale); please give it "
+                            "a scale ('tensor' or 'row') or a learned step (range='lsq')")
+            read = None
     scale = Scale.parse(config.scale)
-    if scale.per_block:
-        problems.append("its block-32 scales are not supported by the integer kernels; please "
-                        "use scale='tensor' or 'row'")
-    if point.override_number is not None:
-        problems.append("it rounds some nodes to another format (a node override), which the "
-                        "integer kernels do not support; please use per-node bit-widths "
-                        "(NodeBits) instead")
-    if config.range != "lsq" and scale is Scale.NONE and grid is not None:
-        problems.append("it rounds to the integers themselves (no scale); please give it a "
-                        "scale ('tensor' or 'row') or a learned step (range='lsq')")
+    pow2 = bool(getattr(scale, "pow2", False))
+    per_row = bool(getattr(scale, "per_row", False))
     step: Tensor | None = None
     zero_point: Tensor | None = None
-    percentile = None
-    observer = point.observer
-    if config.range == "lsq":
+    widths = point.node_widths
+    source = read.source if read is not None else "data"
+    if source == "learned":
         step_kind = STEP_LEARNED
-        learned = point.step
-        step = None if learned is None else learned.detach().to(torch.float32).clone()
-    elif observer is not None and (observer.momentum is not None or observer.widen) \
-            and not scale.per_row and observer.calibrated:
+        assert read is not None
+        step = read.step.detach().to(torch.float32).reshape(()).clone()
+    elif source == "stored":
         step_kind = STEP_OBSERVED
-        if grid is not None and config.node_bits is None and not problems:
-            fmt_int = IntFormat(grid.bits, grid.signed, grid.asymmetric, grid.midrise)
-            step, zero_point = int_scale(observer.running.detach().to(torch.float32), fmt_int,
-                                         scale)
-            step = step.clone()
-    elif config.range.startswith("percentile"):
+        assert read is not None
+        if widths is None:
+            step = read.step.detach().to(torch.float32).reshape(()).clone()
+            zero_point = None if read.zero_point is None else \
+                read.zero_point.detach().to(torch.float32).reshape(()).clone()
+        else:  # per-node widths: each row's step is the stored range's magnitude / its levels
+            observer = point.observer
+            assert observer is not None and observer.stored
+            step = observer.running.detach().to(torch.float32).abs().amax().clone()
+    elif config.percentile is not None:
         step_kind = STEP_PERCENTILE
-        percentile = observer.percentile if observer is not None else None
-    elif scale.per_row:
+    elif per_row:
         step_kind = STEP_BATCH_ROW
     else:
         step_kind = STEP_BATCH
-    if step_kind == STEP_OBSERVED and config.node_bits is not None:
-        # per-node widths over an observed range: each row's step is range / qmax_row
-        step = observer.running.detach().to(torch.float32).abs().amax().clone() \
-            if observer is not None else None
-    widths = seen = None
+    seen = None
     rb = config.node_bits
-    if rb is not None:
-        table = point.row_bits if point.row_bits is not None else point.row_bits_table
-        widths = None if table is None else table.detach().to(torch.float32).clone()
-        if rb.learned and point.seen_range is not None:
-            seen = point.seen_range.detach().clone()
+    table = None
+    if widths is not None and rb is not None:
+        table = widths.bits.detach().to(torch.float32).clone()
+        if widths.learned and widths.seen_range is not None:
+            seen = widths.seen_range.detach().clone()
     protect = config.protect
     return PointSpec(
         module=module, label=point.name, layer=point.layer, site=point.site.value,
-        tensor=point.tensor, grid=grid, rounding=rounding.value, step_kind=step_kind,
-        step=step, zero_point=None if zero_point is None else zero_point.clone(),
-        pow2=scale.pow2, per_row=scale.per_row, percentile=percentile, widths=widths,
+        tensor=point.tensor, grid=grid, rounding=Rounding.parse(config.rounding).value,
+        step_kind=step_kind, step=step, zero_point=zero_point, pow2=pow2, per_row=per_row,
+        percentile=config.percentile, widths=table,
         min_bits=rb.min_bits if rb is not None else 0,
         max_bits=rb.max_bits if rb is not None else 0,
         widths_learned=bool(rb is not None and rb.learned), seen_range=seen,
         widths_stored=bool(rb is None or rb.stored),
-        protection=None if protect is None else protect.describe(), problems=problems)
+        protection=None if protect is None else protect.describe(),
+        reciprocal=read.reciprocal if read is not None else True, problems=problems)
+
+
+def _problems(point: QuantPoint) -> list[str]:
+    """Why ``point`` cannot run on integers (empty when it can)."""
+    config = point.config
+    fmt = config.format
+    problems: list[str] = []
+    if not isinstance(fmt, IntFormat):
+        kind = "top-N truncation" if isinstance(fmt, TopN) else "a float format"
+        problems.append(f"its format {fmt.spec()} is {kind}, which has no integer codes; "
+                        "please round it to an integer format (e.g. 'int8')")
+    elif fmt.bits > 8:
+        problems.append(f"its grid {fmt.spec()} is wider than 8 bits; the integer kernels "
+                        "multiply and store 8-bit codes. Please train it at 8 bits or fewer")
+    if Rounding.parse(config.rounding) is Rounding.STOCHASTIC:
+        problems.append("it rounds stochastically, which draws random numbers in evaluation; "
+                        "please train it with rounding='nearest'")
+    scale = Scale.parse(config.scale)
+    if isinstance(scale, ScaleKind):
+        problems.append(f"its registered scale kind {scale.value!r} takes ranges the integer "
+                        "kernels do not compute; please use scale='tensor' or 'row'")
+    elif scale.per_block:
+        problems.append("its block-32 scales are not supported by the integer kernels; please "
+                        "use scale='tensor' or 'row'")
+    if point.override is not None:
+        problems.append("it rounds some nodes to another format (a node override), which the "
+                        "integer kernels do not support; please use per-node bit-widths "
+                        "(NodeBits) instead")
+    return problems
 
 
 def node_widths(spec: PointSpec, ids: Tensor | None, num_nodes: int,
@@ -258,10 +272,3 @@ def _nearest_seen(spec: PointSpec, node_range: Tensor | None, table: Tensor, n: 
     closer_lo = (node_range - order.values[lo]).abs() < (order.values[hi] - node_range).abs()
     pick = torch.where(closer_lo, lo, hi)
     return torch.where(count > 0, table[order.indices[pick]], table.mean())
-
-
-def batch_ids(point: QuantPoint) -> Tensor | None:
-    """The global node ids the point's current forward looks its per-node settings up by
-    (``node_ids=`` of the transformed model), or None."""
-    context = point.__dict__.get("_node_ids")
-    return context.ids if context is not None and point.uses_node_ids else None

@@ -1,67 +1,159 @@
-"""Messages rounded to a point's codes and summed into ``int32``, streamed in chunks of
-edges sorted by target.
+"""Messages rounded to a point's codes and summed exactly, and the sums rounded to the next
+point's codes as the simulation rounds its float32 sums.
 
 A layer's messages are ``coef_e * values[src_e]`` (GCN's normalization, GAT's attention)
-or the sender's own values (SAGE, GIN). They are never materialized whole: the range a
-per-tensor step is taken from comes from each node's row range and each edge's
-coefficient (rounding is monotonic, so the extremes of the products are the products of
-the extremes), then chunk after chunk of edges, in the order of their targets, the
-messages are computed, rounded to codes and added into ``int32`` sums. On this 2-core x86
-CPU with one thread and a 1M-node graph, ``index_add_`` of ``int32`` codes in target order
-ran 3x faster than PyG's float32 ``scatter_add_`` in the graph's own order, and 12x faster
-than ``int32`` in the graph's order: the sort is computed once per graph and kept.
+or the sender's own values (SAGE, GIN). Their codes are summed exactly: float32 holds
+every integer up to ``2**24``, so where every sum stays below it (in-degree x the largest
+code <= ``2**24``) the codes are summed in float32 (``accumulate="auto"``), else (and with
+``accumulate="int32"``) in ``int32`` by ``index_add_``. In float32 the sums are a sparse
+product: the graph's adjacency (messages that are the sender's codes: each sender's codes
+once, ``A @ codes``) or a segment sum over the edges sorted by target (per-edge messages),
+which torch's CPU sparse kernels run several times faster than a scatter. On large graphs
+per-edge messages are streamed in chunks of edges sorted by target and never materialized
+whole; the range a per-tensor step is taken from comes from each node's row range and each
+edge's coefficient (rounding is monotonic, so the extremes of the products are the
+products of the extremes).
+
+The point after the sums (the aggregate point) rounds them as the simulation rounds its
+float32 sums. The two agree except where a sum lies on a rounding boundary of that point,
+or sets the range its step is taken from: there the simulation's own float32 rounding
+error (it adds the messages' values one by one, in edge order) picks the code. Sums of
+codes land on such boundaries exactly and often (a step taken from the largest sum makes
+every sum a fraction of it), so with ``ties="simulation"`` those elements, and only
+those, are summed again as the simulation sums them: its message values added in edge
+order in float32. Where the simulation's float32 sums are themselves exact (a step of few
+mantissa bits, such as a power of two), nothing is summed again.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fxquant.execution.kernels import QTensor, number, per_row
-from fxquant.execution.quantizer import IntQuantizer, RoundPlan, tensor_range
+from fxquant.execution.kernels import QTensor
+from fxquant.execution.quantizer import IntQuantizer, RoundPlan, round_levels, tensor_range
 from fxquant.quant.observers import percentile_bounds
 
-__all__ = ["EXACT_FLOAT", "EdgeOrder", "GraphCache", "Messages", "accumulator", "aggregate",
-           "replay_near"]
+__all__ = ["EXACT_FLOAT", "TIE_TOLERANCE", "EdgeOrder", "GraphCache", "Messages",
+           "accumulator", "aggregate", "extreme_rows", "round_sums"]
 
-#: message values per chunk
+#: message values per chunk (per-edge messages on a large graph)
 CHUNK = 1 << 18
+
+#: the largest sum of codes a float32 accumulator holds exactly (every integer up to 2**24)
+EXACT_FLOAT = 1 << 24
+
+#: how close (in steps) to a rounding boundary a sum must lie to be summed again the
+#: simulation's way
+TIE_TOLERANCE = 1e-4
+
+#: how close (relative) to the extremes of the sums a sum must lie to be summed again
+#: where the next step is taken from their range
+EXTREME_TOLERANCE = 1e-4
 
 
 class EdgeOrder:
-    """A graph's edges sorted by target (stable), with each node's in-degree."""
+    """A graph's edges sorted by target (stable: each node's edges keep their order), with
+    each node's in-degree and the sparse matrices that sum messages by target."""
 
     def __init__(self, src: Tensor, dst: Tensor, n: int) -> None:
         self.src, self.dst, self.n = src, dst, n
         self.perm = torch.argsort(dst, stable=True)
         self.sorted_dst = dst.index_select(0, self.perm)
         self.sorted_src = src.index_select(0, self.perm)
-        self.count = torch.bincount(dst, minlength=n).to(torch.float32) if dst.numel() \
-            else torch.zeros(n, device=dst.device)
-        self.max_degree = int(self.count.max()) if n else 0
+        self.degree = torch.bincount(dst, minlength=n) if dst.numel() \
+            else torch.zeros(n, dtype=torch.long, device=dst.device)
+        self.count = self.degree.to(torch.float32)
+        self.ptr = torch.zeros(n + 1, dtype=torch.long, device=dst.device)
+        torch.cumsum(self.degree, 0, out=self.ptr[1:])
+        self.max_degree = int(self.degree.max()) if n else 0
+        self._edge_sum: Tensor | None = None
+        self._node_sum: Tensor | None = None
+        self._senders: tuple[Tensor | None] | None = None
+
+    @property
+    def edges(self) -> int:
+        return int(self.perm.shape[0])
+
+    def edge_sum(self) -> Tensor:
+        """``(n, edges)`` CSR of ones: ``edge_sum() @ m`` sums the rows of ``m`` (one per
+        edge, sorted by target) into their targets."""
+        if self._edge_sum is None:
+            e = self.edges
+            self._edge_sum = _csr(self.ptr, torch.arange(e, device=self.ptr.device),
+                                  torch.ones(e, device=self.ptr.device), (self.n, e))
+        return self._edge_sum
+
+    def node_sum(self) -> Tensor:
+        """``(n, n)`` CSR adjacency (repeated edges counted): ``node_sum() @ c`` sums each
+        node's senders' rows of ``c``."""
+        if self._node_sum is None:
+            n = self.n
+            pairs, counts = torch.unique(self.sorted_dst * max(n, 1) + self.sorted_src,
+                                         return_counts=True)
+            rows, cols = pairs // max(n, 1), pairs % max(n, 1)
+            ptr = torch.zeros(n + 1, dtype=torch.long, device=rows.device)
+            torch.cumsum(torch.bincount(rows, minlength=n), 0, out=ptr[1:])
+            self._node_sum = _csr(ptr, cols, counts.to(torch.float32), (n, n))
+        return self._node_sum
+
+    def senders(self) -> Tensor | None:
+        """The nodes that send a message (None: every node does)."""
+        if self._senders is None:
+            sends = torch.zeros(self.n, dtype=torch.bool, device=self.src.device)
+            sends[self.src] = True
+            self._senders = (None if bool(sends.all()) else sends.nonzero().view(-1),)
+        return self._senders[0]
+
+
+def _csr(ptr: Tensor, cols: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
+    """A sparse CSR matrix (its layout built here, valid by construction)."""
+    with warnings.catch_warnings():  # (torch says once that sparse CSR is in beta)
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(ptr, cols, values, size, check_invariants=False)
 
 
 class GraphCache:
-    """What a layer computes once per ``edge_index`` (its normalization, its edge order),
-    kept while the same tensor (unchanged) is passed again."""
+    """What a model computes once per graph (a normalization, the edge order), kept per
+    kind of preparation while the same ``edge_index`` tensor (and edge weights) is passed
+    again unchanged: the tensor itself (held by a weak reference, so a new tensor at a
+    freed one's address is a new graph) and its version counter (an in-place change is a
+    new graph)."""
 
     def __init__(self) -> None:
-        self.key: tuple[Any, ...] | None = None
-        self.value: Any = None
+        self.entries: dict[Any, tuple[Any, Any, Any]] = {}
 
-    def get(self, edge_index: Tensor, extra: Tensor | None, n: int,
+    def get(self, key: Any, edge_index: Tensor, extra: Tensor | None, n: int,
             build: Callable[[], Any]) -> Any:
-        key = (edge_index.data_ptr(), tuple(edge_index.shape), edge_index._version, n,
-               None if extra is None else (extra.data_ptr(), tuple(extra.shape),
-                                           extra._version))
-        if key != self.key:
-            self.value = build()
-            self.key = key
-        return self.value
+        ident = (_identity(edge_index), None if extra is None else _identity(extra), n)
+        found = self.entries.get(key)
+        if found is not None and ident[0] is not None and _same(found[0], ident):
+            return found[2]
+        value = build()
+        if ident[0] is not None and (extra is None or ident[1] is not None):
+            self.entries[key] = (ident, None, value)
+        return value
+
+
+def _identity(t: Tensor) -> tuple[weakref.ref[Tensor], int] | None:
+    try:
+        return weakref.ref(t), t._version
+    except (RuntimeError, TypeError):  # (inference tensors have no version counter)
+        return None
+
+
+def _same(kept: Any, now: Any) -> bool:
+    def one(a: Any, b: Any) -> bool:
+        if a is None or b is None:
+            return a is None and b is None
+        return a[0]() is not None and a[0]() is b[0]() and a[1] == b[1]
+    return one(kept[0], now[0]) and one(kept[1], now[1]) and kept[2] == now[2]
 
 
 class Messages:
@@ -70,12 +162,20 @@ class Messages:
     ``(nodes, heads, channels)``), or ``values[src[e]]`` without ``coef``."""
 
     def __init__(self, values: Tensor, order: EdgeOrder, coef: Tensor | None = None,
-                 sorted_coef: Tensor | None = None) -> None:
+                 sorted_coef: Tensor | None = None,
+                 settle: Callable[[Tensor], Tensor] | None = None) -> None:
         self.values, self.order, self.coef = values, order, coef
         self.src, self.dst = order.src, order.dst
+        #: the rows of ``values`` (ids) as the simulation computes them in float32, where
+        #: they are computed on integers here (a product): see :meth:`settle_extremes`
+        self.settle = settle
         #: ``coef`` in the order of the targets (given where it is kept per graph)
         self.sorted_coef = sorted_coef if sorted_coef is not None or coef is None \
             else coef.index_select(0, order.perm)
+
+    @property
+    def width(self) -> int:
+        return int(torch.Size(self.values.shape[1:]).numel())
 
     def sorted_floats(self, start: int, stop: int) -> Tensor:
         """The float32 messages of the edges ``start:stop`` in the order of the targets."""
@@ -92,6 +192,28 @@ class Messages:
         if self.coef is not None:
             c = self.coef if edges is None else self.coef.index_select(0, edges)
             m = c.view(c.shape + (1,) * (m.dim() - c.dim())) * m
+        return m
+
+    def rows(self, positions: Tensor) -> Tensor:
+        """The float32 messages at ``positions`` (edges in target order)."""
+        m = self.values.index_select(0, self.order.sorted_src.index_select(0, positions))
+        if self.sorted_coef is not None:
+            c = self.sorted_coef.index_select(0, positions)
+            m = c.view(c.shape + (1,) * (m.dim() - c.dim())) * m
+        return m
+
+    def elements(self, positions: Tensor, columns: Tensor) -> Tensor:
+        """The float32 message values at ``positions`` (edges in target order) and
+        ``columns`` (of a message flattened), one each."""
+        values = self.values.reshape(self.values.shape[0], self.width)
+        src = self.order.sorted_src.index_select(0, positions)
+        m = values.reshape(-1).index_select(0, src * values.shape[1] + columns)
+        if self.sorted_coef is not None:
+            c = self.sorted_coef.index_select(0, positions)
+            if c.dim() > 1:  # per head: the column's head
+                per_head = values.shape[1] // c.shape[1]
+                c = c.gather(1, (columns // per_head).view(-1, 1)).view(-1)
+            m = c * m
         return m
 
     def _row_extremes(self) -> tuple[Tensor, Tensor]:
@@ -127,11 +249,38 @@ class Messages:
         coefficients, without the messages themselves."""
         if not self.src.numel() or not self.values.numel():
             return 0.0, 0.0
+        if self.coef is None:  # the senders' own values
+            senders = self.order.senders()
+            return tensor_range(self.values if senders is None
+                                else self.values.index_select(0, senders))
         lo_e, hi_e = self._edge_extremes()
         lo, hi = lo_e.amin().item(), hi_e.amax().item()
         if not (math.isfinite(lo) and math.isfinite(hi)):  # (the messages' own finite ones)
             return tensor_range(self.floats())
         return lo, hi
+
+    def settle_extremes(self, bounds: tuple[float, float], signed: bool
+                        ) -> tuple[float, float]:
+        """The messages' range as the simulation has it: the senders of the messages at
+        (or within :data:`EXTREME_TOLERANCE` of) the extremes recomputed its way
+        (``settle``), in place, and the range taken again."""
+        if self.settle is None or self.coef is None or not self.src.numel() \
+                or not self.values.numel():
+            return bounds
+        lo, hi = bounds
+        margin = EXTREME_TOLERANCE * max(abs(lo), abs(hi))
+        lo_e, hi_e = self._edge_extremes()
+        if signed:
+            top = max(abs(lo), abs(hi)) - margin
+            near = (lo_e <= -top) | (hi_e >= top)
+        else:
+            near = (lo_e <= lo + margin) | (hi_e >= hi - margin)
+        rows = torch.unique(self.src[near])
+        if not rows.numel():
+            return bounds
+        self.values[rows] = self.settle(rows).to(self.values.dtype)
+        self.__dict__.pop("_extremes", None)
+        return self.bounds()
 
     def target_range(self, n: int) -> Tensor:
         """Each target node's largest ``|message|`` (0 without messages)."""
@@ -148,172 +297,291 @@ class Messages:
 def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Tensor | None,
               *, mean: bool = False, then: IntQuantizer | None = None,
               record: Callable[[IntQuantizer, QTensor], QTensor] | None = None,
-              chunk: int = CHUNK, accumulate: str = "auto") -> Tensor:
-    """Each node's sum (``mean``: average) of its messages rounded to ``point``'s codes,
-    as float32 values: the codes summed exactly, then rescaled. ``then``: the point that
-    rounds the sums next (see :func:`replay_near`); ``record`` receives every message's
-    codes, in edge order; ``chunk``: message values per chunk; ``accumulate``: see
-    :func:`accumulator`."""
+              chunk: int = CHUNK, accumulate: str = "auto",
+              ties: bool = True) -> Tensor | QTensor:
+    """Each node's sum (``mean``: average) of its messages rounded to ``point``'s codes:
+    the codes summed exactly, then rescaled to float32 values; with ``then`` (the point
+    that rounds the sums next) its codes, as :func:`round_sums` gives them. ``record``
+    receives every message's codes, in edge order; ``chunk``: message values per chunk;
+    ``accumulate``: see :func:`accumulator`; ``ties``: sum again the simulation's way
+    where its float32 error picks the next point's code."""
     n = order.n
-    row_shape = tuple(messages.values.shape[1:])
-    width = max(1, int(torch.Size(row_shape).numel()))
-    small = order.perm.shape[0] * width <= chunk  # one chunk: the messages materialized
-    whole = messages.floats() if small else None
-    bounds: Tensor | tuple[float, float] | None = None
+    values = messages.values
+    row_shape = tuple(values.shape[1:])
+    width = max(1, messages.width)
+    edges = order.edges
+    nodes_send = messages.coef is None  # a message is its sender's own values
+    whole: Tensor | None = None  # the messages in target order, where materialized
+    bounds: tuple[float, float] | None = None
     if point.needs_range:
-        if point.spec.step_kind == "percentile":
+        if point.spec.step_kind == "percentile":  # (of the messages, in edge order)
             assert point.spec.percentile is not None
-            bounds = percentile_bounds(whole if whole is not None else messages.floats(),
-                                       point.spec.percentile)
-        elif whole is not None:
-            bounds = tensor_range(whole)
-        else:
+            lo_t, hi_t = percentile_bounds(messages.floats(), point.spec.percentile).tolist()
+            bounds = (float(lo_t), float(hi_t))
+        elif nodes_send or edges * width > chunk:
             bounds = messages.bounds()
+            if ties and point.spec.step_kind == "batch":
+                bounds = messages.settle_extremes(bounds, _reads_magnitude(point))
+        else:
+            whole = messages.sorted_floats(0, edges)
+            bounds = tensor_range(whole)
+            if ties and point.spec.step_kind == "batch" and messages.settle is not None:
+                bounds = messages.settle_extremes(bounds, _reads_magnitude(point))
+                whole = messages.sorted_floats(0, edges)
     plan = point.plan(bounds, ids=ids, num_nodes=n,
                       node_range=lambda: messages.target_range(n))
-    node_codes = None
-    if messages.coef is None and plan.node_bits is None and plan.scale is not None:
-        node_codes = plan.codes(messages.values)  # a message is its sender's codes
-
-    def codes(edges: Tensor | None) -> QTensor:  # (in edge order: records, ties)
-        if node_codes is not None:
-            src = messages.src if edges is None else messages.src.index_select(0, edges)
-            return node_codes.index_rows(src)
-        dst = messages.dst if edges is None else messages.dst.index_select(0, edges)
-        return plan.codes(messages.floats(edges), row_nodes=dst)
-
     if record is not None:
-        record(point, codes(None))
-    per_row_scale = plan.scale is None and plan.node_bits is None  # a scale per message
-    device = messages.values.device
-    exact = accumulator(accumulate, order) if not per_row_scale else torch.float32
-    total_i = torch.zeros((n, *row_shape), dtype=exact, device=device)
-    total_f = torch.zeros((n, *row_shape), dtype=torch.float32, device=device) \
-        if per_row_scale else None
-    step = max(1, chunk // width)
-    edges_total = order.perm.shape[0]
-    shift: float | None = None
-    for start in range(0, edges_total if not small else 0, step):
-        stop = min(start + step, edges_total)
-        dst = order.sorted_dst[start:stop]
-        if node_codes is not None:
-            q = node_codes.index_rows(order.sorted_src[start:stop])
-        else:
-            q = plan.codes(messages.sorted_floats(start, stop), row_nodes=dst)
-        if total_f is not None:
-            total_f.index_add_(0, dst, q.dequantize())
-        else:
-            total_i.index_add_(0, dst, q.codes.to(exact))
-            shift = None if per_row(q.shift) else number(q.shift)
-    in_order: QTensor | None = None
-    if small and edges_total:  # in edge order, in one go
-        q = in_order = node_codes.index_rows(messages.src) if node_codes is not None else \
-            plan.codes(whole, row_nodes=messages.dst)  # type: ignore[arg-type]
-        if total_f is not None:
-            total_f.index_add_(0, messages.dst, q.dequantize())
-        else:
-            total_i.index_add_(0, messages.dst, q.codes.to(exact))
-            shift = None if per_row(q.shift) else number(q.shift)
-    if total_f is not None:
-        total = total_f
-    else:
-        levels = total_i.to(torch.float32)
-        shape = (-1,) + (1,) * len(row_shape)
-        if shift is None:  # (no edges) or a shift per row: from the plan's first row
-            first = codes(order.perm[:1]).shift if edges_total else 0.0
-            shift = float(first.reshape(-1)[0]) if isinstance(first, Tensor) else first
-        if shift:
-            levels = levels + (order.count * shift).view(shape)
-        scale = _node_scale(plan, n)
-        total = levels * (scale.view(shape) if isinstance(scale, Tensor) and per_row(scale)
-                          else scale)
-    if mean:
-        total = total / order.count.clamp(min=1).view((-1,) + (1,) * len(row_shape))
-
-    def replay(nodes: Tensor) -> Tensor:
-        """The sums of ``nodes`` (ids) as the simulation computes them: the messages'
-        values added in float32 in edge order (PyG's ``scatter_add_``), divided by the
-        count (of every node at once where the messages are at hand: fewer ops)."""
-        if in_order is not None and 4 * nodes.numel() >= n:  # (most nodes: all at once)
-            values, index = in_order.dequantize(), messages.dst
-        else:
-            mask = torch.zeros(n, dtype=torch.bool, device=total.device)
-            mask[nodes] = True
-            edges = mask.index_select(0, messages.dst).nonzero().view(-1)
-            values = codes(edges).dequantize()
-            index = messages.dst.index_select(0, edges)
-        out = torch.zeros_like(total).scatter_add_(
-            0, index.view((-1,) + (1,) * (values.dim() - 1)).expand_as(values), values)
+        record(point, _edge_codes(plan, messages))
+    shape = (-1,) + (1,) * len(row_shape)
+    if plan.scale is None and plan.node_bits is None:
+        # a step per message (its own range): summed as the simulation sums the values
+        vals = plan.codes(messages.floats(), row_nodes=messages.dst).dequantize()
+        index = messages.dst.view(shape).expand_as(vals)
+        total = torch.zeros((n, *row_shape), device=values.device).scatter_add_(0, index, vals)
         if mean:
-            out = out / order.count.clamp(min=1).view((-1,) + (1,) * len(row_shape))
-        return out.index_select(0, nodes)
+            total = total / order.count.clamp(min=1).view(shape)
+        return total if then is None else then(total, ids=ids)
+    exact = accumulator(accumulate, order, point)
+    if nodes_send and plan.per_tensor:  # each sender's codes once, summed by the adjacency
+        levels = plan.levels(values.reshape(values.shape[0], messages.width))
+        if exact is torch.float32:
+            sums = order.node_sum() @ levels if edges else levels.new_zeros(n, levels.shape[1])
+        else:
+            sums = torch.zeros((n, levels.shape[1]), dtype=torch.int32, device=values.device)
+            sums.index_add_(0, order.sorted_dst, levels.to(torch.int32).index_select(
+                0, order.sorted_src))
+        sums = sums.view(n, *row_shape)
+    else:
+        sums = torch.zeros((n, *row_shape), dtype=exact, device=values.device)
+        step = max(1, chunk // width)
+        for start in range(0, edges, step):
+            stop = min(start + step, edges)
+            m = whole if whole is not None and (start, stop) == (0, edges) else \
+                messages.sorted_floats(start, stop)
+            levels = plan.levels(m, row_nodes=order.sorted_dst[start:stop])
+            if exact is torch.float32 and (start, stop) == (0, edges):
+                sums = (order.edge_sum() @ levels.reshape(edges, width)).view(n, *row_shape)
+            else:
+                sums.index_add_(0, order.sorted_dst[start:stop], levels.to(exact))
+    total = _sum_values(plan, sums, order, shape, mean)
+    if then is None:
+        return total
+    replay = None
+    if ties and not _exact_in_float(plan, order):
+        def replay(elements: Tensor) -> Tensor:
+            return _replay_sums(plan, messages, order, width, mean, elements)
+    return round_sums(then, total, replay, ids)
 
-    if then is not None and total.numel():
-        total = replay_near(total, then, ids, replay)
+
+def _sum_values(plan: RoundPlan, sums: Tensor, order: EdgeOrder, shape: tuple[int, ...],
+                mean: bool) -> Tensor:
+    """The float32 values of the sums of codes: ``(sum + count x (offset - zero point)) x
+    step`` (the step per target node with per-node widths over a range), divided by the
+    count for a mean."""
+    levels = sums.to(torch.float32)
+    shift = plan.q.grid.offset - (plan.zero_point or 0.0)
+    if shift:
+        levels = levels + (order.count * shift).view(shape)
+    if plan.scale is not None:  # one step (with per-node widths: a learned one)
+        total = levels * plan.scale
+    else:  # the step of each target's rows
+        total = levels * _node_steps(plan, order.n).view(shape)
+    if mean:
+        total = total / order.count.clamp(min=1).view(shape)
     return total
 
 
-def replay_near(values: Tensor, then: IntQuantizer, ids: Tensor | None,
-                replay: Callable[[Tensor], Tensor], min_rows: int = 1) -> Tensor:
-    """``values`` (rows of nodes, computed on integers; written in place), with the rows
-    whose rounding at ``then`` float32 noise decides taken as the simulation computes them
-    (``replay(rows)``: those rows' values, the simulation's way).
-
-    The integer path's values are exact or a few units in the last place from the
-    simulation's float32 values. That matters in two places only: a value on a rounding
-    boundary of the next point (a mean of two codes halfway between two levels; zero on a
-    mid-rise grid, which has no zero), whose code those units pick, and the largest value
-    where the next step is taken from the values' range, which sets every code's step.
-    Those rows are recomputed; elsewhere both round alike. ``min_rows``: replay at least
-    this many rows (a float32 product of fewer rows may sum in another order)."""
-    n = values.shape[0]
-    if not n or not values.numel():
-        return values
-    bounds = tensor_range(values) if then.spec.step_kind == "batch" else None
-    if then.needs_range and bounds is None:
-        return values  # (a percentile range: sampled; no boundary to look for)
-    plan = then.plan(bounds, ids=ids, num_nodes=n)
-    rows = plan.near_boundary(values)
-    if bounds is not None:
-        amax = max(abs(bounds[0]), abs(bounds[1]))
-        lo, hi = torch.aminmax(values.reshape(n, -1), dim=1)
-        rows = rows | (torch.maximum(lo.neg_(), hi) >= amax * (1 - 1e-6))
-    picked = rows.nonzero().view(-1)
-    count = picked.numel()
-    if not count:
-        return values
-    if count < min(min_rows, n):  # padded with other rows, whose values are kept
-        others = (~rows).nonzero().view(-1)[:min_rows - count]
-        picked = torch.cat([picked, others])
-    values[picked[:count]] = replay(picked)[:count].to(values.dtype)  # (a fresh tensor)
-    return values
+def _node_steps(plan: RoundPlan, n: int) -> Tensor:
+    """The step of each node's rows (per-node widths over a range)."""
+    assert plan.node_bits is not None and plan.amax is not None
+    _, qmax = plan.q.grid.code_range(plan.node_bits)
+    assert isinstance(qmax, Tensor)
+    return (plan.amax.reshape(-1) / (qmax.to(torch.float32) + plan.q.grid.offset)).clamp(
+        min=torch.finfo(torch.float32).tiny)
 
 
-#: the largest sum of codes a float32 accumulator holds exactly (every integer up to 2**24)
-EXACT_FLOAT = 1 << 24
+def _edge_codes(plan: RoundPlan, messages: Messages) -> QTensor:
+    """Every message's codes in edge order (what the simulation's point rounds)."""
+    return plan.codes(messages.floats(), row_nodes=messages.dst)
 
 
-def accumulator(accumulate: str, order: EdgeOrder) -> torch.dtype:
+def _exact_in_float(plan: RoundPlan, order: EdgeOrder) -> bool:
+    """Whether the simulation's float32 sums of the message values are exact (then they
+    equal the integer sums rescaled, bit for bit): one step whose mantissa, times every
+    partial sum of the grid's levels, fits float32's 24 bits."""
+    if not plan.per_tensor or plan.scale is None:
+        return False
+    mantissa, _ = math.frexp(plan.scale)
+    bits = 1
+    while mantissa != math.floor(mantissa):  # significant bits of the step
+        mantissa *= 2
+        bits += 1
+        if bits > 24:
+            return False
+    lo, hi = plan.q.code_range
+    zp = plan.zero_point or 0.0
+    top = 2 * (max(abs(lo - zp), abs(hi - zp)) + 1)  # (twice: mid-rise halves)
+    return bits + math.ceil(math.log2(top * max(order.max_degree, 1))) <= 24
+
+
+def accumulator(accumulate: str, order: EdgeOrder, point: IntQuantizer | None = None
+                ) -> torch.dtype:
     """The dtype codes are summed in: ``"int32"``, or with ``"auto"`` float32 where every
-    sum is exact there (in-degree x 128 <= 2**24: each code is at most 128 in magnitude, and
-    float32 holds every integer up to 2**24), which holds the same integers. torch's CPU
-    ``index_add_`` is vectorized for float32 and not for int32: on this 2-core x86 CPU,
-    one thread, the float32 sums of int8 codes ran 3x faster than int32 on Cora's messages
-    and 1.7x faster on a 1M-node graph's (target-sorted chunks)."""
-    if accumulate == "int32" or order.max_degree * 128 > EXACT_FLOAT:
+    sum is exact there (in-degree x the largest code <= 2**24: float32 holds every integer
+    up to 2**24), which holds the same integers and which torch's CPU kernels sum faster
+    (a sparse product; torch's sparse products take no integers)."""
+    if accumulate == "int32":
+        return torch.int32
+    top = 128
+    if point is not None:
+        lo, hi = point.grid.code_range(point.spec.max_bits if point.widths is not None
+                                       else None)
+        top = max(abs(int(lo)), abs(int(hi)))
+    if order.max_degree * top > EXACT_FLOAT:
         return torch.int32
     return torch.float32
 
 
-def _node_scale(plan: RoundPlan, n: int) -> Tensor | float:
-    """The scale of the messages into each node (one number where it is per tensor)."""
-    q = plan.q
-    if plan.node_bits is None or plan.scale is not None:
-        scale = plan.scale
-        assert scale is not None
-        return scale if not isinstance(scale, Tensor) or scale.dim() else float(scale)
-    assert plan.amax is not None
-    _, qmax = q.grid.code_range(plan.node_bits)
-    assert isinstance(qmax, Tensor)
-    return (plan.amax.reshape(-1) / (qmax.to(torch.float32) + q.grid.offset)).clamp(
-        min=torch.finfo(torch.float32).tiny)
+def _replay_sums(plan: RoundPlan, messages: Messages, order: EdgeOrder, width: int,
+                 mean: bool, elements: Tensor) -> Tensor:
+    """The sums at ``elements`` (flat indices of the ``(nodes, width)`` sums) as the
+    simulation computes them: each message's value rounded by the message point, added
+    in float32 one by one in edge order from 0 (PyG's ``scatter_add_``), divided by the
+    count for a mean."""
+    nodes = torch.div(elements, width, rounding_mode="floor")
+    columns = elements - nodes * width
+    degree = order.degree.index_select(0, nodes)
+    pair_of = torch.repeat_interleave(degree)  # each (element, message) pair's element
+    first = torch.cumsum(degree, 0) - degree
+    positions = order.ptr.index_select(0, nodes).index_select(0, pair_of) + \
+        torch.arange(pair_of.shape[0], device=elements.device) - first.index_select(0, pair_of)
+    columns = columns.index_select(0, pair_of)
+    targets = order.sorted_dst.index_select(0, positions)
+    toward_zero = plan.q.spec.rounding == "toward_zero"
+    if plan.node_bits is not None and plan.scale is None and plan.amax is None:
+        # each message's step from its own row: rounded whole, the columns picked
+        rows = messages.rows(positions)
+        t = plan.terms(rows, targets)
+        vals = plan.values(round_levels(rows, t, toward_zero), t).reshape(
+            rows.shape[0], -1).gather(1, columns.view(-1, 1)).view(-1)
+    else:
+        m = messages.elements(positions, columns)
+        t = plan.terms(m, targets)
+        vals = plan.values(round_levels(m, t, toward_zero), t)
+    sums = torch.zeros(elements.shape[0], device=m.device).scatter_add_(0, pair_of, vals)
+    if mean:
+        sums = sums / order.count.index_select(0, nodes).clamp(min=1)
+    return sums
+
+
+def round_sums(then: IntQuantizer, v: Tensor, replay: Callable[[Tensor], Tensor] | None,
+               ids: Tensor | None) -> QTensor:
+    """``v`` (sums computed on integers, float32; rows of nodes) rounded to ``then``'s codes
+    as the simulation rounds its own float32 sums: where a sum lies within
+    :data:`TIE_TOLERANCE` steps of a rounding boundary, or sets the range ``then``'s step
+    is taken from, ``replay(elements)`` gives the simulation's value there (flat indices
+    into ``v``), which is rounded instead. ``v`` is written in place."""
+    n = v.shape[0]
+    flat = v.reshape(-1)
+    bounds: tuple[float, float] | None = None
+    kind = then.spec.step_kind
+    if then.needs_range:
+        bounds = then.range_of(v)
+        if replay is not None and kind == "batch" and flat.numel():
+            bounds = _settle_extremes(then, flat, bounds, replay)
+    elif replay is not None and kind == "batch-row" and flat.numel():
+        _settle_row_extremes(then, v.reshape(n, -1), replay)
+    plan = then.plan(bounds, ids=ids, num_nodes=n, node_range=lambda: _magnitudes(v))
+    t = plan.terms(v)
+    toward_zero = then.spec.rounding == "toward_zero"
+    before = torch.empty_like(v) if replay is not None else None
+    levels = round_levels(v, t, toward_zero, keep=before)
+    if replay is not None and before is not None and flat.numel():
+        rounded = torch.trunc(before) if toward_zero else torch.round(before)
+        gap = rounded.sub_(before).abs_()  # distance to the nearest integer
+        near = gap <= TIE_TOLERANCE if toward_zero else gap >= 0.5 - TIE_TOLERANCE
+        elements = near.view(-1).nonzero().view(-1)
+        if elements.numel():
+            sums = replay(elements)
+            rows = torch.div(elements, flat.numel() // n, rounding_mode="floor")
+            fixed = round_levels(sums, _terms_at(t, rows), toward_zero)
+            levels.view(-1)[elements] = fixed
+            flat[elements] = sums
+    codes = (levels - then.bias if then.bias else levels).to(torch.int8)
+    return plan.qtensor(codes, t)
+
+
+def _reads_magnitude(point: IntQuantizer) -> bool:
+    """Whether ``point``'s step reads only the largest magnitude of its range (a signed
+    symmetric grid, per-node widths)."""
+    return not point.grid.asymmetric and (point.grid.signed or point.widths is not None)
+
+
+def _near_extremes(point: IntQuantizer, flat: Tensor, bounds: tuple[float, float]) -> Tensor:
+    """Where ``flat`` lies within :data:`EXTREME_TOLERANCE` of the part of its range
+    ``point``'s step is taken from."""
+    lo, hi = bounds
+    margin = EXTREME_TOLERANCE * max(abs(lo), abs(hi))
+    if point.grid.asymmetric:
+        return (flat <= lo + margin) | (flat >= hi - margin)
+    if _reads_magnitude(point):
+        return flat.abs() >= max(abs(lo), abs(hi)) - margin
+    return flat >= hi - margin
+
+
+def extreme_rows(point: IntQuantizer, v: Tensor) -> Tensor:
+    """The rows of ``v`` (ids) holding the range ``point`` takes its step from (within
+    :data:`EXTREME_TOLERANCE`), where it takes it from the min and max of the values."""
+    if point.spec.step_kind != "batch" or not v.numel():
+        return torch.zeros(0, dtype=torch.long, device=v.device)
+    rows = v.reshape(v.shape[0], -1)
+    return _near_extremes(point, rows, tensor_range(v)).any(1).nonzero().view(-1)
+
+
+def _settle_extremes(then: IntQuantizer, flat: Tensor, bounds: tuple[float, float],
+                     replay: Callable[[Tensor], Tensor]) -> tuple[float, float]:
+    """The range of the sums as the simulation has it: the sums at (or within
+    :data:`EXTREME_TOLERANCE` of) the extremes summed again its way, written into
+    ``flat``; their extremes are the range's."""
+    lo, hi = bounds
+    grid = then.grid
+    elements = _near_extremes(then, flat, bounds).nonzero().view(-1)
+    if not elements.numel():
+        return bounds
+    sums = replay(elements)
+    flat[elements] = sums
+    lo_s, hi_s = (float(b) for b in torch.aminmax(sums))
+    if grid.asymmetric:  # (both extremes were summed again)
+        return lo_s, hi_s
+    if _reads_magnitude(then):  # only the largest magnitude counts
+        top = max(abs(lo_s), abs(hi_s))
+        return -top, top
+    return lo, hi_s  # an unsigned grid reads the largest value only
+
+
+def _settle_row_extremes(then: IntQuantizer, rows: Tensor,
+                         replay: Callable[[Tensor], Tensor]) -> None:
+    """:func:`_settle_extremes` for a range per row (each row's own step)."""
+    lo, hi = torch.aminmax(rows, dim=1)
+    margin = (EXTREME_TOLERANCE * torch.maximum(lo.abs(), hi.abs())).view(-1, 1)
+    near = (rows <= lo.view(-1, 1) + margin) | (rows >= hi.view(-1, 1) - margin)
+    elements = near.view(-1).nonzero().view(-1)
+    if elements.numel():
+        rows.view(-1)[elements] = replay(elements)
+
+
+def _terms_at(t: dict[str, Any], rows: Tensor) -> dict[str, Any]:
+    """``t`` for single elements of the rows ``rows`` (per-row terms picked)."""
+    out = dict(t)
+    for key in ("factor", "zero_point", "qmin", "qmax", "scale"):
+        value = t[key]
+        if isinstance(value, Tensor) and value.dim():
+            out[key] = value.reshape(-1).index_select(0, rows)
+    return out
+
+
+def _magnitudes(v: Tensor) -> Tensor:
+    flat = v.reshape(v.shape[0], -1)
+    if not flat.shape[1]:
+        return flat.new_zeros(flat.shape[0])
+    return flat.abs().nan_to_num(nan=0.0, posinf=0.0).amax(1)

@@ -2,9 +2,10 @@
 
 Both models run on the same inputs; at every point the converted model rounds, its codes
 are compared with the simulation's: the codes the simulation's point gives its own input
-(``round(x / step)`` with the step it used there). Codes may differ where the float32
-rescaling of an integer accumulator lands a value on the other side of a rounding
-boundary than the simulation's float32 arithmetic did: one level, on a few elements.
+(``round(x / step)`` with the step it used there), read through the point's
+:meth:`~fxquant.quant.points.QuantPoint.grid`. Codes may differ where the float32 rescaling
+of an integer accumulator lands a value on the other side of a rounding boundary than the
+simulation's float32 arithmetic did: one level, on a few elements.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from torch import Tensor, nn
 from torch.fx import GraphModule
 
 from fxquant.errors import FxquantValueError
-from fxquant.execution._points import batch_ids
 from fxquant.execution.model import ConvertedModel
 from fxquant.execution.quantizer import IntQuantizer
 from fxquant.quant import QuantPoint
@@ -92,11 +92,13 @@ def compare(gm: GraphModule, converted: ConvertedModel, *args: Any,
         levels; ``agree`` of ``nodes`` predictions. ``str()`` is a table.
     """
     quantizers = _quantizers(converted)
-    seen: dict[str, tuple[Tensor, Tensor | None, Tensor | None, int | None]] = {}
+    ids = kwargs.get("node_ids")
+    seen: dict[str, tuple[QuantPoint, Tensor, Tensor | None, Tensor | None, int | None]] = {}
     hooks = []
     for name, module in gm.named_modules():
         if isinstance(module, QuantPoint) and name in quantizers:
-            hooks.append(module.register_forward_hook(_keep_input(name, seen), with_kwargs=True))
+            hooks.append(module.register_forward_hook(_keep_input(name, seen, ids),
+                                                      with_kwargs=True))
     was_training = gm.training
     gm.eval()
     try:
@@ -115,15 +117,15 @@ def compare(gm: GraphModule, converted: ConvertedModel, *args: Any,
             if name in seen or name in codes:
                 missing.append(name)
             continue
-        x, ids, row_nodes, num_nodes = seen[name]
-        with torch.no_grad():
-            expected = quantizer(x, ids=ids, row_nodes=row_nodes, num_nodes=num_nodes)
-        got = codes[name]
-        if expected.codes.shape != got.codes.shape:
+        point, x, point_ids, row_nodes, num_nodes = seen[name]
+        grid = point.grid(x, node_ids=point_ids, row_nodes=row_nodes, num_nodes=num_nodes)
+        expected = grid.codes(x)
+        got = codes[name].grid_codes()
+        if expected.shape != got.shape:
             raise FxquantValueError(f"compare: the point {name!r} rounds a tensor of shape "
-                                    f"{tuple(got.codes.shape)} in the converted model and of "
-                                    f"shape {tuple(expected.codes.shape)} in the simulation")
-        diff = (got.codes.to(torch.int16) - expected.codes.to(torch.int16)).abs()
+                                    f"{tuple(got.shape)} in the converted model and of "
+                                    f"shape {tuple(expected.shape)} in the simulation")
+        diff = (got.to(torch.int32) - expected).abs()
         rows.append(PointComparison(name, quantizer.spec.label, diff.numel(),
                                     int((diff == 0).sum()),
                                     int(diff.max()) if diff.numel() else 0))
@@ -141,17 +143,19 @@ def _quantizers(converted: ConvertedModel) -> dict[str, IntQuantizer]:
     return found
 
 
-def _keep_input(name: str, seen: dict[str, Any]) -> Any:
+def _keep_input(name: str, seen: dict[str, Any], ids: Tensor | None) -> Any:
     """A forward hook (with keyword arguments) keeping what the point rounded: its input,
-    the batch's node ids, the rows' nodes (messages) and the number of nodes."""
+    the batch's node ids (where the point looks rows up by them), the rows' nodes
+    (messages) and the number of nodes."""
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
              output: Any) -> None:
         del output
         assert isinstance(module, QuantPoint)
-        ids = batch_ids(module)
         degree = kwargs.get("node_degree")
-        n = degree.shape[0] if isinstance(degree, Tensor) else None
-        seen[name] = (args[0].detach().to(torch.float32), ids, kwargs.get("row_nodes"), n)
+        x = args[0]
+        n = degree.shape[0] if isinstance(degree, Tensor) else x.shape[0] if x.dim() else 1
+        seen[name] = (module, x.detach(), ids if module.uses_node_ids else None,
+                      kwargs.get("row_nodes"), n)
 
     return hook

@@ -14,6 +14,7 @@ and each layer lists what runs where in :attr:`IntLayer.placements`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from fxquant.execution.aggregate import (
     GraphCache,
     Messages,
     aggregate,
-    replay_near,
+    extreme_rows,
 )
 from fxquant.execution.kernels import QTensor, int_matmul, number, per_row
 from fxquant.execution.packing import PackedCodes, pack, unpack
@@ -84,12 +85,21 @@ class Placement:
 
 class Context:
     """What one forward shares between steps: the batch's global node ids, and per-graph
-    values computed once per ``edge_index`` (a normalization, a sort)."""
+    values computed once per ``edge_index`` (a normalization, a sort), kept by the model
+    across forwards (:class:`~fxquant.execution.aggregate.GraphCache`)."""
 
-    def __init__(self, ids: Tensor | None = None, meter: list[Any] | None = None) -> None:
+    def __init__(self, ids: Tensor | None = None, meter: list[Any] | None = None,
+                 graphs: GraphCache | None = None) -> None:
         self.ids = ids
         #: what the forward computes, when counted (:func:`fxquant.execution.bit_operations`)
         self.meter = meter
+        self.graphs = graphs if graphs is not None else GraphCache()
+
+    def graph(self, key: Any, edge_index: Tensor, extra: Tensor | None, n: int,
+              build: Any) -> Any:
+        """``build()``, or what it returned for this ``edge_index`` (and ``extra``) and
+        ``key`` before."""
+        return self.graphs.get(key, edge_index, extra, n, build)
 
 
 def as_float(v: Value) -> Tensor:
@@ -154,12 +164,12 @@ class WeightCodes(nn.Module):
 
 
 #: how the converted layers sum message codes (:func:`~fxquant.execution.aggregate.accumulator`)
-SUM_HOW = ("exact integer sums of the message codes (index_add_ in target order; in float32 "
-           "where in-degree x 128 <= 2**24, else int32)")
-
-#: rows a float32 product is recomputed over at least (torch's CPU product of fewer rows
-#: may add in another order than the whole matrix's)
+#: rows a float32 product is recomputed over at least (on this x86 CPU, torch's product
+#: of fewer than 4 rows added in another order than the whole matrix's)
 _EXACT_ROWS = 16
+
+SUM_HOW = ("exact integer sums of the message codes: float32 sparse product where in-degree "
+           "x largest code <= 2**24, else int32 index_add_ (accumulate='int32': always)")
 
 
 class IntLayer(nn.Module):
@@ -247,13 +257,35 @@ class IntLayer(nn.Module):
         """The point that rounds this layer's output, if any (set by the model)."""
         return self.__dict__.get("then")
 
-    def _output(self, y: Tensor, ctx: Context, simulate: Any) -> Tensor:
-        """The output ``y``, with the rows where float32 noise picks the next point's
-        codes (or sets its step) as the simulation computes them (``simulate(rows)``)."""
-        then = self.then
-        if then is None or simulate is None or self.rebuild.get("ties") == "nearest":
+    def _settle(self, point: IntQuantizer | None, y: Tensor,
+                simulate: Callable[[Tensor], Tensor]) -> Tensor:
+        """``y`` (computed on integers, rescaled to float32), with the rows holding the
+        range ``point`` takes its step from computed as the simulation computes them
+        (``simulate(rows)``, its float32 products), so that the step is the simulation's
+        to the bit: every code after it is read with that step, and a value the
+        simulation puts exactly on a rounding boundary stays there."""
+        if point is None or not self._exact_ties:
             return y
-        return replay_near(y, then, ctx.ids, simulate, min_rows=_EXACT_ROWS)
+        rows = extreme_rows(point, y)
+        if rows.numel():
+            y[rows] = self._simulate_rows(rows, y.shape[0], simulate).to(y.dtype)
+        return y
+
+    @property
+    def _exact_ties(self) -> bool:
+        return self.rebuild.get("ties", "simulation") == "simulation"
+
+    @staticmethod
+    def _simulate_rows(rows: Tensor, n: int, simulate: Callable[[Tensor], Tensor]) -> Tensor:
+        """``simulate(rows)``, over at least :data:`_EXACT_ROWS` rows (torch's CPU
+        product of very few rows may add in another order than the whole matrix's)."""
+        count = rows.numel()
+        if count >= min(_EXACT_ROWS, n):
+            return simulate(rows)
+        others = torch.ones(n, dtype=torch.bool, device=rows.device)
+        others[rows] = False
+        padded = torch.cat([rows, others.nonzero().view(-1)[:_EXACT_ROWS - count]])
+        return simulate(padded)[:count]
 
     def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
             what: str = "product") -> Tensor:
@@ -277,10 +309,12 @@ class IntLayer(nn.Module):
         return q
 
     def _aggregate(self, messages: Messages, order: EdgeOrder, ctx: Context,
-                   mean: bool = False) -> Tensor:
-        """Each node's sum (or mean) of its messages: codes summed into int32 where the
-        layer rounds its messages, else float32."""
+                   mean: bool = False) -> Value:
+        """Each node's sum (or mean) of its messages: codes summed exactly where the
+        layer rounds its messages, else float32; rounded by the aggregate point, if the
+        layer has one (its codes)."""
         point = self.point("message")
+        then = self.point("aggregate")
         if ctx.meter is not None:
             width = int(torch.Size(messages.values.shape[1:]).numel())
             bits = 32.0
@@ -288,20 +322,34 @@ class IntLayer(nn.Module):
                 sample = point(messages.floats(),
                                ids=ctx.ids, row_nodes=order.dst, num_nodes=order.n)
                 bits = _bits(sample)
-            ctx.meter.append(("sum", f"{self.name}: aggregation", order.perm.numel() * width,
+            ctx.meter.append(("sum", f"{self.name}: aggregation", order.edges * width,
                               bits, 0.0))
         if point is None:
             m = messages.floats()
             out = torch.zeros((order.n, *m.shape[1:]), dtype=torch.float32,
                               device=m.device).index_add_(0, messages.dst, m)
-            return out / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1)) \
-                if mean else out
+            if mean:
+                out = out / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1))
+            return self._round("aggregate", out, ctx)
         recording = self.__dict__.get("recording") is not None
-        exact = self.rebuild.get("ties", "simulation") == "simulation"
-        return aggregate(point, messages, order, ctx.ids, mean=mean,
-                         then=self.point("aggregate") if exact else None,
-                         record=self.record if recording else None,
-                         accumulate=self.rebuild.get("accumulate", "auto"))
+        out = aggregate(point, messages, order, ctx.ids, mean=mean, then=then,
+                        record=self.record if recording else None,
+                        accumulate=self.rebuild.get("accumulate", "auto"),
+                        ties=self.rebuild.get("ties", "simulation") == "simulation")
+        if then is not None:
+            assert isinstance(out, QTensor)
+            return self.record(then, out)
+        return out
+
+
+def _rows_float(v: Value, rows: Tensor) -> Tensor:
+    """The float32 values of the rows ``rows`` of ``v``."""
+    return as_float(v.index_rows(rows) if isinstance(v, QTensor) else v.index_select(0, rows))
+
+
+def _dequantized(weight: WeightCodes | None, fallback: Tensor) -> Tensor:
+    """A weight as the simulation multiplies by it: its point's values, else float32."""
+    return weight.qtensor().dequantize() if weight is not None else fallback
 
 
 def _bits(v: Value | WeightCodes | None) -> float:
@@ -334,7 +382,6 @@ class IntGCNConv(IntLayer):
         self.register_buffer("lin_weight", conv.lin.weight.detach().clone())
         self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
-        self.graph = GraphCache()
         self._place_product("product x W", input_integer, self.weight,
                       "round it (site='weight') to run the product on integers")
         if self.point("linear.lin") is not None:
@@ -351,15 +398,22 @@ class IntGCNConv(IntLayer):
     def forward(self, x: Value, edge_index: Tensor, edge_weight: Tensor | None = None, *,
                 ctx: Context) -> Tensor:
         h = self._mm(x, self.weight, self.lin_weight, ctx)
-        h = as_float(self._round("linear.lin", h, ctx))
+
+        def simulate(rows: Tensor) -> Tensor:  # (rows of x @ W.T as the simulation has them)
+            return F.linear(_rows_float(x, rows), _dequantized(self.weight, self.lin_weight))
+
+        linear = self.point("linear.lin")
+        if linear is not None:
+            h = as_float(self._round("linear.lin", self._settle(linear, h, simulate), ctx))
         n = h.shape[0]
-        ew, sorted_ew, order = self.graph.get(edge_index, edge_weight, n,
-                                              lambda: self._prepare(edge_index, edge_weight, n))
+        key = ("gcn", self.normalize, self.improved, self.add_loops, self.flow)
+        ew, sorted_ew, order = ctx.graph(key, edge_index, edge_weight, n,
+                                         lambda: self._prepare(edge_index, edge_weight, n))
         if ew is not None and self.point("edge") is not None:
             ew = as_float(self._round("edge", ew, ctx, row_nodes=order.dst, num_nodes=n))
             sorted_ew = None
-        out = self._aggregate(Messages(h, order, ew, sorted_ew), order, ctx)
-        out = as_float(self._round("aggregate", out, ctx))
+        settle = simulate if linear is None and self._exact_ties else None
+        out = as_float(self._aggregate(Messages(h, order, ew, sorted_ew, settle), order, ctx))
         if self.bias is not None:
             out = out + self.bias
         return out
@@ -398,7 +452,6 @@ class IntSAGEConv(IntLayer):
         self.flow = conv.flow
         self.root = conv.root_weight
         self.normalize = conv.normalize
-        self.graph = GraphCache()
         self.register_buffer("wl", conv.lin_l.weight.detach().clone())
         self.register_buffer("bl", None if conv.lin_l.bias is None
                              else conv.lin_l.bias.detach().clone())
@@ -441,9 +494,9 @@ class IntSAGEConv(IntLayer):
                 ctx: Context) -> Tensor:
         _no_size(self.name, size)
         n = x.shape[0]
-        order = self.graph.get(edge_index, None, n, lambda: _order(edge_index, self.flow, n))
-        out = _node_messages(self, x, order, ctx, self.aggr)
-        a = self._round("aggregate", out, ctx)
+        order = ctx.graph(("order", self.flow), edge_index, None, n,
+                          lambda: _order(edge_index, self.flow, n))
+        a = _node_messages(self, x, order, ctx, self.aggr)
         y = self._mm(a, self.weight_l, self.wl, ctx, "product aggregate W_l")
         if self.bl is not None:
             y = y + self.bl
@@ -457,18 +510,14 @@ class IntSAGEConv(IntLayer):
             return F.normalize(y, p=2.0, dim=-1)
 
         def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
-            wl = self.weight_l.qtensor().dequantize() if self.weight_l is not None else self.wl
-            out = F.linear(as_float(a.index_rows(rows) if isinstance(a, QTensor) else a[rows]),
-                           wl, self.bl)
+            out = F.linear(_rows_float(a, rows), _dequantized(self.weight_l, self.wl), self.bl)
             if self.root:
-                wr = self.weight_r.qtensor().dequantize() if self.weight_r is not None \
-                    else self.wr
-                assert wr is not None
-                xr = x.index_rows(rows) if isinstance(x, QTensor) else x[rows]
-                out = out + F.linear(as_float(xr), wr, self.br)
+                assert self.wr is not None
+                out = out + F.linear(_rows_float(x, rows), _dequantized(self.weight_r, self.wr),
+                                     self.br)
             return out
 
-        return self._output(y, ctx, simulate)
+        return self._settle(self.then, y, simulate)
 
 
 def _order(edge_index: Tensor, flow: str, n: int) -> EdgeOrder:
@@ -478,7 +527,7 @@ def _order(edge_index: Tensor, flow: str, n: int) -> EdgeOrder:
 
 
 def _node_messages(layer: IntLayer, x: Value, order: EdgeOrder, ctx: Context,
-                   aggr: str) -> Tensor:
+                   aggr: str) -> Value:
     """Messages that are the sender's own values (``x_j``), rounded to the message point
     and aggregated (``sum`` / ``mean``; ``max`` and ``min`` in float32)."""
     messages = Messages(as_float(x), order)
@@ -488,8 +537,9 @@ def _node_messages(layer: IntLayer, x: Value, order: EdgeOrder, ctx: Context,
                               num_nodes=order.n))
     out = torch.zeros((order.n, *m.shape[1:]), device=m.device)
     index = order.dst.view((-1,) + (1,) * (m.dim() - 1)).expand_as(m)
-    return out.scatter_reduce(0, index, m, reduce="amax" if aggr == "max" else "amin",
-                              include_self=False)
+    out = out.scatter_reduce(0, index, m, reduce="amax" if aggr == "max" else "amin",
+                             include_self=False)
+    return layer._round("aggregate", out, ctx)
 
 
 class IntGINConv(IntLayer):
@@ -507,7 +557,6 @@ class IntGINConv(IntLayer):
                                         "flow": conv.flow, "nn": _mlp_layout(conv.nn)})
         self.eps = float(conv.eps)
         self.flow = conv.flow
-        self.graph = GraphCache()
         self.steps = steps
         linears = [s for s in steps if s[0] == "linear"]
         self.lin_names = [s[1] for s in linears]
@@ -562,9 +611,9 @@ class IntGINConv(IntLayer):
                 ctx: Context) -> Tensor:
         _no_size(self.name, size)
         n = x.shape[0]
-        order = self.graph.get(edge_index, None, n, lambda: _order(edge_index, self.flow, n))
-        out = _node_messages(self, x, order, ctx, "sum")
-        a = self._round("aggregate", out, ctx)
+        order = ctx.graph(("order", self.flow), edge_index, None, n,
+                          lambda: _order(edge_index, self.flow, n))
+        a = _node_messages(self, x, order, ctx, "sum")
         h: Value | None = None
         j = 0
         for kind, child in self.steps:
@@ -595,22 +644,18 @@ class IntGINConv(IntLayer):
             return as_float(h)
 
         def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
-            def pick(v: Value) -> Tensor:
-                return as_float(v.index_rows(rows) if isinstance(v, QTensor) else v[rows])
-
-            out = pick(a) + (1.0 + self.eps) * pick(x)
+            out = _rows_float(a, rows) + (1.0 + self.eps) * _rows_float(x, rows)
             j = 0
             for kind, _ in self.steps:
                 if kind == "relu":
                     out = out.relu()
                 elif kind == "linear":
-                    w = self.weight_of(j)
-                    out = F.linear(out, w.qtensor().dequantize() if w is not None
-                                   else getattr(self, f"w{j}"), getattr(self, f"b{j}"))
+                    out = F.linear(out, _dequantized(self.weight_of(j), getattr(self, f"w{j}")),
+                                   getattr(self, f"b{j}"))
                     j += 1
             return out
 
-        return self._output(as_float(h), ctx, simulate)
+        return self._settle(self.then, as_float(h), simulate)
 
 
 def _mlp_steps(module: nn.Module) -> list[tuple[str, str]] | None:
@@ -732,7 +777,6 @@ class IntGATConv(IntLayer):
         self.register_buffer("att_src", conv.att_src.detach().clone())
         self.register_buffer("att_dst", conv.att_dst.detach().clone())
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
-        self.graph = GraphCache()
         self.weight = self._weight(conv.lin.weight, "weight.lin.weight")
         self.att_src_codes = self._weight(conv.att_src, "weight.att_src")
         self.att_dst_codes = self._weight(conv.att_dst, "weight.att_dst")
@@ -754,7 +798,14 @@ class IntGATConv(IntLayer):
                                     "(edge_attr); its GATConv was built without edge_dim")
         H, C = self.heads, self.channels
         h = self._mm(x, self.weight, self.lin_weight, ctx)
-        h = as_float(self._round("linear.lin", h, ctx)).view(-1, H, C)
+
+        def simulate(rows: Tensor) -> Tensor:  # (rows of x @ W.T as the simulation has them)
+            return F.linear(_rows_float(x, rows), _dequantized(self.weight, self.lin_weight))
+
+        linear = self.point("linear.lin")
+        if linear is not None:
+            h = as_float(self._round("linear.lin", self._settle(linear, h, simulate), ctx))
+        h = h.view(-1, H, C)
         att_src = self.att_src_codes.qtensor().dequantize() if self.att_src_codes is not None \
             else self.att_src
         att_dst = self.att_dst_codes.qtensor().dequantize() if self.att_dst_codes is not None \
@@ -762,13 +813,15 @@ class IntGATConv(IntLayer):
         a_src = (h * att_src).sum(-1)
         a_dst = (h * att_dst).sum(-1)
         n = h.shape[0]
-        order = self.graph.get(edge_index, None, n, lambda: self._prepare(edge_index, n))
+        order = ctx.graph(("gat", self.add_loops, self.flow), edge_index, None, n,
+                          lambda: self._prepare(edge_index, n))
         src, dst = order.src, order.dst
         alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
         alpha = F.leaky_relu(alpha, self.negative_slope)
         alpha = softmax(alpha, dst, None, n)
-        out = self._aggregate(Messages(h, order, alpha), order, ctx)
-        out = as_float(self._round("aggregate", out, ctx))
+        settle = (lambda rows: simulate(rows).view(-1, H, C)) \
+            if linear is None and self._exact_ties else None
+        out = as_float(self._aggregate(Messages(h, order, alpha, settle=settle), order, ctx))
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias

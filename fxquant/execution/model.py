@@ -19,6 +19,7 @@ from tabulate import tabulate
 from torch import Tensor, nn
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
+from fxquant.execution.aggregate import GraphCache
 from fxquant.execution.kernels import QTensor
 from fxquant.execution.layers import (
     FLOAT,
@@ -131,6 +132,8 @@ class ConvertedModel(nn.Module):
         self.__dict__["_recorded"] = None
         #: what the forward computes, when counted (:func:`fxquant.execution.bit_operations`)
         self.__dict__["_meter"] = None
+        #: what each graph's layers prepare once (normalization, edge order), not state
+        self.__dict__["_graphs"] = GraphCache()
 
     # -- calling --------------------------------------------------------------------------
 
@@ -168,7 +171,7 @@ class ConvertedModel(nn.Module):
             raise FxquantTypeError("node_ids must be a 1-D integer tensor of global node ids "
                                    "(PyG's batch.n_id)")
         ctx = Context(None if ids is None else ids.to(torch.int64),
-                      self.__dict__.get("_meter"))
+                      self.__dict__.get("_meter"), self.__dict__["_graphs"])
         recorded = self.__dict__["_recorded"]
         for step in self.steps:
             args_v = [self._read(env, a) for a in step.args]
