@@ -34,6 +34,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -124,7 +125,7 @@ def converted(model: nn.Module, config: str, data: Data, ties: str = "simulation
 
 def _block(fn: Callable[[], Any], min_time: float) -> float:
     """Median seconds of ``fn()`` over a block of calls lasting about ``min_time``."""
-    times = []
+    times: list[float] = []
     start = time.perf_counter()
     while not times or time.perf_counter() - start < min_time:
         t = time.perf_counter()
@@ -199,7 +200,7 @@ def _latency_cases(model: nn.Module, models: dict[str, fxquant.ConvertedModel], 
         if config.startswith("int8"):
             continue
         features = m.quantize_input(x) if m.input_point is not None else x
-        cases[f"{config}, stored features"] = lambda m=m, f=features: m(f, ei)
+        cases[f"{config}, stored features"] = partial(m, features, ei)
     return cases
 
 
@@ -240,14 +241,14 @@ def memory(name: str, data: Data, classes: int, args: argparse.Namespace) -> lis
     for kind in args.models:
         base = make_model(kind, data.num_features, classes).eval()
         with torch.no_grad():
-            float_peak = peak_bytes(lambda b=base: b(data.x, data.edge_index))
+            float_peak = peak_bytes(partial(base, data.x, data.edge_index))
         for config in CONFIGS:
             model = converted(make_model(kind, data.num_features, classes), config, data)
             s = storage(model, data.x, data.edge_index)
             ops = bit_operations(model, data.x, data.edge_index)
             features = model.quantize_input(data.x) if model.input_point else data.x
             with torch.no_grad():
-                peak = peak_bytes(lambda m=model, f=features: m(f, data.edge_index))
+                peak = peak_bytes(partial(model, features, data.edge_index))
             values = ("features", "hidden", "aggregate")
             stored, reference = s.total(values)
             counted = [r for r in s.rows if r.kind != "weight"]
@@ -297,7 +298,8 @@ def onnx_runtime(data: Data, classes: int, args: argparse.Namespace) -> list[dic
             options.intra_op_num_threads = threads
             sessions = {k: ort.InferenceSession(p, options, providers=["CPUExecutionProvider"])
                         for k, p in paths.items()}
-            cases = {k: (lambda s=s, f=feed: s.run(None, f)) for k, s in sessions.items()}
+            cases: dict[str, Callable[[], Any]] = {
+                k: partial(s.run, None, feed) for k, s in sessions.items()}
             for case, result in alternate(cases, args.rounds, args.min_time,
                                           "onnxruntime float32").items():
                 rows.append({"model": kind, "threads": threads, "case": case, **result})

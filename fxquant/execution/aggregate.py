@@ -382,10 +382,9 @@ def _sum_values(plan: RoundPlan, sums: Tensor, order: EdgeOrder, shape: tuple[in
     shift = plan.q.grid.offset - (plan.zero_point or 0.0)
     if shift:
         levels = levels + (order.count * shift).view(shape)
-    if plan.scale is not None:  # one step (with per-node widths: a learned one)
-        total = levels * plan.scale
-    else:  # the step of each target's rows
-        total = levels * _node_steps(plan, order.n).view(shape)
+    # one step (with per-node widths: a learned one), else the step of each target's rows
+    step = plan.scale if plan.scale is not None else _node_steps(plan, order.n).view(shape)
+    total = levels * step
     if mean:
         total = total / order.count.clamp(min=1).view(shape)
     return total
@@ -543,7 +542,7 @@ def _settle_extremes(then: IntQuantizer, flat: Tensor, bounds: tuple[float, floa
     """The range of the sums as the simulation has it: the sums at (or within
     :data:`EXTREME_TOLERANCE` of) the extremes summed again its way, written into
     ``flat``; their extremes are the range's."""
-    lo, hi = bounds
+    lo, _ = bounds
     grid = then.grid
     elements = _near_extremes(then, flat, bounds).nonzero().view(-1)
     if not elements.numel():

@@ -326,11 +326,11 @@ class IntLayer(nn.Module):
                               bits, 0.0))
         if point is None:
             m = messages.floats()
-            out = torch.zeros((order.n, *m.shape[1:]), dtype=torch.float32,
-                              device=m.device).index_add_(0, messages.dst, m)
+            total = torch.zeros((order.n, *m.shape[1:]), dtype=torch.float32,
+                                device=m.device).index_add_(0, messages.dst, m)
             if mean:
-                out = out / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1))
-            return self._round("aggregate", out, ctx)
+                total = total / order.count.clamp(min=1).view((-1,) + (1,) * (m.dim() - 1))
+            return self._round("aggregate", total, ctx)
         recording = self.__dict__.get("recording") is not None
         out = aggregate(point, messages, order, ctx.ids, mean=mean, then=then,
                         record=self.record if recording else None,
