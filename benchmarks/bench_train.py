@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> str:
 
     every_site = fxquant.QuantMapping()
     for site in ("input", "weight", "message", "aggregate", "output"):
-        every_site.set_global(fxquant.QuantConfig("int8", scale="tensor", momentum=0.9), site=site)
+        every_site.set_global(fxquant.QuantConfig("int8", scale="tensor", decay=0.9), site=site)
 
     def learned_bits(signed: str) -> fxquant.QuantMapping:
         """Learned per-node bits at every activation site; ``signed`` at the messages and

@@ -12,7 +12,8 @@ Architecture (imports flow one way, top to bottom; the two wings never import ea
   (rules, reports, state restoration, symbolic and dynamic lint, ``check``,
   ``functionalize_inplace``)
 - top: :mod:`fxquant.pipeline` (``transform`` that lints its result), :mod:`fxquant.cli`,
-  and this module, which only re-exports.
+  :mod:`fxquant.testing` (helpers for users' test suites), and this module, which only
+  re-exports.
 
 Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed models call
 (import it before ``torch.load`` of a saved one).
@@ -21,7 +22,7 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
 
 # isort: split
-from fxquant import recipes
+from fxquant import recipes, testing
 from fxquant._version import __version__ as __version__
 from fxquant.errors import FxquantError
 from fxquant.formats import CustomFormat, Format, IntFormat, TopN, register_format
@@ -108,6 +109,7 @@ __all__ = [
     "share_bits",
     "share_step",
     "summary",
+    "testing",
     "top_degree_nodes",
     "trace",
     "transform",
