@@ -216,6 +216,13 @@ def _by_degree_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
     return a["quantiles"], a["bits"], a["num_nodes"], a["min_bits"], a["max_bits"]
 
 
+# help(), IDEs and the documentation show the order by_degree reads (it also reads the old)
+_FIRST = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=kind)
+          for name, kind in (("cls", inspect.Parameter.empty), ("edge_index", "Tensor"))]
+NodeBits.by_degree.__func__.__signature__ = _NEW.replace(  # type: ignore[attr-defined]
+    parameters=[*_FIRST, *_NEW.parameters.values()], return_annotation="NodeBits")
+
+
 def bitwidth_bits(node_bits: NodeBits) -> int:
     """Bits that store one per-node bit-width: a fixed-length code for the
     ``max_bits - min_bits + 1`` widths allowed (3 for 2..8 and for 1..8).
