@@ -129,7 +129,7 @@ def quantize(
         >>> quantize(torch.tensor([0.01, 0.2, 3.0]), "e2m1", scale="tensor").tolist()  # FP4
         [0.0, 0.25, 3.0]
         >>> quantize(torch.tensor([0.3, -1.7, 20.0]), "int8:tensor").tolist()  # scale in the spec
-        [0.31496062874794006, -1.732283353805542, 20.0]
+        [0.31496062874794006, -1.7322834730148315, 20.0]
     """
     if torch.compiler.is_compiling() and isinstance(format, str):
         # The op's fake kernel validates; keep Python-side parsing out of the traced code

@@ -131,7 +131,7 @@ class NodeBits:
 
         Example:
             >>> edge_index = torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]])  # node 0: a hub
-            >>> NodeBits.by_degree(edge_index, [0.5], [2, 4], num_nodes=4).bits
+            >>> NodeBits.by_degree(edge_index, [0.75], [2, 4], num_nodes=4).bits
             tensor([4., 2., 2., 2.])
         """
         quantiles, bits, num_nodes, min_bits, max_bits = _by_degree_arguments(args, kwargs)

@@ -57,15 +57,18 @@ def test_an_explicit_unscaled_grid_is_silent():
         fxquant.transform(_model(), format="int8", scale="none", lint="off")
 
 
-def test_a_dict_of_integer_formats_takes_the_scale():
-    """format={layer: "int8"} with scale= scales the integers (it was refused as if they
-    were top-N truncation)."""
+@pytest.mark.parametrize("other", [12, "e4m3"])
+def test_a_dict_of_integer_formats_takes_the_scale(other):
+    """format={layer: "int8"} with scale= scales the integers: beside kept bits it was
+    refused as if it were top-N truncation, beside a float format the integers were
+    silently left unscaled."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        gm = fxquant.transform(_model(), format={"convs.0": "int8", "convs.1": 12},
+        gm = fxquant.transform(_model(), format={"convs.0": "int8", "convs.1": other},
                                scale="tensor", lint="off")
     configs = {p.layer: p.config for _, p in fxquant.quantization_points(gm)}
-    assert configs["convs.0"].scale.value == "tensor" and configs["convs.1"].scale.value == "none"
+    assert configs["convs.0"].scale.value == "tensor"
+    assert configs["convs.1"].scale.value == ("none" if other == 12 else "tensor")
 
 
 def _call(entry: str, spec: str, scale: str | None) -> None:
