@@ -30,8 +30,8 @@ Rows (``--rows``; protection ``(0, 0.2)`` on both sides):
   clipped) at its seven GCN tensors; fxquant ``intN:asym``, ``range="percentile:99.9"``
   at every site (input, weight, message, aggregate, output).
 - ``int8-mom``, ``int4-mom``: the reference's STE-MOM (min/max with momentum 0.01, 1%
-  new, straight-through); fxquant min/max with ``momentum=0.99`` (fxquant's momentum
-  weighs the running value: 0.99 is the same 1% new), the running range in eval.
+  new, straight-through); fxquant min/max with ``decay=0.99`` (the old range's weight:
+  0.99 is the same 1% new), the running range in eval.
 - ``int4-p1``: the reference's own INT4 setting (1st to 99th percentile); fxquant
   ``percentile:99``.
 - ``int8-dq``, ``int4-dq``: the reference's GC-PER (0.1th-99.9th percentile) against
