@@ -42,8 +42,10 @@ __all__ = [
     "Protection",
     "QuantConfig",
     "Site",
+    "check_decay",
     "describe",
     "describe_nodes",
+    "merge_scale",
 ]
 
 #: names a QuantConfig field had before (pickles and JSON of older files use them)
