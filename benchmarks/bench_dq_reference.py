@@ -30,8 +30,8 @@ Rows (``--rows``; protection ``(0, 0.2)`` on both sides):
   clipped) at its seven GCN tensors; fxquant ``intN:asym``, ``range="percentile:99.9"``
   at every site (input, weight, message, aggregate, output).
 - ``int8-mom``, ``int4-mom``: the reference's STE-MOM (min/max with momentum 0.01, 1%
-  new, straight-through); fxquant min/max with ``momentum=0.99`` (fxquant's momentum
-  weighs the running value: 0.99 is the same 1% new), the running range in eval.
+  new, straight-through); fxquant min/max with ``decay=0.99`` (the old range's weight:
+  0.99 is the same 1% new), the running range in eval.
 - ``int4-p1``: the reference's own INT4 setting (1st to 99th percentile); fxquant
   ``percentile:99``.
 - ``int8-dq``, ``int4-dq``: the reference's GC-PER (0.1th-99.9th percentile) against
@@ -193,9 +193,9 @@ ROWS: dict[str, Row] = {r.key: r for r in [
     Row("int4", "INT4, percentile 0.1-99.9", RefQuant(4, 0.001),
         _fx("int4:asym", range="percentile:99.9")),
     Row("int8-mom", "INT8, min/max momentum", RefQuant(8, None, momentum=True, ste=True),
-        _fx("int8:asym", momentum=0.99)),
+        _fx("int8:asym", decay=0.99)),
     Row("int4-mom", "INT4, min/max momentum", RefQuant(4, None, momentum=True, ste=True),
-        _fx("int4:asym", momentum=0.99)),
+        _fx("int4:asym", decay=0.99)),
     Row("int4-p1", "INT4, percentile 1-99", RefQuant(4, 0.01),
         _fx("int4:asym", range="percentile:99")),
     Row("int8-dq", "INT8 GC-PER, fxquant's faithful recipe", RefQuant(8, 0.001),

@@ -62,7 +62,7 @@ def model_for(case: str, features: int, classes: int) -> nn.Module:
     if case == "output":
         return fxquant.transform(model, bits=10, lint="off")
     mapping = fxquant.QuantMapping().set_global(
-        fxquant.QuantConfig("int8", scale="tensor", momentum=0.1), site="message")
+        fxquant.QuantConfig("int8", scale="tensor", decay=0.1), site="message")
     return fxquant.transform(model, mapping, lint="off")
 
 

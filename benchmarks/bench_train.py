@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> str:
 
     every_site = fxquant.QuantMapping()
     for site in ("input", "weight", "message", "aggregate", "output"):
-        every_site.set_global(fxquant.QuantConfig("int8", scale="tensor", momentum=0.9), site=site)
+        every_site.set_global(fxquant.QuantConfig("int8", scale="tensor", decay=0.9), site=site)
 
     def learned_bits(signed: str) -> fxquant.QuantMapping:
         """Learned per-node bits at every activation site; ``signed`` at the messages and
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> str:
         f"## bench_train\n\n`python -m benchmarks.bench_train` on {machine()}; {source}, "
         f"{seeds} seeds x {epochs} epochs per model; 'int8 all sites': input, weight, "
         "message, aggregate and output of both convs, int8 with a per-tensor running range "
-        "(momentum 0.9); 'learned bits': input, message, aggregate and output with a learned "
+        "(decay 0.9); 'learned bits': input, message, aggregate and output with a learned "
         "bit-width per node (NodeBits, LSQ step; 'mid-rise': messages and aggregations on an "
         "int8:midrise grid)."
         f"\n\n{table}\n\n{ratio_table}\n\n"

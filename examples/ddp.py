@@ -44,7 +44,7 @@ def worker(rank: int, world: int, port: int, steps: int, results: dict) -> None:
         x = F.one_hot(y, 16).float() + torch.randn(400, 16, generator=g)
         edge_index = torch.randint(0, 400, (2, 2000), generator=g)
         torch.manual_seed(0)
-        gm = fxquant.transform(GCN(), format="int8", scale="tensor", momentum=0.1)
+        gm = fxquant.transform(GCN(), format="int8", scale="tensor", decay=0.9)
         model = DistributedDataParallel(gm)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         mine = torch.arange(rank, 400, world)  # this rank's labelled nodes

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.rand(3000) < 0.5, hubs, torch.randint(0, n, (3000,)))])
 
     # Fixed: the top 10% by in-degree get 8 bits, the rest 4, at every activation site.
-    fixed = NodeBits.by_degree(edge_index, n, quantiles=[0.9], bits=[4, 8])
+    fixed = NodeBits.by_degree(edge_index, quantiles=[0.9], bits=[4, 8], num_nodes=n)
     config = QuantConfig("int8", scale="tensor", range="lsq", node_bits=fixed)
     mapping = QuantMapping()
     for site in ("message", "aggregate", "output"):

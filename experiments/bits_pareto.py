@@ -150,8 +150,8 @@ def site_config(method: str, target: float, data: Any, unsigned: bool, message: 
     if method == "degree" and (opts.degree_rule == "hub-messages" or bits is not None):
         base = max(lowest, math.floor(target)) if bits is None else bits
         hub = max(lowest, base - 1) if message and bits is None else base
-        rb = fxquant.NodeBits.by_degree(data.edge_index, n, [opts.hub_quantile], [base, hub],
-                                       min_bits=lowest)
+        rb = fxquant.NodeBits.by_degree(data.edge_index, [opts.hub_quantile], [base, hub],
+                                       num_nodes=n, min_bits=lowest)
         return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", node_bits=rb)
     if method == "degree":
         low, fraction = math.floor(target), target - math.floor(target)
@@ -159,8 +159,8 @@ def site_config(method: str, target: float, data: Any, unsigned: bool, message: 
         if fraction == 0:
             levels, quantile = (low - 1, low + 1), 0.5
         levels = (max(lowest, levels[0]), max(lowest, levels[1]))
-        rb = fxquant.NodeBits.by_degree(data.edge_index, n, [quantile], list(levels),
-                                       min_bits=lowest)
+        rb = fxquant.NodeBits.by_degree(data.edge_index, [quantile], list(levels),
+                                       num_nodes=n, min_bits=lowest)
         return fxquant.QuantConfig(f"{kind}8{option}", scale="tensor", range="lsq", node_bits=rb)
     if opts.shared_bits != "none":  # a shared table has one range: the signed grid's lowest
         lowest = 1 if opts.signed_grid == "midrise" else 2
@@ -181,8 +181,7 @@ def mapping_for(method: str, target: float, data: Any, opts: Options = DEFAULTS
                          site="aggregate")
     # the hidden layer's output feeds a ReLU: an unsigned grid loses only what it zeroes
     mapping.set_name("conv1", site_config(method, target, data, True, opts=opts), site="output")
-    number, _, scale = opts.input_format.partition(":")
-    mapping.set_name("conv1", fxquant.QuantConfig(number, scale=scale or None), site="input")
+    mapping.set_name("conv1", fxquant.QuantConfig(opts.input_format), site="input")
     if not opts.quantize_logits:
         mapping.set_name("conv2", None, site="output")
     return mapping
@@ -276,9 +275,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--target-bits {min(args.target_bits):g} with --method format: a budget B "
                 "leaves B - 2 value bits to the format, and the narrowest here (e1m1) has 3, "
                 "so that row would run e1m1 over budget; please give budgets of 5 or more")
-    number, _, scale = args.input_format.partition(":")
     try:
-        fxquant.QuantConfig(number, scale=scale or None)
+        fxquant.QuantConfig(args.input_format)
     except fxquant.FxquantError as e:
         p.error(f"--input-format {args.input_format!r}: {e}")
     if args.refit_widen and not (args.lsq_refit or args.anneal_refit):
@@ -312,7 +310,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quantize-logits", action="store_true",
                    help="also round the last layer's output (the logits; float32 by default)")
     p.add_argument("--input-format", default=DEFAULTS.input_format,
-                   help="the raw input features' format[:scale] (default uint1:row)")
+                   help="the raw input features' format, its scale after the last ':' "
+                        "(default uint1:row; e.g. int8:asym:row)")
     p.add_argument("--signed-grid", choices=SIGNED_GRIDS, default=DEFAULTS.signed_grid,
                    help="signed integer sites: 'midrise' (2**b levels k + 1/2, no zero; "
                         "1 bit is the sign) or 'symmetric' (-(2**(b-1) - 1) .. 2**(b-1) - 1, "

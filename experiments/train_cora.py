@@ -139,9 +139,10 @@ def site_settings(cfg: Config, site: str) -> tuple[int | str, list[tuple[str, st
     message = site == "message" and cfg.message_rounding
     rounding = cfg.message_rounding if message else cfg.rounding
     assert number is not None
-    return number, [("--scale", "scale", cfg.scale if scaled else None),
+    # (a format without a scale is cast unscaled on purpose: "none", said explicitly)
+    return number, [("--scale", "scale", (cfg.scale or "none") if scaled else None),
                     ("--range", "range", cfg.range),
-                    ("--momentum", "momentum", cfg.momentum if scaled else None),
+                    ("--momentum", "decay", cfg.momentum if scaled else None),
                     ("--message-rounding" if message else "--rounding", "rounding", rounding),
                     ("--grad", "grad", cfg.grad), ("--protect", "protect", protect)]
 
@@ -244,7 +245,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="with --range lsq: fit the learned steps again on each of the first N "
                         "epochs (fxquant.refit_steps), then learn them (default: first only)")
     p.add_argument("--momentum", type=cli.fraction_arg, default=None,
-                   help="formats with --scale tensor: running range for eval")
+                   help="formats with --scale tensor: running range for eval, the old range's "
+                        "weight (QuantConfig's decay=)")
     p.add_argument("--sites", type=cli.sites_arg, default=["output"], metavar="SITES",
                    help="comma list of output,input,weight,message,aggregate, or all "
                         "(default: output)")

@@ -80,9 +80,8 @@ def config_settings(args: argparse.Namespace) -> list[tuple[str, str, Any]]:
     """Every site's config settings, each with its flag: a format's ``--scale`` and
     ``--momentum`` (kept bits have neither), and ``--rounding``."""
     formatted = isinstance(args.format, str)
-    scale = None if args.scale == "none" else args.scale
-    return [("--scale", "scale", scale if formatted else None),
-            ("--momentum", "momentum", args.momentum if formatted else None),
+    return [("--scale", "scale", args.scale if formatted else None),
+            ("--momentum", "decay", args.momentum if formatted else None),
             ("--rounding", "rounding", args.rounding)]
 
 

@@ -14,7 +14,8 @@ Architecture (imports flow one way, top to bottom; the two wings never import ea
 - :mod:`fxquant.execution` (above the quant wing): ``convert`` a trained transformed model
   to integer kernels, check it against the simulation, save it, export it to ONNX
 - top: :mod:`fxquant.pipeline` (``transform`` that lints its result), :mod:`fxquant.cli`,
-  and this module, which only re-exports.
+  :mod:`fxquant.testing` (helpers for users' test suites), and this module, which only
+  re-exports.
 
 Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed models call
 (import it before ``torch.load`` of a saved one).
@@ -23,7 +24,7 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
 
 # isort: split
-from fxquant import execution, recipes
+from fxquant import execution, recipes, testing
 from fxquant._version import __version__ as __version__
 from fxquant.errors import FxquantError
 from fxquant.execution import ConversionError, ConvertedModel, convert
@@ -114,6 +115,7 @@ __all__ = [
     "share_bits",
     "share_step",
     "summary",
+    "testing",
     "top_degree_nodes",
     "trace",
     "transform",

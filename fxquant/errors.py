@@ -8,7 +8,7 @@ those about an argument also derive from the built-in :class:`ValueError` or
 Example:
     >>> import fxquant
     >>> try:
-    ...     fxquant.QuantConfig("int4", scale="tensor", momentum=2.0)
+    ...     fxquant.QuantConfig("int4", scale="tensor", decay=2.0)
     ... except fxquant.FxquantError as e:
     ...     print(type(e).__name__, isinstance(e, ValueError))
     FxquantValueError True
@@ -16,7 +16,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import warnings
+from typing import Any
 
 __all__ = [
     "BackwardSafetyError",
@@ -30,6 +34,7 @@ __all__ = [
     "FxquantValueError",
     "UnregisteredError",
     "same_kind",
+    "user_stacklevel",
     "warn_renamed",
 ]
 
@@ -101,3 +106,28 @@ def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
     release)."""
     warnings.warn(f"{old} is deprecated and will be removed in the next release; please use "
                   f"{new}", FutureWarning, stacklevel=stacklevel)
+
+
+#: where fxquant's own frames are (a warning skips them to reach the user's line)
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by the caller point at the innermost
+    frame outside fxquant (and outside ``contextlib``, which runs context managers): the
+    user's line, however many of fxquant's calls lie between (``transform`` calling
+    ``QuantConfig``, a recipe calling ``transform``).
+
+    Example:
+        >>> import warnings
+        >>> def inside_fxquant():  # (a doctest's frame is the user's)
+        ...     warnings.warn("careful", UserWarning, stacklevel=user_stacklevel())
+        >>> user_stacklevel()
+        1
+    """
+    skipped = (_PACKAGE, contextlib.__file__)
+    frame: Any = sys._getframe(1)  # the caller: stacklevel 1
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(skipped):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -2,6 +2,23 @@
 integers (fixed point with a scale: ``int8``, ``int4``, ``uint8``, ``int8:asym``) and
 top-N truncation of the input's own pattern.
 
+How a format is written (one grammar, read by :func:`parse_scaled`; the documentation's
+"Formats, scales and ranges" page has the table)::
+
+    spec    = format [":" scale]
+    format  = preset | "eXmY" {":" key=value} | ("int" | "uint") N [":asym" | ":midrise"]
+            | "topN" | a registered format's spec | a torch dtype
+    scale   = "none" | "tensor" | "row" | "tensor-pow2" | "row-pow2" | "block32"
+            | a registered scale's name
+
+A ``":"`` field is a variant of the format (``asym``, ``midrise``, ``bias=3``), except the
+last one when it names a scale: ``"int8:asym"`` is a format, ``"int8:asym:row"`` the same
+format with a scale per row. A few names carry their scale: the OCP Microscaling types
+``"mxfp8"`` (``"e4m3:block32"``), ``"mxfp8_e5m2"``, ``"mxfp6_e3m2"``, ``"mxfp6_e2m3"`` and
+``"mxfp4"`` (``"e2m1:block32"``). Where a scale is taken (``QuantConfig``, ``quantize``,
+``transform(format=)``, a recipe's ``input_format``) the spec's scale is used as if given
+as ``scale=``; :func:`parse` reads a format alone and refuses a spec that names a scale.
+
 A :class:`Format` is frozen and validated. Formats travel inside graphs as short strings
 (``"e4m3"``, ``"top16"``, ``"e3m2:bias=3:special=none:subnormals=1:overflow=saturate"``):
 :meth:`Format.spec` writes them and :func:`parse` reads them back, so a saved and reloaded
@@ -39,21 +56,26 @@ from fxquant.errors import (
     same_kind,
     warn_renamed,
 )
+from fxquant.modes import AnyScale, Scale, registered_scales
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
     "PRESETS",
+    "SCALED_PRESETS",
     "AnyFormat",
     "CustomFormat",
     "Format",
     "IntFormat",
     "TopN",
     "as_format",
+    "as_scaled_format",
     "parse",
+    "parse_scaled",
     "register_format",
     "registered_formats",
+    "split_scale",
     "unregister_format",
 ]
 
@@ -392,7 +414,7 @@ AnyFormat = TopN | Format | IntFormat | CustomFormat
 #: the registered formats, by :attr:`CustomFormat.name`
 _REGISTERED: dict[str, type[CustomFormat]] = {}
 #: the names the built-in specs start with, which a registered format cannot take
-_BUILT_IN_NAMES: Final = frozenset({"e", "int", "uint", "top"})
+_BUILT_IN_NAMES: Final = frozenset({"e", "int", "uint", "top", "mxfp"})
 _NAME = re.compile(r"[a-z][a-z_]*")
 _F = TypeVar("_F", bound=type[CustomFormat])
 
@@ -414,7 +436,8 @@ def register_format(cls: _F) -> _F:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise FxquantValueError(f"register_format: {cls.__name__}.name must be lower-case "
                                 f"letters (and _), the start of its specs; got {name!r}")
-    taken = name in _BUILT_IN_NAMES or name in PRESETS or name in _ALIASES
+    taken = name in _BUILT_IN_NAMES or name in PRESETS or name in _ALIASES \
+        or name in _AMBIGUOUS
     if taken:
         raise FxquantValueError(f"register_format: the name {name!r} of {cls.__name__} is a "
                                 "built-in format's; please choose another")
@@ -423,7 +446,7 @@ def register_format(cls: _F) -> _F:
                                 f"{_REGISTERED[name].__qualname__}; please unregister_format"
                                 f"({name!r}) first, or choose another name")
     _REGISTERED[name] = cls
-    parse.cache_clear()
+    _parse_format.cache_clear()
     return cls
 
 
@@ -432,7 +455,7 @@ def unregister_format(name: str) -> None:
     if _REGISTERED.pop(name, None) is None:
         raise FxquantValueError(f"unregister_format: no format {name!r} is registered; "
                                 f"registered: {sorted(_REGISTERED)}")
-    parse.cache_clear()
+    _parse_format.cache_clear()
 
 
 def registered_formats() -> dict[str, type[CustomFormat]]:
@@ -463,6 +486,26 @@ PRESETS: Final[dict[str, Format]] = {
 _ALIASES: Final = {"e4m3fn": "e4m3", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
                    "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp6_e3m2": "e3m2",
                    "fp6_e2m3": "e2m3", "fp4_e2m1": "e2m1", "fp4": "e2m1"}
+#: Names that carry their scale: the OCP Microscaling (MX) types, an element format with a
+#: power-of-two (E8M0) scale per block of 32 values. MXFP8 is E4M3 by default, as
+#: torchao's ``MXTensor`` takes it (``elem_dtype=torch.float8_e4m3fn``).
+SCALED_PRESETS: Final[dict[str, tuple[str, str]]] = {
+    "mxfp8": ("e4m3", "block32"), "mxfp8_e4m3": ("e4m3", "block32"),
+    "mxfp8_e5m2": ("e5m2", "block32"), "mxfp6_e3m2": ("e3m2", "block32"),
+    "mxfp6_e2m3": ("e2m3", "block32"), "mxfp4": ("e2m1", "block32"),
+    "mxfp4_e2m1": ("e2m1", "block32"),
+}
+#: Names that stand for more than one format: refused, naming the choices.
+_AMBIGUOUS: Final = {
+    "fp8": "'e4m3' (torch.float8_e4m3fn: 3 mantissa bits, largest 448) or 'e5m2' "
+           "(torch.float8_e5m2: 5 exponent bits, largest 57344)",
+    "fp6": "'e3m2' or 'e2m3' (the OCP MX FP6 element types)",
+    "mxfp6": "'mxfp6_e3m2' or 'mxfp6_e2m3'",
+}
+#: torch dtypes read as formats (by their name: formats.py does not import torch)
+_DTYPES: Final = {"torch.float8_e4m3fn": "e4m3", "torch.float8_e5m2": "e5m2",
+                  "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.int8": "int8",
+                  "torch.uint8": "uint8", "torch.int16": "int16"}
 _CUSTOM = re.compile(r"e(\d+)m(\d+)")
 _TOP = re.compile(r"top(\d+)")
 _INT = re.compile(r"(u?)int(\d+)")
@@ -475,12 +518,91 @@ def _int_option(spec: str, key: str, value: str) -> int:
         raise FxquantValueError(f"format option {key}={value!r} in {spec!r} must be an integer") from None
 
 
-@functools.lru_cache(maxsize=256)
-def parse(spec: str | AnyFormat | tuple[object, object]) -> AnyFormat:
+def _is_dtype(value: object) -> bool:
+    return type(value).__name__ == "dtype" and type(value).__module__ == "torch"
+
+
+#: the built-in scales' names
+_SCALE_NAMES: Final = frozenset(m.value for m in Scale)
+
+
+def _scale_word(word: str) -> bool:
+    """``word`` names a scale (built-in or registered), not a variant of a format."""
+    return word in _SCALE_NAMES or word in registered_scales()
+
+
+def parse_scaled(spec: str | AnyFormat | tuple[object, object] | Any
+                 ) -> tuple[AnyFormat, AnyScale | None]:
+    """The format a spec names and the scale it names (None where it names none): the
+    grammar of the module docstring. A :class:`Format`, tuple or torch dtype names no
+    scale.
+
+    Example:
+        >>> parse_scaled("int8:asym")
+        (IntFormat(bits=8, signed=False, asymmetric=True, midrise=False), None)
+        >>> [(fmt.spec(), scale.value) for fmt, scale in map(parse_scaled, ["uint1:row", "mxfp4"])]
+        [('uint1', 'row'), ('e2m1', 'block32')]
+        >>> import torch
+        >>> parse_scaled(torch.float8_e5m2)
+        (Format(exp_bits=5, man_bits=2, bias=15, special='ieee', subnormals=True, \
+overflow='inf', name='e5m2'), None)
+        >>> parse_scaled("fp8")
+        Traceback (most recent call last):
+        ...
+        fxquant.errors.FxquantValueError: format 'fp8' is ambiguous: FP8 is 'e4m3' \
+(torch.float8_e4m3fn: 3 mantissa bits, largest 448) or 'e5m2' (torch.float8_e5m2: 5 \
+exponent bits, largest 57344); please name one
+    """
+    if _is_dtype(spec):
+        name = str(spec)
+        if name not in _DTYPES:
+            raise FxquantValueError(
+                f"the dtype {name} is not a format fxquant simulates; dtypes it reads as "
+                f"formats: {sorted(_DTYPES)} (or name a format: 'e4m3', 'int8', ...)")
+        return _parse_format(_DTYPES[name]), None
+    if not isinstance(spec, str):
+        return _parse_format(spec), None
+    body, scale_word = split_scale(spec)
+    return _parse_format(body), None if scale_word is None else Scale.parse(scale_word)
+
+
+def split_scale(spec: str) -> tuple[str, str | None]:
+    """The text of a spec's format and the name of the scale it names (None where it names
+    none), without reading the format: the grammar's one split (string operations only,
+    so compiled code may call it).
+
+    Example:
+        >>> split_scale("int8:asym"), split_scale("int8:asym:row"), split_scale("mxfp4")
+        (('int8:asym', None), ('int8:asym', 'row'), ('e2m1', 'block32'))
+    """
+    text = spec.strip().lower()
+    head, _, last = text.rpartition(":")
+    scale_word = last if head and _scale_word(last) else None
+    body = head if scale_word is not None else text
+    if body in _AMBIGUOUS:
+        raise FxquantValueError(f"format {spec!r} is ambiguous: {body.upper()} is "
+                                f"{_AMBIGUOUS[body]}; please name one")
+    if body in SCALED_PRESETS:
+        name = body
+        body, implied = SCALED_PRESETS[name]
+        if scale_word is not None and scale_word != implied:
+            raise FxquantValueError(
+                f"format {spec!r}: {name} carries the scale {implied!r}; please drop "
+                f"':{scale_word}', or write the element format with the scale you want "
+                f"('{body}:{scale_word}')")
+        scale_word = implied
+    if scale_word is not None and _scale_word(body.rpartition(":")[2]):
+        raise FxquantValueError(f"format {spec!r} names two scales; please give one "
+                                "(the last ':' field)")
+    return body, scale_word
+
+
+def parse(spec: str | AnyFormat | tuple[object, object] | Any) -> AnyFormat:
     """A number from a preset name, ``"eXmY"``, ``(exp_bits, man_bits)``, ``"topN"``,
-    ``"intN"`` / ``"uintN"`` / ``"intN:asym"`` / ``"intN:midrise"`` / ``("int", N)``, or the
-    long form :meth:`Format.spec` writes; or the spec of a registered
-    :class:`CustomFormat`.
+    ``"intN"`` / ``"uintN"`` / ``"intN:asym"`` / ``"intN:midrise"`` / ``("int", N)``, a
+    torch dtype (``torch.float8_e4m3fn``), or the long form :meth:`Format.spec` writes;
+    or the spec of a registered :class:`CustomFormat`. A spec that names a scale too
+    (``"int8:row"``, ``"mxfp4"``) is refused: read it with :func:`parse_scaled`.
 
     Example:
         >>> parse("e3m2") == PRESETS["e3m2"], parse((3, 2)).spec(), parse("top16")
@@ -490,6 +612,19 @@ def parse(spec: str | AnyFormat | tuple[object, object]) -> AnyFormat:
         ...
         fxquant.errors.FxquantValueError: Format: 1 + exp_bits + man_bits = 41 bits; ...
     """
+    fmt, scale = parse_scaled(spec)
+    if scale is not None:
+        raise FxquantValueError(
+            f"format {spec!r} names a scale ({scale.value!r}) as well as a format; a scale is "
+            "given where values are rounded (QuantConfig, fxquant.quantize, "
+            "transform(format=)). Here please write the format alone: "
+            f"{fmt.spec()!r}")
+    return fmt
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_format(spec: str | AnyFormat | tuple[object, object]) -> AnyFormat:
+    """The format a spec without a scale names (see :func:`parse`)."""
     if isinstance(spec, (Format, TopN, IntFormat, CustomFormat)):
         return spec
     if isinstance(spec, tuple) and len(spec) == 2 and spec[0] in ("int", "uint"):
@@ -560,10 +695,46 @@ def _registered(spec: str, text: str) -> CustomFormat:
     return fmt
 
 
+def as_scaled_format(value: object, arg: str = "format", max_bits: int = 64
+                     ) -> tuple[AnyFormat, AnyScale | None]:
+    """:func:`as_format`, and the scale the spec names (``"int8:row"``, ``"mxfp4"``; None
+    where it names none): what a call that takes a scale reads its format with.
+
+    Example:
+        >>> fmt, scale = as_scaled_format("int8:asym:tensor")
+        >>> fmt.spec(), scale.value
+        ('int8:asym', 'tensor')
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        raise FxquantTypeError(
+            f"{arg} must be an int (kept bits) or a format ('e4m3', (3, 2), a Format), "
+            f"got {value!r}"
+        )
+    scale: AnyScale | None = None
+    if isinstance(value, int):
+        bits = value
+    else:
+        try:
+            parsed, scale = parse_scaled(value)
+        except (ValueError, TypeError) as e:
+            raise same_kind(e, f"{arg}: {e}") from e
+        if not isinstance(parsed, TopN):
+            return parsed, scale
+        bits = parsed.bits
+    if not 1 <= bits <= max_bits:
+        raise FxquantValueError(
+            f"{arg}={bits} is out of range: it counts the kept bits of the model's "
+            f"{max_bits}-bit float pattern, so 1 <= {arg} <= {max_bits}."
+        )
+    return TopN(bits), scale
+
+
 def as_format(value: object, arg: str = "format", max_bits: int = 64) -> AnyFormat:
     """A :class:`TopN` (an ``int`` of kept bits, ``"topN"``), a :class:`Format` (a preset
-    name, ``"eXmY"``, ``(exp_bits, man_bits)``), an :class:`IntFormat` (``"int8"``,
-    ``("int", 4)``) or a registered :class:`CustomFormat`, validated; errors name ``arg``.
+    name, ``"eXmY"``, ``(exp_bits, man_bits)``, a torch dtype), an :class:`IntFormat`
+    (``"int8"``, ``("int", 4)``) or a registered :class:`CustomFormat`, validated; errors
+    name ``arg``. A spec that names a scale too (``"int8:row"``) is refused: where a scale
+    is taken, :func:`as_scaled_format` reads it.
 
     Example:
         >>> as_format(16), as_format("e4m3").spec()
@@ -574,27 +745,12 @@ def as_format(value: object, arg: str = "format", max_bits: int = 64) -> AnyForm
         fxquant.errors.FxquantValueError: bits=40 is out of range: it counts the kept bits of the model's \
 32-bit float pattern, so 1 <= bits <= 32.
     """
-    if isinstance(value, bool) or value is None or isinstance(value, float):
-        raise FxquantTypeError(
-            f"{arg} must be an int (kept bits) or a format ('e4m3', (3, 2), a Format), "
-            f"got {value!r}"
-        )
-    if isinstance(value, int):
-        bits = value
-    else:
-        try:
-            parsed = parse(value)
-        except (ValueError, TypeError) as e:
-            raise same_kind(e, f"{arg}: {e}") from e
-        if not isinstance(parsed, TopN):
-            return parsed
-        bits = parsed.bits
-    if not 1 <= bits <= max_bits:
+    fmt, scale = as_scaled_format(value, arg, max_bits)
+    if scale is not None:
         raise FxquantValueError(
-            f"{arg}={bits} is out of range: it counts the kept bits of the model's "
-            f"{max_bits}-bit float pattern, so 1 <= {arg} <= {max_bits}."
-        )
-    return TopN(bits)
+            f"{arg}={value!r} names a scale ({scale.value!r}) as well as a format, and {arg} "
+            f"takes a format alone; please write {fmt.spec()!r}")
+    return fmt
 
 
 def __getattr__(name: str) -> Any:

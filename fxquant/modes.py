@@ -229,6 +229,9 @@ AnyScale = Scale | ScaleKind
 
 _REGISTERED: dict[str, ScaleKind] = {}
 _SCALE_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+#: the words after a format's ":" that are variants of it, which no scale may be called
+#: (a spec's last ":" field is its scale where it names one: :func:`fxquant.formats.parse_scaled`)
+_FORMAT_VARIANTS = frozenset({"asym", "midrise"})
 
 
 def register_scale(kind: ScaleKind) -> ScaleKind:
@@ -251,6 +254,9 @@ def register_scale(kind: ScaleKind) -> ScaleKind:
     if name in [m.value for m in Scale]:
         raise FxquantValueError(f"register_scale: {name!r} is a built-in scale; please choose "
                                 "another name")
+    if name in _FORMAT_VARIANTS:  # "int8:asym" is a format, not int8 with a scale
+        raise FxquantValueError(f"register_scale: {name!r} is a variant of the integer "
+                                "formats ('int8:asym'); please choose another name")
     if name in _REGISTERED and _REGISTERED[name] is not kind:
         raise FxquantValueError(f"register_scale: {name!r} is registered already "
                                 f"({_REGISTERED[name]!r}); please unregister_scale({name!r}) "

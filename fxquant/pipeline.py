@@ -25,9 +25,10 @@ from torch.fx import GraphModule
 from fxquant import quant
 from fxquant.errors import FxquantValueError
 from fxquant.formats import Format
+from fxquant.fx.lazy import refuse_lazy
 from fxquant.fx.selectors import LayerSpec
 from fxquant.fx.structure import ExampleStructure, has_placeholders
-from fxquant.fx.tracer import STRUCTURE_KEY, LeafSpec, refuse_compiled, refuse_lazy, trace
+from fxquant.fx.tracer import STRUCTURE_KEY, LeafSpec, refuse_compiled, trace
 from fxquant.linter import LintError, lint_graph
 from fxquant.quant.api import TRACE_KEY, NodeFormats
 
@@ -46,7 +47,7 @@ def transform(
     bits: int | Mapping[str, int | str | Format] | None = None,
     format: str | Format | tuple[int, int] | Mapping[str, int | str | Format] | None = None,
     scale: str | None = None,
-    momentum: float | None = None,
+    decay: float | None = None,
     layers: LayerSpec | Iterable[LayerSpec] | None = None,
     rounding: str | None = None,
     grad: str | None = None,
@@ -58,13 +59,14 @@ def transform(
     leaf_modules: Iterable[LeafSpec] = (),
     lint: str = "warn",
     example_inputs: tuple[Any, ...] | None = None,
+    momentum: float | None = None,
 ) -> GraphModule:
     """Trace ``model``, round values where ``mapping`` (or the keywords) say, and lint the
     result.
 
     The general form is ``transform(model, mapping)`` with a :class:`fxquant.QuantMapping`
     (which layer and site gets which :class:`fxquant.QuantConfig`) or one QuantConfig for
-    every GNN layer. The keywords ``bits``, ``format``, ``scale``, ``momentum``,
+    every GNN layer. The keywords ``bits``, ``format``, ``scale``, ``decay``,
     ``rounding``, ``grad``, ``grad_bits`` and ``grad_format`` are a short way to build one
     config; given together with a config or mapping they are an error, never dropped.
 
@@ -79,11 +81,15 @@ def transform(
             (:func:`fxquant.truncate`) after every selected layer; or a dict
             ``{layer: bits_or_format}`` that handles exactly the listed layers.
         format (str, Format or tuple, optional): round to a format instead
-            (:func:`fxquant.quantize`): ``"e4m3"``, ``"int8"``, ``(3, 2)``, ...
-        scale (str, optional): for formats: :obj:`None` (a plain cast), ``"tensor"``,
-            ``"row"``, a ``"-pow2"`` variant or ``"block32"``. (default: :obj:`None`)
-        momentum (float, optional): with ``scale="tensor"``, keep a running range and use it
-            in evaluation. (default: :obj:`None`)
+            (:func:`fxquant.quantize`): ``"e4m3"``, ``"int8"``, ``(3, 2)``, ``"mxfp4"``, a
+            format and its scale (``"int8:row"``), ...
+        scale (str, optional): for formats: ``"none"`` (a plain cast), ``"tensor"``,
+            ``"row"``, a ``"-pow2"`` variant or ``"block32"``. (default: :obj:`None`: left
+            out, a plain cast; an integer format then warns, its grid having a step of 1)
+        decay (float, optional): with ``scale="tensor"``, keep a running range
+            ``decay * running + (1 - decay) * batch`` and use it in evaluation (``decay``:
+            the old range's weight, e.g. ``0.9``; BatchNorm's ``momentum=0.1``).
+            (default: :obj:`None`)
         layers (optional): which layers: submodule names (``"conv1"``), FX node names of
             functions (``"sigmoid"``), fnmatch patterns (``"conv*"``), module classes,
             predicates on the ``torch.fx.Node``, or a list of these. (default: every
@@ -109,6 +115,8 @@ def transform(
             ``(data.x_dict, data.edge_index_dict)``: a model that takes or returns dicts
             (a heterogeneous GNN) needs them for their keys (:func:`fxquant.trace`).
             (default: :obj:`None`)
+        momentum (float, optional): the old name of ``decay`` (the same number: not
+            BatchNorm's momentum); deprecated, with a :class:`FutureWarning`.
 
     Returns:
         torch.fx.GraphModule: the model with a :class:`fxquant.QuantPoint` at each
@@ -142,7 +150,8 @@ given, and the QuantConfig already says how values are rounded; please put forma
         kept = {k: v for k, v in (concrete_args or {}).items() if not has_placeholders(v)}
         model, concrete_args = traced, kept or None
     gm = quant.transform(
-        model, mapping, bits=bits, format=format, scale=scale, momentum=momentum, layers=layers,
+        model, mapping, bits=bits, format=format, scale=scale, decay=decay, momentum=momentum,
+        layers=layers,
         rounding=rounding, grad=grad, grad_bits=grad_bits, grad_format=grad_format,
         node_formats=node_formats, inplace=inplace, concrete_args=concrete_args,
         leaf_modules=leaf_modules)

@@ -22,7 +22,7 @@ class GCN(torch.nn.Module):
         return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
 
 
-ROUNDING_KEYWORDS = {"bits": 8, "format": "e4m3", "scale": "tensor", "momentum": 0.5,
+ROUNDING_KEYWORDS = {"bits": 8, "format": "e4m3", "scale": "tensor", "decay": 0.5,
                      "rounding": "nearest", "grad": "zero", "grad_bits": 12,
                      "grad_format": "e5m2"}
 
@@ -160,7 +160,7 @@ BAD_CALLS = [
     lambda: fxquant.transform("not a model", bits=8),
     lambda: fxquant.transform(GCN(), bits=8, layers="nope"),
     lambda: fxquant.transform(GCN(), bits=8, lint="loud"),
-    lambda: QuantConfig("int4", momentum=0.5),
+    lambda: QuantConfig("int4", decay=0.5),
     lambda: QuantConfig("int4", scale="tensor", range="median"),
     lambda: fxquant.NodeBits(torch.tensor([1.5]), learned=False),
     lambda: fxquant.quantize(torch.ones(3), "e4m3", scale="volume"),

@@ -58,3 +58,28 @@ def test_allow_and_strict():
     assert_backward_safe(Unused(), x, strict=True, allow=["FXQ008"])
     with pytest.raises(ValueError, match="unknown rule ids"):
         assert_backward_safe(Unused(), x, allow=["FXQ999"])
+
+
+def test_every_dotted_name_the_docs_write_is_reachable_after_import_fxquant():
+    """``import fxquant; fxquant.testing.assert_backward_safe`` raised AttributeError (the
+    README lists it): every ``fxquant.a.b`` the README, the docs and the examples write is
+    reachable as attributes after a plain ``import fxquant``, in a fresh interpreter."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    texts = [root / "README.md", *(root / "docs" / "source").rglob("*.md"),
+             *(root / "examples").glob("*.py")]
+    names = sorted({m.group(0) for path in texts for m in re.finditer(
+        r"fxquant(?:\.[A-Za-z_]\w*){2,}", path.read_text())})
+    assert "fxquant.testing.assert_backward_safe" in names
+    code = ("import functools, sys, fxquant\n"
+            "missing = [n for n in sys.argv[1:] if not (lambda parts: "
+            "functools.reduce(lambda o, a: getattr(o, a, None) if o is not None else None, "
+            "parts[1:], fxquant))(n.split('.'))]\n"
+            "print(missing)\n")
+    done = subprocess.run([sys.executable, "-c", code, *names], cwd=root, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -138,7 +138,9 @@ def fast_dropout(model: nn.Module) -> nn.Module:
     thread), and for a two-layer GCN on Cora the input's dropout is most of a training
     step. The masks follow ``torch.manual_seed`` but are other masks than
     ``nn.Dropout``'s. Only ``nn.Dropout`` itself is replaced (not its subclasses, nor
-    ``Dropout1d``/``2d``/``3d`` or ``AlphaDropout``, which drop otherwise). Apply it to
+    ``Dropout1d``/``2d``/``3d`` or ``AlphaDropout``, which drop otherwise), under every
+    name it has: a dropout that two attributes or containers share becomes one
+    :class:`FastDropout` they share. Apply it to
     the model you train, before ``torch.compile``; :func:`fxquant.load` rebuilds the
     model with ``nn.Dropout`` (no state differs). Functional ``F.dropout`` calls in a
     model's ``forward`` are not modules: trace the model first (:func:`fxquant.trace` or
@@ -162,13 +164,15 @@ def fast_dropout(model: nn.Module) -> nn.Module:
                                f"{type(model).__name__}")
     if type(model) is nn.Dropout:
         return _fast(model)
-    swapped = 0
-    for child in list(model.modules()):
-        for attr, sub in list(child.named_children()):
-            if type(sub) is nn.Dropout:
-                setattr(child, attr, _fast(sub))
-                swapped += 1
-    if not swapped:
+    # by identity, under every name: a dropout two attributes (or two containers) share
+    # is replaced by one FastDropout that they share in turn
+    fast: dict[int, FastDropout] = {}
+    for name, sub in list(model.named_modules(remove_duplicate=False)):
+        if name and type(sub) is nn.Dropout:
+            if id(sub) not in fast:
+                fast[id(sub)] = _fast(sub)
+            model.set_submodule(name, fast[id(sub)])
+    if not fast:
         warnings.warn(f"fast_dropout: {type(model).__name__} holds no torch.nn.Dropout, so "
                       "nothing changed; functional F.dropout calls are not modules: pass "
                       "fxquant.trace(model) or a transformed model", stacklevel=2)

@@ -36,6 +36,7 @@ from torch_geometric.utils import scatter as _scatter
 from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.graph_utils import attr_of, free_name
 from fxquant.fx.guards import FixedArguments, StructureGuard
+from fxquant.fx.lazy import refuse_lazy
 from fxquant.fx.locations import traceback_location
 from fxquant.fx.module_state import ModuleState, Rebound, write_buffer
 from fxquant.fx.serial import PROCESS_LOCK
@@ -292,19 +293,6 @@ def refuse_compiled(model: nn.Module, api: str) -> None:
             "model._orig_mod (the module it compiles) and compile what fxquant returns")
 
 
-def refuse_lazy(model: nn.Module, api: str) -> None:
-    """A clear error for parameters or buffers still uninitialized (``GCNConv(-1, 16)``,
-    ``nn.LazyLinear``, ``nn.LazyBatchNorm1d``): they take their shape from the first forward, and a copy or
-    rewrite before it fails inside torch."""
-    lazy = next((name for name, p in (*model.named_parameters(), *model.named_buffers())
-                 if nn.parameter.is_lazy(p)), None)
-    if lazy is not None:
-        raise FxquantValueError(
-            f"fxquant.{api}: the tensor {lazy!r} is not initialized yet (a lazy layer, "
-            "e.g. GCNConv(-1, 16) or nn.LazyLinear, takes its shape from the first forward); "
-            f"please run the model once on example inputs, then call fxquant.{api}")
-
-
 def trace(
     model: nn.Module,
     concrete_args: dict[str, Any] | None = None,
@@ -394,6 +382,7 @@ def trace(
     if not isinstance(model, nn.Module):
         raise FxquantTypeError(f"fxquant.trace expects a torch.nn.Module, got {type(model).__name__}")
     refuse_compiled(model, "trace")
+    refuse_lazy(model, "trace")
     if concrete_args is not None and not isinstance(concrete_args, dict):
         raise FxquantTypeError(
             "concrete_args must be a dict {argument name: value} of forward arguments to fix "

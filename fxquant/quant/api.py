@@ -8,6 +8,7 @@ The general form is ``transform(model, mapping)`` with a
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,11 +18,13 @@ from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
 from fxquant._ops.layouts import bit_width
-from fxquant.errors import FxquantTypeError, FxquantValueError
-from fxquant.formats import CustomFormat, Format, TopN, as_format
+from fxquant.errors import FxquantTypeError, FxquantValueError, user_stacklevel
+from fxquant.formats import Format, IntFormat, TopN, as_format, as_scaled_format
+from fxquant.fx.lazy import refuse_lazy
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
-from fxquant.fx.tracer import LeafSpec, check_leaf_modules, refuse_compiled, refuse_lazy, trace
-from fxquant.quant.config import QuantConfig
+from fxquant.fx.tracer import LeafSpec, check_leaf_modules, refuse_compiled, trace
+from fxquant.modes import Scale
+from fxquant.quant.config import QuantConfig, check_decay
 from fxquant.quant.insert import (
     check_points,
     edge_index_of,
@@ -75,9 +78,9 @@ def _add_selector(mapping: QuantMapping, spec: Any, config: QuantConfig, arg: st
 NodeFormats = tuple[Tensor | Iterable[int], int | str | Format]
 
 #: how each keyword that says how to round is written inside a QuantConfig
-_CONFIG_FIELD = {"bits": "format", "format": "format", "scale": "scale", "momentum": "momentum",
-                 "rounding": "rounding", "grad": "grad", "grad_bits": "grad_format",
-                 "grad_format": "grad_format"}
+_CONFIG_FIELD = {"bits": "format", "format": "format", "scale": "scale", "decay": "decay",
+                 "momentum": "decay", "rounding": "rounding", "grad": "grad",
+                 "grad_bits": "grad_format", "grad_format": "grad_format"}
 
 
 def _refuse_number_keywords(mapping: QuantMapping | QuantConfig, given: dict[str, Any]) -> None:
@@ -131,7 +134,7 @@ def _only_layers(gm: GraphModule, points: list[Resolved], layers: Any) -> list[R
 
 
 def _sugar(
-    bits: Any, format: Any, scale: Any, momentum: Any, layers: Any, rounding: Any, grad: Any,
+    bits: Any, format: Any, scale: Any, decay: Any, layers: Any, rounding: Any, grad: Any,
     grad_bits: Any, grad_format: Any, node_formats: Any, max_bits: int,
 ) -> QuantMapping:
     """The mapping the keyword arguments describe; every value validated here."""
@@ -157,35 +160,34 @@ def _sugar(
         gradient_format = as_format(grad_bits if grad_bits is not None else grad_format, arg, max_bits)
 
     def config(number: Any, arg: str, per_layer: bool) -> QuantConfig:
-        parsed = as_format(number, arg, max_bits)
-        is_format = isinstance(parsed, (Format, CustomFormat))
-        # In a dict that mixes kept bits and formats, scale/momentum apply to the formats.
+        parsed, named_scale = as_scaled_format(number, arg, max_bits)
+        is_format = not isinstance(parsed, TopN)
+        # In a dict that mixes kept bits and formats, scale and decay apply to the formats.
         use_scale = scale if is_format or not per_layer else None
-        use_momentum = momentum if is_format or not per_layer else None
-        return QuantConfig(parsed, rounding, scale=use_scale, momentum=use_momentum, grad=grad,
-                           grad_format=gradient_format)
+        use_decay = decay if is_format or not per_layer else None
+        return QuantConfig(parsed if named_scale is None else number, rounding, scale=use_scale,
+                           decay=use_decay, grad=grad, grad_format=gradient_format)
 
     mapping = QuantMapping()
     if isinstance(chosen, Mapping):
         if not chosen:
             raise FxquantValueError("fxquant.transform: the bits/format dict names no layer")
-        numbers = {key: as_format(value, f"bits[{key!r}]", max_bits) for key, value in chosen.items()}
-        if scale is not None and not any(isinstance(n, (Format, CustomFormat))
-                                         for n in numbers.values()):
+        numbers = {key: as_scaled_format(value, f"bits[{key!r}]", max_bits)[0]
+                   for key, value in chosen.items()}
+        if scale is not None and all(isinstance(n, TopN) for n in numbers.values()):
             raise FxquantValueError(
                 f"scale={scale!r} applies to formats (format='e4m3', ...), not to top-N "
                 "truncation of the pattern; please drop scale= or use format=."
             )
-        if momentum is not None and not any(isinstance(n, (Format, CustomFormat))
-                                            for n in numbers.values()):
-            raise FxquantValueError(f"momentum={momentum!r} keeps a running amax for a scaled format; "
-                             "the dict names none. Please drop momentum=.")
-        for key, number in numbers.items():
-            _add_selector(mapping, key, config(number, f"bits[{key!r}]", True), "bits")
+        if decay is not None and all(isinstance(n, TopN) for n in numbers.values()):
+            raise FxquantValueError(f"decay={decay!r} keeps a running range for a scaled "
+                                    "format; the dict names none. Please drop decay=.")
+        for key, value in chosen.items():
+            _add_selector(mapping, key, config(value, f"bits[{key!r}]", True), "bits")
     else:
         arg = "bits" if bits is not None else "format"
         if format is not None and not isinstance(format, Mapping):
-            number = as_format(format, "format", max_bits)
+            number = as_scaled_format(format, "format", max_bits)[0]
             if isinstance(number, TopN):
                 raise FxquantValueError(f"format={format!r} is top-N truncation; please pass bits="
                                  f"{number.bits} instead")
@@ -209,6 +211,27 @@ def remember_trace(gm: GraphModule, concrete_args: dict[str, Any] | None,
                if not isinstance(spec, str)]
     setattr(gm, TRACE_KEY, {"concrete_args": concrete_args, "leaf_names": names,
                              "leaf_classes": classes})
+
+
+def _warn_unscaled(points: Iterable[Resolved]) -> None:
+    """A warning per point that rounds to an integer format with its scale left out: the
+    grid then has a step of 1 (``int8``: the whole numbers -128..127), where ordinary
+    activations round to -1, 0 and 1. ``scale="none"`` says the unscaled grid is meant."""
+    for p in points:
+        fmt, config = p.config.format, p.config
+        if not isinstance(fmt, IntFormat) or config.scale is not Scale.NONE \
+                or config.scale_given:
+            continue
+        spec = fmt.spec()
+        warnings.warn(
+            f"fxquant.transform: the {p.site.value} site of layer {layer_name(p.node)!r} "
+            f"rounds to {spec} without a scale, so values round to the grid's levels "
+            f"{fmt.level(fmt.qmin):g}..{fmt.max_finite:g} themselves (a step of 1: most "
+            "activations become 0 or +-1). Please give a scale, e.g. scale='tensor' (or "
+            "'row', 'tensor-pow2', 'row-pow2', 'block32'): QuantConfig("
+            f"{spec!r}, scale='tensor'), transform(..., format={spec!r}, scale='tensor') or "
+            f"in the format's spec ('{spec}:tensor'); scale='none' keeps the unscaled grid "
+            "without this warning.", UserWarning, stacklevel=user_stacklevel())
 
 
 def plan(gm: GraphModule, mapping: QuantMapping) -> list[Resolved]:
@@ -291,7 +314,7 @@ def transform(
     bits: int | Mapping[str, int | str | Format] | None = None,
     format: str | Format | tuple[int, int] | Mapping[str, int | str | Format] | None = None,
     scale: str | None = None,
-    momentum: float | None = None,
+    decay: float | None = None,
     layers: LayerSpec | Iterable[LayerSpec] | None = None,
     rounding: str | None = None,
     grad: str | None = None,
@@ -301,6 +324,7 @@ def transform(
     inplace: bool = False,
     concrete_args: dict[str, Any] | None = None,
     leaf_modules: Iterable[LeafSpec] = (),
+    momentum: float | None = None,
 ) -> GraphModule:
     """Trace ``model`` and round values at the quantization points a mapping chooses.
 
@@ -312,18 +336,22 @@ def transform(
             layer (or to ``layers=``); a :class:`~fxquant.quant.mapping.QuantMapping` says
             which layer and site gets which config (``layers=`` then keeps only the points
             on those layers). Either one says how values are rounded, so ``bits``,
-            ``format``, ``scale``, ``momentum``, ``rounding``, ``grad``, ``grad_bits`` and
+            ``format``, ``scale``, ``decay``, ``rounding``, ``grad``, ``grad_bits`` and
             ``grad_format`` are refused with it. An ``int`` or a dict here means ``bits=``.
         bits (int or dict): keep the top ``bits`` of each value's pattern
             (:func:`fxquant.truncate`) after every layer ``layers`` selects; or a dict
             ``{layer: bits_or_format}`` that handles exactly the listed layers (names or
             patterns), mixing kept bits (``16``) and formats (``"e4m3"``).
         format (str, Format or tuple): round to a format instead
-            (:func:`fxquant.quantize`): ``"e4m3"``, ``"e5m2"``, ``"e3m2"``, ``(3, 0)``, ...
-        scale (str, optional): for formats: :obj:`None` (plain cast, default), ``"tensor"``,
-            ``"row"`` (one scale per node), or their ``"-pow2"`` variants.
-        momentum (float, optional): with ``scale="tensor"``: keep a running amax and scale
-            with it in eval.
+            (:func:`fxquant.quantize`): ``"e4m3"``, ``"e5m2"``, ``"e3m2"``, ``(3, 0)``,
+            ``"int8"``, ``"mxfp4"``, a format and its scale (``"int8:row"``), ...
+        scale (str, optional): for formats: ``"none"`` (a plain cast), ``"tensor"``,
+            ``"row"`` (one scale per node), their ``"-pow2"`` variants or ``"block32"``.
+            (default: :obj:`None`: left out, a plain cast, which warns for integers)
+        decay (float, optional): with ``scale="tensor"``: keep a running range
+            (``decay``: the old range's weight, e.g. 0.9) and scale with it in eval.
+        momentum (float, optional): the old name of ``decay`` (the same number);
+            deprecated.
         layers (optional): which layers get a point after them: submodule names
             (``"conv1"``), FX node names of functions (``"sigmoid"``), fnmatch patterns
             (``"conv*"``), module classes (``GCNConv``), predicates on the node, or a list
@@ -386,8 +414,8 @@ def transform(
     max_bits = _max_bits(model)
     if isinstance(mapping, (QuantMapping, QuantConfig)):
         _refuse_number_keywords(mapping, {
-            "bits": bits, "format": format, "scale": scale, "momentum": momentum,
-            "rounding": rounding, "grad": grad, "grad_bits": grad_bits,
+            "bits": bits, "format": format, "scale": scale, "decay": decay,
+            "momentum": momentum, "rounding": rounding, "grad": grad, "grad_bits": grad_bits,
             "grad_format": grad_format})
     if isinstance(mapping, QuantMapping):
         chosen = copy.deepcopy(mapping) if node_formats else mapping
@@ -405,7 +433,8 @@ def transform(
             if bits is not None:
                 raise FxquantValueError("fxquant.transform: bits given twice (positionally and as bits=)")
             bits = mapping
-        chosen = _sugar(bits, format, scale, momentum, layers, rounding,
+        decay = check_decay(decay, momentum, "fxquant.transform: ")
+        chosen = _sugar(bits, format, scale, decay, layers, rounding,
                         "ste" if grad is None else grad, grad_bits, grad_format, node_formats,
                         max_bits)
 
@@ -415,6 +444,7 @@ def transform(
     if isinstance(mapping, QuantMapping) and layers is not None:
         points = _only_layers(gm, points, layers)
     check_points(gm, points)
+    _warn_unscaled(points)
     if not inplace:
         gm = copy.deepcopy(gm)
     else:

@@ -23,11 +23,12 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
-from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
-from fxquant.formats import AnyFormat, IntFormat, TopN, as_format
+from fxquant.errors import FxquantTypeError, FxquantValueError, user_stacklevel, warn_renamed
+from fxquant.formats import AnyFormat, IntFormat, TopN, as_format, as_scaled_format
 from fxquant.modes import AnyScale, Grad, Rounding, Scale, ScaleKind
 from fxquant.quant.node_bits import NodeBits
 from fxquant.quant.override import NodeOverride, describe_nodes
@@ -41,12 +42,15 @@ __all__ = [
     "Protection",
     "QuantConfig",
     "Site",
+    "check_decay",
     "describe",
     "describe_nodes",
+    "merge_scale",
 ]
 
 #: names a QuantConfig field had before (pickles and JSON of older files use them)
-_OLD_FIELDS = {"number": "format", "grad_number": "grad_format", "row_bits": "node_bits"}
+_OLD_FIELDS = {"number": "format", "grad_number": "grad_format", "row_bits": "node_bits",
+               "momentum": "decay"}
 
 
 def describe(format: AnyFormat) -> str:
@@ -55,6 +59,39 @@ def describe(format: AnyFormat) -> str:
 
 
 _RANGES = ("minmax", "percentile", "lsq")
+
+
+def check_decay(decay: object, momentum: object, where: str = "") -> float | None:
+    """``decay=``, or the value of the deprecated ``momentum=`` (the same number: the old
+    range's weight) with a :class:`FutureWarning` at the user's line; both is an error.
+    ``where`` prefixes the messages (``"fxquant.transform: "``)."""
+    if momentum is None:
+        return decay  # type: ignore[return-value]
+    if decay is not None:
+        raise FxquantValueError(f"{where}decay={decay!r} and momentum={momentum!r} were both "
+                                "given; momentum= is the old name of decay=: please give "
+                                "decay= alone")
+    warnings.warn(
+        f"{where}momentum= is deprecated and will be removed in the next release; please "
+        f"write decay={momentum!r}: the same number, the weight of the old range in "
+        "running = decay * running + (1 - decay) * batch (the complement of "
+        "torch.nn.BatchNorm's momentum, so BatchNorm's momentum=0.1 is decay=0.9)",
+        FutureWarning, stacklevel=user_stacklevel())
+    return momentum  # type: ignore[return-value]
+
+
+def merge_scale(given: object, named: AnyScale | None, spec: object) -> tuple[AnyScale, bool]:
+    """The scale of a point: ``scale=`` (``given``; None when left out) and the one the
+    format's spec names (``named``, as in ``"int8:row"``, ``"mxfp4"``), which must agree;
+    and whether one was given at all (False: left out, the format is cast unscaled)."""
+    if given is None:
+        return (Scale.NONE, False) if named is None else (named, True)
+    mode = Scale.parse(given)
+    if named is not None and named is not mode:
+        raise FxquantValueError(
+            f"format={spec!r} names the scale {named.value!r}, but scale={mode.value!r} was "
+            "given too; please give the scale once (in the format's spec or as scale=)")
+    return mode, True
 
 
 def _parse_range(value: object) -> str:
@@ -80,17 +117,17 @@ def _parse_range(value: object) -> str:
 _OBSERVE = ("batch", "ema", "widen")
 
 
-def _parse_observe(value: object, momentum: float | None, mode: AnyScale, source: str) -> str:
-    """``observe=`` checked against the momentum, scale and range it goes with."""
+def _parse_observe(value: object, decay: float | None, mode: AnyScale, source: str) -> str:
+    """``observe=`` checked against the decay, scale and range it goes with."""
     if value is None:
-        return "ema" if momentum is not None else "batch"
+        return "ema" if decay is not None else "batch"
     if value not in _OBSERVE:
         raise FxquantValueError(f"observe={value!r} is not one of {list(_OBSERVE)}")
-    if value == "ema" and momentum is None:
+    if value == "ema" and decay is None:
         raise FxquantValueError("observe='ema' keeps a running average: please give its "
-                                "momentum= too (e.g. 0.99)")
-    if value != "ema" and momentum is not None:
-        raise FxquantValueError(f"momentum={momentum} keeps a running average (observe='ema'), "
+                                "decay= too (the old range's weight, e.g. 0.99)")
+    if value != "ema" and decay is not None:
+        raise FxquantValueError(f"decay={decay} keeps a running average (observe='ema'), "
                                 f"not observe={value!r}; please drop one of them")
     if value == "widen" and (not mode.per_tensor or source == "lsq"):
         raise FxquantValueError("observe='widen' keeps one widest range per tensor; please use "
@@ -110,21 +147,28 @@ class QuantConfig:
             ``"uint4"``, ``"int8:asym"``) rounds to its values (:func:`fxquant.quantize`).
         rounding (str, optional): ``"toward_zero"``, ``"nearest"`` or ``"stochastic"``.
             (default: :obj:`None`: toward_zero for kept bits, nearest for formats)
-        scale (str, optional): for formats: :obj:`None` (a plain cast), ``"tensor"``,
-            ``"row"``, a ``"-pow2"`` variant, or ``"block32"`` (OCP MX). (default:
-            :obj:`None`)
+        scale (str, optional): for formats: ``"none"`` (a plain cast), ``"tensor"``,
+            ``"row"``, a ``"-pow2"`` variant, or ``"block32"`` (OCP MX); it may also end the
+            format's spec (``"int8:row"``; ``"mxfp4"`` is ``"e2m1:block32"``, see
+            :mod:`fxquant.formats`). Left out, a format is cast unscaled, and an integer
+            format then warns at :func:`fxquant.transform` (its grid has a step of 1).
+            (default: :obj:`None`: left out)
         range (str, optional): where a scale's range comes from: ``"minmax"`` of the
             values (default), ``"percentile:Q"`` (the ``100-Q``..``Q`` percentiles,
             Degree-Quant's choice), or ``"lsq"`` (integers: a learned step size, LSQ).
-        momentum (float, optional): with a per-tensor scale, keep a running range
-            ``momentum * running + (1 - momentum) * batch`` (the weight of the *old*
-            value, as in :class:`torch.nn.BatchNorm1d`'s complement: Degree-Quant's
-            momentum 0.01 is 0.99 here) and use it in eval. (default: :obj:`None`)
+        decay (float, optional): with a per-tensor scale, keep a running range
+            ``decay * running + (1 - decay) * batch`` and use it in eval: ``decay`` is the
+            weight of the *old* range (``0.99`` keeps 99% of it), the complement of
+            :class:`torch.nn.BatchNorm1d`'s ``momentum`` (BatchNorm's ``momentum=0.1`` is
+            ``decay=0.9``; Degree-Quant's momentum 0.01 is ``decay=0.99``). (default:
+            :obj:`None`)
+        momentum (float, optional): the old name of ``decay`` (the same number, not
+            BatchNorm's momentum); deprecated, with a :class:`FutureWarning`.
         observe (str, optional): how a per-tensor range is kept: ``"batch"`` (each
             batch's own range, in training and eval), ``"ema"`` (the running range of
-            ``momentum``), or ``"widen"`` (the widest range seen in training, as
+            ``decay``), or ``"widen"`` (the widest range seen in training, as
             :class:`torch.ao.quantization.MinMaxObserver` keeps it, used in training and
-            eval). (default: :obj:`None`: ``"ema"`` with a momentum, else ``"batch"``)
+            eval). (default: :obj:`None`: ``"ema"`` with a decay, else ``"batch"``)
         grad (str, optional): ``"ste"`` (straight-through), ``"zero"``, or
             ``"clipped"`` (integer grids with a scale: straight-through, zero where a value
             rounds to the grid's first or last code or beyond). (default: ``"ste"``)
@@ -144,14 +188,18 @@ class QuantConfig:
     Example:
         >>> QuantConfig(16)
         QuantConfig(format=TopN(bits=16), rounding=<Rounding.TOWARD_ZERO: 'toward_zero'>, \
-scale=<Scale.NONE: 'none'>, range='minmax', momentum=None, grad=<Grad.STE: 'ste'>, \
+scale=<Scale.NONE: 'none'>, range='minmax', decay=None, grad=<Grad.STE: 'ste'>, \
 grad_format=None, protect=None, node_bits=None, observe='batch')
         >>> QuantConfig("int4", scale="tensor", range="lsq").describe()
         'int4, nearest, scale tensor (lsq), ste'
-        >>> QuantConfig(16, momentum=0.9)
+        >>> QuantConfig("mxfp4").describe()  # a name that carries its scale: e2m1:block32
+        'e2m1, nearest, scale block32, ste'
+        >>> QuantConfig("int8:asym:row").describe()  # a format's variant, then its scale
+        'int8:asym, nearest, scale row, ste'
+        >>> QuantConfig(16, decay=0.9)
         Traceback (most recent call last):
         ...
-        fxquant.errors.FxquantValueError: momentum=0.9 keeps a running range for a scaled format, so it \
+        fxquant.errors.FxquantValueError: decay=0.9 keeps a running range for a scaled format, so it \
 needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='none'.
     """
 
@@ -159,12 +207,15 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
     rounding: Rounding
     scale: Scale
     range: str
-    momentum: float | None
+    decay: float | None
     grad: Grad
     grad_format: AnyFormat | None
     protect: Protection | None
     node_bits: NodeBits | None
     observe: str
+    #: whether a scale was given (``scale=``, or in the format's spec); not part of the
+    #: config's identity (``"int8"`` left unscaled equals ``"int8:none"``)
+    scale_given: bool = field(default=True, init=False, compare=False, repr=False)
 
     def __init__(
         self,
@@ -173,17 +224,19 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
         *,
         scale: Scale | str | None = None,
         range: str = "minmax",
-        momentum: float | None = None,
+        decay: float | None = None,
         grad: Grad | str = "ste",
         grad_format: AnyFormat | int | str | tuple[int, int] | None = None,
         protect: Protection | tuple[float, float] | None = None,
         node_bits: NodeBits | None = None,
         observe: str | None = None,
+        momentum: float | None = None,
     ) -> None:
         if format is None:
             raise FxquantTypeError("QuantConfig needs a format: kept bits (16), a float format "
                                    "('e4m3', (3, 2)) or an integer format ('int8')")
-        parsed = as_format(format, "format")
+        decay = check_decay(decay, momentum)
+        parsed, named_scale = as_scaled_format(format, "format")
         if node_bits is not None:
             if not isinstance(node_bits, NodeBits):
                 raise FxquantTypeError(f"node_bits must be a fxquant.NodeBits, got "
@@ -198,7 +251,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
             if rounding is not None and Rounding.parse(rounding) is Rounding.TOWARD_ZERO:
                 raise FxquantValueError("node_bits rounds to nearest or stochastically; please "
                                         "pass rounding='nearest' or 'stochastic'")
-            if isinstance(Scale.parse(scale), ScaleKind):
+            if isinstance(merge_scale(scale, named_scale, format)[0], ScaleKind):
                 raise FxquantValueError("node_bits= sets each row's grid over a per-tensor or "
                                         "per-row range; please use scale='tensor' or 'row' "
                                         f"(got the registered scale {scale!r})")
@@ -212,7 +265,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
                 and Rounding.parse(rounding) is Rounding.TOWARD_ZERO:
             raise FxquantValueError(f"rounding='toward_zero': a mid-rise grid ({parsed.spec()}) has no "
                              "zero to round toward; please use 'nearest' or 'stochastic'")
-        mode = Scale.parse(scale)
+        mode, scale_given = merge_scale(scale, named_scale, format)
         source = _parse_range(range)
         if mode is not Scale.NONE and isinstance(parsed, TopN):
             raise FxquantValueError(
@@ -231,19 +284,20 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
         if source.startswith("percentile") and mode.per_row:
             raise FxquantValueError("range='percentile:Q' is taken per tensor; please use "
                              "scale='tensor'")
-        if momentum is not None:
-            m = momentum
+        if decay is not None:
+            m = decay
             if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
-                raise FxquantValueError(f"momentum must be a number in [0, 1), got {m!r}")
+                raise FxquantValueError(f"decay must be a number in [0, 1) (the old range's "
+                                        f"weight), got {m!r}")
             if not mode.per_tensor or source == "lsq":
                 raise FxquantValueError(
-                    f"momentum={m} keeps a running range for a scaled format, so it needs a "
+                    f"decay={m} keeps a running range for a scaled format, so it needs a "
                     "format with scale='tensor' (or 'tensor-pow2'); got "
                     f"{describe(parsed)} with scale={mode.value!r}"
                     + (" and range='lsq' (a learned step has no running range)."
                        if source == "lsq" else ".")
                 )
-            momentum = float(m)
+            decay = float(m)
         grad_rule = Grad.parse(grad)
         if grad_rule is Grad.CLIPPED and (not isinstance(parsed, IntFormat) or source == "lsq"
                                           or mode not in (Scale.TENSOR, Scale.ROW)
@@ -254,7 +308,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
                 f"minmax or percentile range (got {describe(parsed)}, scale={mode.value!r}, "
                 f"range={source!r}{', node_bits' if node_bits is not None else ''}; with "
                 "range='lsq' the gradient is already zero outside the range)")
-        observe = _parse_observe(observe, momentum, mode, source)
+        observe = _parse_observe(observe, decay, mode, source)
         if protect is not None and protect.ranges == "unprotected" and (
                 not mode.per_tensor or source == "lsq"):
             raise FxquantValueError(
@@ -266,23 +320,31 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
         set_(self, "rounding", default if rounding is None else Rounding.parse(rounding))
         set_(self, "scale", mode)
         set_(self, "range", source)
-        set_(self, "momentum", momentum)
+        set_(self, "decay", decay)
         set_(self, "grad", grad_rule)
         set_(self, "grad_format",
              None if grad_format is None else as_format(grad_format, "grad_format"))
         set_(self, "protect", protect)
         set_(self, "node_bits", node_bits)
         set_(self, "observe", observe)
+        set_(self, "scale_given", scale_given)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # configs pickled before the format / grad_format / node_bits names
         for old, new in _OLD_FIELDS.items():
             if old in state:
                 state[new] = state.pop(old)
-        state.setdefault("observe", "ema" if state.get("momentum") is not None else "batch")
+        state.setdefault("observe", "ema" if state.get("decay") is not None else "batch")
+        state.setdefault("scale_given", True)  # (an older file: as it was written)
         if isinstance(state.get("protect"), tuple):
             state["protect"] = Protection(*state["protect"])
         self.__dict__.update(state)
+
+    @property
+    def momentum(self) -> float | None:
+        """The old name of :attr:`decay` (the same number); deprecated."""
+        warn_renamed("QuantConfig.momentum", "QuantConfig.decay (the same number)")
+        return self.decay
 
     @property
     def percentile(self) -> float | None:
@@ -296,7 +358,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
         return "truncate" if pure else "quantize"
 
     def describe(self) -> str:
-        """One line: ``"e4m3, nearest, scale tensor (running, momentum 0.9), ste"``."""
+        """One line: ``"e4m3, nearest, scale tensor (running, decay 0.9), ste"``."""
         parts = [self.format.spec(), self.rounding.value]
         if self.scale is not Scale.NONE:
             parts.append(f"scale {self.scale_description()}")
@@ -312,12 +374,12 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
         return ", ".join(parts)
 
     def scale_description(self) -> str:
-        """``"tensor (percentile:99.9, running, momentum 0.9)"``, or ``"-"`` unscaled."""
+        """``"tensor (percentile:99.9, running, decay 0.9)"``, or ``"-"`` unscaled."""
         if self.scale is Scale.NONE:
             return "-"
         notes = [self.range] if self.range != "minmax" else []
-        if self.momentum is not None:
-            notes.append(f"running, momentum {self.momentum}")
+        if self.decay is not None:
+            notes.append(f"running, decay {self.decay}")
         if self.observe == "widen":
             notes.append("widening")
         return self.scale.value + (f" ({', '.join(notes)})" if notes else "")
@@ -329,7 +391,7 @@ needs a format with scale='tensor' (or 'tensor-pow2'); got top16 with scale='non
             "rounding": self.rounding.value,
             "scale": self.scale.value,
             "range": self.range,
-            "momentum": self.momentum,
+            "decay": self.decay,
             "grad": self.grad.value,
             "grad_format": None if self.grad_format is None else self.grad_format.spec(),
             "protect": None if self.protect is None else self.protect.to_dict(),

@@ -7,13 +7,16 @@ tensor of ``x``'s dtype, never write into ``x``, and call one registered op
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
 from fxquant._ops.version import NUMERICS
-from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind
-from fxquant.formats import Format, TopN, parse
+from fxquant.errors import FxquantTypeError, FxquantValueError, same_kind, user_stacklevel
+from fxquant.formats import Format, IntFormat, TopN, parse_scaled, split_scale
 from fxquant.modes import Rounding, Scale, op_grad
+from fxquant.quant.config import merge_scale
 
 __all__ = ["quantize", "truncate"]
 
@@ -104,12 +107,16 @@ def quantize(
         x (Tensor): a floating-point tensor on any device; never written to.
         format (str, Format or tuple): a preset (``"e4m3"``, ``"e5m2"``, ``"fp16"``,
             ``"bf16"``, ``"e3m2"``, ``"e2m3"``, ``"e2m1"``), ``"eXmY"`` / ``(X, Y)`` for a
-            custom format (no inf/NaN codes, subnormals, saturating), or a
-            :class:`~fxquant.formats.Format`.
+            custom format (no inf/NaN codes, subnormals, saturating), an integer format
+            (``"int8"``, ``"int8:asym"``), a torch dtype (``torch.float8_e4m3fn``), a
+            :class:`~fxquant.formats.Format`, or a spec with its scale (``"int8:row"``,
+            ``"mxfp4"``: see :mod:`fxquant.formats`).
         rounding (str, optional): ``"nearest"`` (half to even, default), ``"toward_zero"``
             or ``"stochastic"``.
-        scale (str, optional): :obj:`None` (a plain cast, default), ``"tensor"``, ``"row"``,
-            ``"tensor-pow2"`` or ``"row-pow2"``.
+        scale (str, optional): ``"none"`` (a plain cast), ``"tensor"``, ``"row"``,
+            ``"tensor-pow2"``, ``"row-pow2"`` or ``"block32"``. (default: :obj:`None`:
+            the format's spec's, else a plain cast; an integer format then warns: its grid
+            has a step of 1, so ``quantize(x, "int8")`` rounds ``x`` to whole numbers)
         grad (str, optional): ``"ste"`` (straight-through, default) or ``"zero"``.
         generator (torch.Generator, optional): for ``"stochastic"``.
 
@@ -121,18 +128,32 @@ def quantize(
         [0.3125, 320.0, 1024.0, -inf, nan]
         >>> quantize(torch.tensor([0.01, 0.2, 3.0]), "e2m1", scale="tensor").tolist()  # FP4
         [0.0, 0.25, 3.0]
+        >>> quantize(torch.tensor([0.3, -1.7, 20.0]), "int8:tensor").tolist()  # scale in the spec
+        [0.31496062874794006, -1.7322834730148315, 20.0]
     """
-    scale_arg = Scale.parse(scale).value
     if torch.compiler.is_compiling() and isinstance(format, str):
-        # The op's fake kernel validates; keep Python-side parsing out of the traced code.
-        return torch.ops.fxquant.quantize(x, format, rounding, scale_arg, grad, generator,
-                                          numerics=NUMERICS)
+        # The op's fake kernel validates; keep Python-side parsing out of the traced code
+        # (the spec's scale is split off by string operations)
+        body, word = split_scale(format)
+        chosen = None if scale is None else Scale.parse(scale).value
+        if word is None or chosen is None or word == chosen:
+            return torch.ops.fxquant.quantize(x, body, rounding, chosen or word or "none", grad,
+                                              generator, numerics=NUMERICS)
     x = _check_tensor(x, "quantize")
     try:
-        number = parse(format)
+        number, named = parse_scaled(format)
+        mode, scale_given = merge_scale(scale, named, format)
     except (TypeError, ValueError) as e:
         raise same_kind(e, f"fxquant.quantize: format must be a preset name, 'eXmY', (exp_bits, "
                       f"man_bits) or a Format: {e}") from e
+    if isinstance(number, IntFormat) and not scale_given and not torch.compiler.is_compiling():
+        warnings.warn(
+            f"fxquant.quantize: {number.spec()} without a scale rounds x to the grid's levels "
+            f"{number.level(number.qmin):g}..{number.max_finite:g} themselves (a step of 1). "
+            "Please give a scale, e.g. scale='tensor' (or 'row', 'tensor-pow2', 'row-pow2', "
+            f"'block32'; '{number.spec()}:tensor' in the spec), or scale='none' for the "
+            "unscaled grid without this warning.", UserWarning, stacklevel=user_stacklevel())
+    scale_arg = mode.value
     if isinstance(number, TopN):
         raise FxquantValueError(f"fxquant.quantize: {number.spec()} is top-N truncation; please call "
                          f"fxquant.truncate(x, {number.bits}) instead")

@@ -3,16 +3,19 @@ keeps is :class:`~fxquant.quant.node_widths.NodeWidths`)."""
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
+import numbers
+import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fxquant.errors import FxquantTypeError, FxquantValueError
-from fxquant.fx.degree import in_degree
+from fxquant.errors import FxquantTypeError, FxquantValueError, user_stacklevel
+from fxquant.fx.degree import check_edge_index, in_degree
 from fxquant.quant.validation import check_count, require_keys
 
 __all__ = ["NodeBits", "bitwidth_bits"]
@@ -104,29 +107,53 @@ class NodeBits:
         return cls(torch.full((num_nodes,), float(init)), True, min_bits, max_bits)
 
     @classmethod
-    def by_degree(cls, edge_index: Tensor, num_nodes: int, quantiles: Sequence[float],
-                  bits: Sequence[int], min_bits: int = 2, max_bits: int = 8) -> NodeBits:
-        """Fixed bit-widths from in-degree buckets: nodes whose in-degree lies above the
+    def by_degree(cls, edge_index: Tensor, *args: Any, **kwargs: Any) -> NodeBits:
+        """``by_degree(edge_index, quantiles, bits, num_nodes=None, min_bits=2, max_bits=8)``:
+        fixed bit-widths from in-degree buckets. Nodes whose in-degree lies above the
         ``quantiles[i]`` quantile (of all nodes' in-degrees) get ``bits[i + 1]``, the rest
         ``bits[0]``; e.g. ``quantiles=[0.9], bits=[2, 4]``: the top 10% by in-degree get 4
-        bits. No table needs storing: the bits follow from the graph."""
-        check_count(num_nodes, "NodeBits.by_degree: num_nodes")
+        bits. No table needs storing: the bits follow from the graph.
+
+        ``num_nodes`` comes after the graph's own arguments, as in PyG's ``utils``
+        (``degree(index, num_nodes=None)``, ``to_undirected(edge_index, edge_attr=None,
+        num_nodes=None)``) and :func:`~fxquant.quant.nodes.top_degree_nodes`. The order of
+        earlier releases, ``by_degree(edge_index, num_nodes, quantiles, bits)``, still
+        works, with a :class:`FutureWarning`.
+
+        Args:
+            edge_index (Tensor): ``[2, num_edges]`` node ids of any integer dtype (checked
+                by :func:`~fxquant.fx.degree.check_edge_index`).
+            quantiles (sequence of float): increasing, in ``(0, 1)``.
+            bits (sequence of int): one more bit-width than quantiles.
+            num_nodes (int, optional): the number of (target) nodes, ``>= 1``. (default:
+                ``edge_index.max() + 1``)
+            min_bits, max_bits (int, optional): the allowed range. (default: 2 and 8)
+
+        Example:
+            >>> edge_index = torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]])  # node 0: a hub
+            >>> NodeBits.by_degree(edge_index, [0.75], [2, 4], num_nodes=4).bits
+            tensor([4., 2., 2., 2.])
+        """
+        quantiles, bits, num_nodes, min_bits, max_bits = _by_degree_arguments(args, kwargs)
+        where = "NodeBits.by_degree"
+        if num_nodes is not None:
+            check_count(num_nodes, f"{where}: num_nodes")
+        num_nodes = check_edge_index(edge_index, num_nodes, where=where)
         if not num_nodes:
-            raise FxquantValueError("NodeBits.by_degree: num_nodes must be >= 1 (the graph's "
-                                    "nodes, each of which gets a bit-width), got 0")
-        if not (isinstance(edge_index, Tensor) and edge_index.dim() == 2
-                and edge_index.shape[0] == 2):
-            raise FxquantValueError("NodeBits.by_degree: edge_index must be a [2, num_edges] "
-                                    f"tensor, got {getattr(edge_index, 'shape', edge_index)!r}")
-        if len(bits) != len(quantiles) + 1 or list(quantiles) != sorted(quantiles) \
-                or not all(isinstance(q, (int, float)) and 0 < q < 1 for q in quantiles) \
-                or not all(isinstance(b, int) and not isinstance(b, bool) for b in bits):
-            raise FxquantValueError("NodeBits.by_degree: give increasing quantiles in (0, 1) and one "
-                             f"more bit-width (an int) than quantiles; got {quantiles!r}, {bits!r}")
+            raise FxquantValueError(f"{where}: num_nodes must be >= 1 (the graph's nodes, each "
+                                    "of which gets a bit-width), got 0")
+        qs = list(quantiles) if isinstance(quantiles, Iterable) else None
+        bs = list(bits) if isinstance(bits, Iterable) else None
+        if qs is None or bs is None or len(bs) != len(qs) + 1 or qs != sorted(qs) \
+                or not all(isinstance(q, (int, float)) and 0 < q < 1 for q in qs) \
+                or not all(isinstance(b, int) and not isinstance(b, bool) for b in bs):
+            raise FxquantValueError(f"{where}: give increasing quantiles in (0, 1) and one "
+                                    f"more bit-width (an int) than quantiles; got {quantiles!r}, "
+                                    f"{bits!r}")
         degree = in_degree(edge_index.cpu(), num_nodes)
-        cuts = torch.quantile(degree, torch.tensor(list(quantiles), dtype=torch.float32))
+        cuts = torch.quantile(degree, torch.tensor(qs, dtype=torch.float32))
         bucket = torch.bucketize(degree, cuts)  # above a quantile: strictly greater
-        return cls(torch.tensor(list(bits), dtype=torch.float32)[bucket], False, min_bits,
+        return cls(torch.tensor(bs, dtype=torch.float32)[bucket], False, min_bits,
                    max_bits, stored=False)
 
     @property
@@ -150,6 +177,50 @@ class NodeBits:
         return cls(torch.full((int(data["num_nodes"]),), float(data["min_bits"])),
                    bool(data["learned"]), int(data["min_bits"]), int(data["max_bits"]),
                    bool(data.get("stored", True)))
+
+
+def _new_order(quantiles: Sequence[float], bits: Sequence[int], num_nodes: int | None = None,
+               min_bits: int = 2, max_bits: int = 8) -> None:
+    """The arguments of :meth:`NodeBits.by_degree` after ``edge_index``."""
+
+
+def _old_order(num_nodes: int, quantiles: Sequence[float], bits: Sequence[int],
+               min_bits: int = 2, max_bits: int = 8) -> None:
+    """The order of earlier releases: ``num_nodes`` first."""
+
+
+_NEW, _OLD = inspect.signature(_new_order), inspect.signature(_old_order)
+
+
+def _by_degree_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``(quantiles, bits, num_nodes, min_bits, max_bits)`` of a :meth:`NodeBits.by_degree`
+    call in either order: the second positional argument is ``num_nodes`` in the old order
+    (a count), ``quantiles`` in the new (a sequence); the old order warns."""
+    first = args[0] if args else None
+    old = isinstance(first, (numbers.Number, str, bytes)) or (
+        isinstance(first, Tensor) and first.dim() == 0)
+    try:
+        bound = (_OLD if old else _NEW).bind(*args, **kwargs)
+    except TypeError as e:
+        raise FxquantTypeError(f"NodeBits.by_degree(edge_index, quantiles, bits, num_nodes=None, "
+                               f"min_bits=2, max_bits=8): {e}") from None
+    if old:
+        warnings.warn(
+            "NodeBits.by_degree(edge_index, num_nodes, quantiles, bits) is the order of earlier "
+            "releases and will be removed in the next one; please write "
+            "NodeBits.by_degree(edge_index, quantiles, bits, num_nodes=...): num_nodes after "
+            "the graph's own arguments, as in PyG's utils and fxquant.top_degree_nodes",
+            FutureWarning, stacklevel=user_stacklevel())
+    bound.apply_defaults()
+    a = bound.arguments
+    return a["quantiles"], a["bits"], a["num_nodes"], a["min_bits"], a["max_bits"]
+
+
+# help(), IDEs and the documentation show the order by_degree reads (it also reads the old)
+_FIRST = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=kind)
+          for name, kind in (("cls", inspect.Parameter.empty), ("edge_index", "Tensor"))]
+NodeBits.by_degree.__func__.__signature__ = _NEW.replace(  # type: ignore[attr-defined]
+    parameters=[*_FIRST, *_NEW.parameters.values()], return_annotation="NodeBits")
 
 
 def bitwidth_bits(node_bits: NodeBits) -> int:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
-from fxquant.fx.degree import in_degree
+from fxquant.fx.degree import check_edge_index, in_degree
 
 __all__ = ["LayerMasks", "NodeIds", "as_index", "check_node_ids", "lookup", "new_masks",
            "set_node_ids", "top_degree_nodes"]
@@ -145,35 +145,23 @@ def top_degree_nodes(
     in-degree is how many messages it aggregates). Ties are broken by node id.
 
     Args:
-        edge_index (Tensor): ``[2, num_edges]`` integer tensor of node ids ``>= 0``.
+        edge_index (Tensor): ``[2, num_edges]`` tensor of node ids ``>= 0`` (any integer
+            dtype; checked by :func:`~fxquant.fx.degree.check_edge_index`).
         fraction (float): in ``(0, 1]``; at least one node is returned.
-        num_nodes (int, optional): defaults to ``edge_index.max() + 1``.
+        num_nodes (int, optional): the number of (target) nodes; every target id must be
+            smaller. (default: ``edge_index.max() + 1``)
 
     Example:
         >>> edge_index = torch.tensor([[0, 0, 1, 2, 3], [1, 2, 0, 0, 0]])
         >>> top_degree_nodes(edge_index, 0.25)
         tensor([0])
     """
-    if not (isinstance(edge_index, Tensor) and edge_index.dim() == 2 and edge_index.shape[0] == 2):
-        shape = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)
-        raise FxquantValueError(f"edge_index must be a [2, num_edges] tensor, got {shape}")
-    if edge_index.layout != torch.strided:
-        raise FxquantTypeError(f"edge_index must be a dense [2, num_edges] tensor, got layout "
-                        f"{edge_index.layout}; for a sparse adjacency pass its indices")
-    if edge_index.is_floating_point() or edge_index.dtype == torch.bool:
-        raise FxquantTypeError(f"edge_index must hold integer node ids, got {edge_index.dtype}")
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise FxquantValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
-    if edge_index.numel() and int(edge_index.min()) < 0:
-        raise FxquantValueError(f"edge_index holds a negative node id ({int(edge_index.min())}); node ids "
-                         "are >= 0")
-    if num_nodes is None:
-        num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
-    elif isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
+    if num_nodes is not None and (isinstance(num_nodes, bool) or not isinstance(num_nodes, int)
+                                  or num_nodes < 0):
         raise FxquantValueError(f"num_nodes must be an int >= 0, got {num_nodes!r}")
-    elif edge_index.numel() and int(edge_index.max()) >= num_nodes:
-        raise FxquantValueError(f"edge_index holds node id {int(edge_index.max())}, but num_nodes="
-                         f"{num_nodes}")
+    num_nodes = check_edge_index(edge_index, num_nodes, where="top_degree_nodes")
     if num_nodes == 0:
         return torch.empty(0, dtype=torch.long, device=edge_index.device)
     deg = in_degree(edge_index, num_nodes, dtype=torch.long)

@@ -3,7 +3,7 @@ range, ``bounds = (lo, hi)``.
 
 - :class:`RangeObserver`: min/max or a percentile range (Degree-Quant's, robust to the
   outliers high-degree aggregation makes), of the current batch in training and, with
-  ``momentum``, of a running average in eval (as BatchNorm keeps its statistics).
+  ``decay``, of a running average in eval (as BatchNorm keeps its statistics).
 
 Under ``torch.distributed`` (a default process group with more than one rank), a
 per-tensor range is synchronized in training the way ``SyncBatchNorm`` synchronizes its
@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from fxquant._ops.scales import finite_bounds
-from fxquant.errors import FxquantValueError
+from fxquant.errors import FxquantValueError, warn_renamed
 from fxquant.modes import Grad
-from fxquant.quant.config import QuantConfig
+from fxquant.quant.config import QuantConfig, check_decay
 
 __all__ = ["SAMPLE", "RangeObserver", "percentile_bounds"]
 
@@ -119,20 +119,23 @@ class RangeObserver(nn.Module):
 
     Args:
         per_row (bool, optional): one range per row (dim 0). (default: :obj:`False`)
-        momentum (float, optional): keep ``running = momentum * running + (1 - momentum) *
-            current`` (the first batch sets it) and use it in eval; per tensor only.
+        decay (float, optional): keep ``running = decay * running + (1 - decay) *
+            current`` (the first batch sets it; ``decay`` is the old range's weight, the
+            complement of BatchNorm's ``momentum``) and use it in eval; per tensor only.
             (default: :obj:`None`: always the current range)
         percentile (float, optional): ``q`` in ``(50, 100]``: the range is the ``100 - q``
             to ``q`` percentile instead of min to max. (default: :obj:`None`)
         widen (bool, optional): keep the widest range seen in training (the first batch
             sets it, later ones only widen it: :class:`torch.ao.quantization.MinMaxObserver`)
             and use it in training and eval; per tensor only. (default: :obj:`False`)
+        momentum (float, optional): the old name of ``decay`` (the same number);
+            deprecated, with a :class:`FutureWarning`.
 
     ``forward(x, exclude)`` leaves the rows where ``exclude`` is True out of the range
     (Degree-Quant's protected rows, which are not rounded).
 
     Example:
-        >>> obs = RangeObserver(momentum=0.5)
+        >>> obs = RangeObserver(decay=0.5)
         >>> obs(torch.tensor([1.0, -4.0])), obs(torch.tensor([2.0, 0.0])), obs.running
         (tensor([-4.,  1.]), tensor([0., 2.]), tensor([-2.0000,  1.5000]))
         >>> obs.eval()(torch.tensor([100.0]))
@@ -142,15 +145,18 @@ class RangeObserver(nn.Module):
     running: Tensor
     seen: Tensor
 
-    def __init__(self, per_row: bool = False, momentum: float | None = None,
-                 percentile: float | None = None, widen: bool = False) -> None:
+    def __init__(self, per_row: bool = False, decay: float | None = None,
+                 percentile: float | None = None, widen: bool = False, *,
+                 momentum: float | None = None) -> None:
         super().__init__()
-        if widen and (per_row or momentum is not None):
-            raise FxquantValueError("a widening range is kept per tensor and without momentum")
-        if momentum is not None and (isinstance(momentum, bool) or not isinstance(
-                momentum, (int, float)) or not 0 <= momentum < 1):
-            raise FxquantValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
-        if momentum is not None and per_row:
+        decay = check_decay(decay, momentum, "RangeObserver: ")
+        if widen and (per_row or decay is not None):
+            raise FxquantValueError("a widening range is kept per tensor and without a decay")
+        if decay is not None and (isinstance(decay, bool) or not isinstance(
+                decay, (int, float)) or not 0 <= decay < 1):
+            raise FxquantValueError(f"decay must be a number in [0, 1) (the old range's "
+                                    f"weight), got {decay!r}")
+        if decay is not None and per_row:
             raise FxquantValueError("a running range is kept per tensor; rows are different nodes in "
                              "every batch, so per-row ranges are always the current ones")
         if percentile is not None and (isinstance(percentile, bool) or not isinstance(
@@ -159,7 +165,7 @@ class RangeObserver(nn.Module):
         if percentile is not None and per_row:
             raise FxquantValueError("percentile ranges are taken per tensor; please use scale='tensor'")
         self.per_row = per_row
-        self.momentum = None if momentum is None else float(momentum)
+        self.decay = None if decay is None else float(decay)
         self.percentile = None if percentile is None else float(percentile)
         self.widen = bool(widen)
         self.register_buffer("running", torch.zeros(2))
@@ -174,18 +180,29 @@ class RangeObserver(nn.Module):
         percentile range, a clipped gradient or ranges over unprotected rows (else the op
         takes each tensor's own range, and None is returned)."""
         protect = config.protect
-        if config.momentum is not None or config.percentile is not None \
+        if config.decay is not None or config.percentile is not None \
                 or config.observe == "widen" or config.grad is Grad.CLIPPED \
                 or (protect is not None and protect.ranges == "unprotected"):
-            return cls(config.scale.per_row, config.momentum, config.percentile,
+            return cls(config.scale.per_row, config.decay, config.percentile,
                        widen=config.observe == "widen")
         return None
+
+    @property
+    def momentum(self) -> float | None:
+        """The old name of :attr:`decay` (the same number); deprecated."""
+        warn_renamed("RangeObserver.momentum", "RangeObserver.decay (the same number)")
+        return self.decay
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "momentum" in state:  # pickled before the rename
+            state["decay"] = state.pop("momentum")
+        super().__setstate__(state)
 
     @property
     def stored(self) -> bool:
         """Whether evaluation uses a range kept in the state (running or widened, once a
         training batch set it), not the tensor's own."""
-        return (self.momentum is not None or self.widen) and self.calibrated
+        return (self.decay is not None or self.widen) and self.calibrated
 
     def eval_bounds(self, x: Tensor) -> Tensor:
         """The range evaluation rounds ``x`` with (what :meth:`forward` returns in
@@ -212,7 +229,7 @@ class RangeObserver(nn.Module):
     def forward(self, x: Tensor, exclude: Tensor | None = None) -> Tensor:
         if exclude is not None and not x.is_floating_point():
             exclude = None
-        if self.momentum is None and not self.widen:
+        if self.decay is None and not self.widen:
             return self._synced(self._current(x, exclude)[0])
         if not self.training:  # before any training batch: the current range, not (0, 0)
             return self.running if self.calibrated else self._current(x, exclude)[0]
@@ -223,8 +240,8 @@ class RangeObserver(nn.Module):
                 kept = torch.stack([torch.minimum(self.running[0], now[0]),
                                     torch.maximum(self.running[1], now[1])])
             else:
-                assert self.momentum is not None
-                kept = self.momentum * self.running + (1 - self.momentum) * now
+                assert self.decay is not None
+                kept = self.decay * self.running + (1 - self.decay) * now
             self.running.copy_(torch.where(found, torch.where(self.seen, kept, now),
                                            self.running))
             self.seen.logical_or_(found)
@@ -265,8 +282,8 @@ class RangeObserver(nn.Module):
         parts = ["per_row" if self.per_row else "per tensor"]
         if self.percentile is not None:
             parts.append(f"percentile={self.percentile}")
-        if self.momentum is not None:
-            parts.append(f"momentum={self.momentum}")
+        if self.decay is not None:
+            parts.append(f"decay={self.decay}")
         if self.widen:
             parts.append("widen")
         return ", ".join(parts)

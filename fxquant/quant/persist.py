@@ -162,7 +162,7 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         >>> import os, tempfile, torch, fxquant
         >>> from torch_geometric.nn.models import GCN
         >>> gm = fxquant.transform(GCN(4, 8, num_layers=2, out_channels=2), format="int8",
-        ...                        scale="tensor", momentum=0.9)
+        ...                        scale="tensor", decay=0.9)
         >>> path = os.path.join(tempfile.mkdtemp(), "gm.pt")
         >>> fxquant.save(gm, path)
         >>> again = fxquant.load(path, GCN(4, 8, num_layers=2, out_channels=2))  # any weights

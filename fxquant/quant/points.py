@@ -6,7 +6,7 @@ config asks for, each built from it (as torchao builds a fake quantizer from its
 =====================  ===================================================  ==============
 part                   what it does                                         when
 =====================  ===================================================  ==============
-``observer``           the range a scale comes from (running, widening,     momentum,
+``observer``           the range a scale comes from (running, widening,     decay,
                        percentile): :class:`~.observers.RangeObserver`      percentile, ...
 ``learned_step``       the learned step and its fit: :class:`~.learned_     ``range="lsq"``
                        step.LearnedStep`

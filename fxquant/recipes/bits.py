@@ -15,10 +15,20 @@ from torch import Tensor
 from torch.fx import GraphModule, Node
 
 from fxquant.errors import FxquantValueError
+from fxquant.formats import TopN
 from fxquant.fx.degree import in_degree
+from fxquant.fx.lazy import refuse_lazy
 from fxquant.fx.selectors import layer_name
 from fxquant.fx.tracer import trace
-from fxquant.quant import NodeBits, QuantConfig, QuantMapping, bit_report, quantize, share_bits
+from fxquant.quant import (
+    NodeBits,
+    QuantConfig,
+    QuantMapping,
+    bit_report,
+    quantize,
+    share_bits,
+    truncate,
+)
 from fxquant.recipes.checks import check_count, check_flag, check_positive, check_rounding
 from fxquant.recipes.core import SELECTIONS, QuantTraining, Recipe
 from fxquant.recipes.graph import (
@@ -71,8 +81,7 @@ class _BitsRecipe(Recipe):
         if self.select not in SELECTIONS:
             raise FxquantValueError(f"select={self.select!r} is not one of {list(SELECTIONS)}")
         if self.input_format is not None:
-            number, _, scale = self.input_format.partition(":")
-            QuantConfig(number, scale=scale or None)  # a clear error here, not in prepare
+            QuantConfig(self.input_format)  # a clear error here, not in prepare
 
     def _grid(self, unsigned: bool) -> tuple[str, int]:
         """The integer kind (``"uint"``, ``"int"``, ``"int...:midrise"``) and its lowest
@@ -108,9 +117,9 @@ class _BitsRecipe(Recipe):
             if self.input_format is None:
                 mapping.set_name(first, None, site="input")
             else:
-                number, _, scale = self.input_format.partition(":")
-                mapping.set_name(first, QuantConfig(number, scale=scale or None), site="input")
-                _warn_if_inexact(data, number, scale or None, self.input_format)
+                config = QuantConfig(self.input_format)
+                mapping.set_name(first, config, site="input")
+                _warn_if_inexact(data, config, self.input_format)
         if not self.quantize_logits:
             mapping.set_name(last, None, site="output")
         return mapping
@@ -150,11 +159,13 @@ def _share_tables(gm: GraphModule, shared_bits: str) -> None:
             share_bits(gm, name, members[0])
 
 
-def _warn_if_inexact(data: Any, number: str, scale: str | None, spec: str) -> None:
+def _warn_if_inexact(data: Any, config: QuantConfig, spec: str) -> None:
     x = getattr(data, "x", None)
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() != 2 or x.is_meta:
         return
-    rounded = quantize(x, number, scale=scale)
+    fmt = config.format
+    rounded = truncate(x, fmt.bits) if isinstance(fmt, TopN) else quantize(
+        x, fmt.spec(), scale=config.scale.value)
     if not torch.equal(rounded, x):
         err = float((rounded - x).abs().max())
         warnings.warn(f"the raw input features are not exact on input_format={spec!r} (largest "
@@ -190,9 +201,11 @@ class HubMessages(_BitsRecipe):
         shared_step (bool, optional): a layer's input rounds with the previous layer's
             output step where only a ReLU lies between (:func:`fxquant.share_step`).
             (default: True)
-        input_format (str, optional): the raw input features' ``format[:scale]`` (exact
-            for row-normalized bag-of-words features; a warning says when not); None keeps
-            them float32. Not counted in ``avg_bits``. (default: ``"uint1:row"``)
+        input_format (str, optional): the raw input features' format, its scale after the
+            last ``":"`` (``"uint1:row"``: exact for row-normalized bag-of-words features,
+            a warning says when not; ``"int8:asym:row"``; the grammar of
+            :mod:`fxquant.formats`); None keeps them float32. Not counted in ``avg_bits``.
+            (default: ``"uint1:row"``)
         quantize_logits (bool, optional): also round the last layer's output.
             (default: False)
         select (str, optional): ``"budget"`` or ``"best-val"``. (default: ``"budget"``)
@@ -267,8 +280,8 @@ class HubMessages(_BitsRecipe):
         number, lowest = self._grid(unsigned)
         base = max(lowest, math.floor(self.target_bits)) if bits is None else bits
         hub = max(lowest, base - 1) if message and bits is None else base
-        widths = NodeBits.by_degree(data.edge_index, n, [self.hub_quantile], [base, hub],
-                                    min_bits=lowest)
+        widths = NodeBits.by_degree(data.edge_index, [self.hub_quantile], [base, hub],
+                                    num_nodes=n, min_bits=lowest)
         return QuantConfig(number, self.rounding(message), scale="tensor", range="lsq",
                            node_bits=widths)
 
@@ -286,6 +299,7 @@ class HubMessages(_BitsRecipe):
                 ) -> QuantTraining:
         """As :meth:`Recipe.prepare`; with ``fit_budget``, the hub quantile is lowered
         until the final widths count within ``target_bits`` on ``data``."""
+        refuse_lazy(model, f"recipes.{type(self).__name__}.prepare")
         gm = model if isinstance(model, GraphModule) else trace(model)  # once, for every try
         run = super().prepare(gm, data, lint=lint)
         x = getattr(data, "x", None)

@@ -16,6 +16,7 @@ from torch.fx import GraphModule
 from torch_geometric.data import Data
 
 from fxquant.errors import FxquantIndexError, FxquantTypeError, FxquantValueError, warn_renamed
+from fxquant.fx.lazy import refuse_lazy
 from fxquant.fx.tracer import trace
 from fxquant.pipeline import transform
 from fxquant.quant import BitReport, QuantMapping, QuantPoint, bit_penalty, bit_report, refit_steps
@@ -828,6 +829,7 @@ class Recipe:
                 that need it; in mini-batch training, the whole graph (global node ids).
             lint (str, optional): as :func:`fxquant.transform`. (default: ``"warn"``)
         """
+        refuse_lazy(model, f"recipes.{type(self).__name__}.prepare")
         gm = model if isinstance(model, GraphModule) else trace(model)
         qgm = transform(gm, self.mapping(gm, data), lint=lint)
         self.tie(qgm)

@@ -15,6 +15,7 @@ from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
 
 from fxquant.errors import FxquantValueError
+from fxquant.fx.degree import check_edge_index
 from fxquant.fx.selectors import layer_name
 from fxquant.quant import QuantPoint, share_step
 
@@ -132,9 +133,12 @@ def tie_steps(gm: GraphModule) -> None:
 
 
 def num_nodes(data: Any, recipe: str) -> int:
+    """The graph's node count, after the check of ``data.edge_index``
+    (:func:`~fxquant.fx.degree.check_edge_index`)."""
     n = getattr(data, "num_nodes", None)
     if not isinstance(n, int) or getattr(data, "edge_index", None) is None:
         raise FxquantValueError(f"{recipe}: per-node bit-widths are keyed by node, so prepare() "
                                 "needs the graph: prepare(model, data) with data.edge_index and "
                                 "data.num_nodes (the whole graph in mini-batch training)")
-    return n
+    return check_edge_index(data.edge_index, n, where=f"{recipe}.prepare",
+                            arg="data.edge_index")

@@ -186,5 +186,5 @@ def test_ddp_scales_can_run(argv):
     default for --scale tensor."""
     args = train_ddp.parse_args(argv)
     config = train_ddp.build_config(args)
-    assert (config.momentum is None) == ("none" in argv)
+    assert (config.decay is None) == ("none" in argv)
 

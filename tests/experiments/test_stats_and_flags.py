@@ -47,14 +47,14 @@ def test_config_from_flags_names_the_flag_that_the_config_refuses(capsys):
     is a usage error naming its flag, with the config's message."""
     p = argparse.ArgumentParser(prog="demo")
     config = cli.config_from_flags(p, ("--format", "int8"), ("--scale", "scale", "tensor"),
-                                   ("--momentum", "momentum", 0.1))
-    assert config == fxquant.QuantConfig("int8", scale="tensor", momentum=0.1)
+                                   ("--momentum", "decay", 0.1))
+    assert config == fxquant.QuantConfig("int8", scale="tensor", decay=0.1)
     for number, settings, flag in [
             (("--bits", 16), [("--scale", "scale", "row")], "--scale"),
             (("--format", "e4m3"), [("--scale", "scale", "tensor"), ("--range", "range", "lsq")],
              "--range"),
             (("--format", "int4"), [("--scale", "scale", "row"),
-                                    ("--momentum", "momentum", 0.1)], "--momentum"),
+                                    ("--momentum", "decay", 0.1)], "--momentum"),
             (("--format", "int4"), [("--rounding", "rounding", "bogus")], "--rounding")]:
         with pytest.raises(SystemExit) as exit_:
             cli.config_from_flags(p, number, *settings)

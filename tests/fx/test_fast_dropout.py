@@ -4,9 +4,12 @@ compiled (torch.ops.fxquant.dropout)."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch_geometric.nn.models import GCN
 
@@ -219,3 +222,86 @@ def test_compiled_fast_dropouts_of_one_tensor_draw_two_masks():
         assert {0.0, 2.0, 4.0, 6.0} == set(got.unique().tolist())  # independent masks
         if grad:
             assert torch.equal(eager_grad, got_grad)
+
+
+def test_fast_dropout_keeps_a_shared_dropout_shared():
+    """The reported case: two attributes naming one nn.Dropout name one FastDropout after."""
+    shared = nn.Dropout(0.3)
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = shared, shared
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(self.lin(self.a(x)))
+
+    model = fxquant.fast_dropout(Two())
+    assert type(model.a) is FastDropout and model.a is model.b and model.a.p == 0.3
+
+
+@st.composite
+def _trees(draw):
+    """A module tree whose dropouts and containers may appear under several names: in two
+    attributes of one module, in two containers, or inside a container that is itself
+    shared."""
+    dropouts = [nn.Dropout(p) for p in draw(st.lists(st.sampled_from([0.1, 0.2, 0.5]),
+                                                      min_size=1, max_size=3))]
+    for d in dropouts:
+        d.train(draw(st.booleans()))
+    built: list[nn.Module] = []
+
+    def container(depth: int) -> nn.Module:
+        kind = draw(st.sampled_from(["sequential", "list", "dict", "module"]))
+        children = []
+        for _ in range(draw(st.integers(1, 4))):
+            choice = draw(st.sampled_from(["dropout", "relu", "container", "shared"]))
+            if choice == "dropout":
+                children.append(draw(st.sampled_from(dropouts)))
+            elif choice == "relu":
+                children.append(nn.ReLU())
+            elif choice == "container" and depth < 2:
+                children.append(container(depth + 1))
+            elif choice == "shared" and built:
+                children.append(draw(st.sampled_from(built)))
+            else:
+                children.append(draw(st.sampled_from(dropouts)))
+        if kind == "sequential":
+            module: nn.Module = nn.Sequential(*children)
+        elif kind == "list":
+            module = nn.ModuleList(children)
+        elif kind == "dict":
+            module = nn.ModuleDict({f"m{i}": c for i, c in enumerate(children)})
+        else:
+            module = nn.Module()
+            for i, c in enumerate(children):
+                setattr(module, f"attr{i}", c)
+        built.append(module)
+        return module
+
+    return container(0)
+
+
+@settings(max_examples=150)
+@given(model=_trees())
+def test_fast_dropout_replaces_by_identity_under_every_name(model):
+    """Every name of every nn.Dropout (attributes, containers, containers shared by several
+    parents) names a FastDropout of the same p and mode after, and two names share a
+    module after exactly where they shared one before; nothing else changes."""
+    before = dict(model.named_modules(remove_duplicate=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a tree without a dropout says so)
+        fxquant.fast_dropout(model)
+    after = dict(model.named_modules(remove_duplicate=False))
+    assert after.keys() == before.keys()
+    for name, old in before.items():
+        new = after[name]
+        if type(old) is nn.Dropout:
+            assert type(new) is FastDropout and new.p == old.p and new.training == old.training
+        else:
+            assert new is old
+    names = sorted(before)
+    for a in names:
+        for b in names:
+            assert (before[a] is before[b]) == (after[a] is after[b]), (a, b)

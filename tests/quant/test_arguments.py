@@ -36,17 +36,17 @@ CALLS = {
     "learned_bit_widths": lambda v: NodeBits(torch.tensor([4.0, v]), learned=True),
     "fixed_bit_widths": lambda v: NodeBits(torch.tensor([4.0, v])),
     "target_bits": lambda v: fxquant.bit_penalty(_learned_model(), v),
-    "momentum": lambda v: QuantConfig("int8", scale="tensor", momentum=v),
+    "decay": lambda v: QuantConfig("int8", scale="tensor", decay=v),
     "protect": lambda v: QuantConfig("int8", scale="tensor", protect=(0.1, v)),
     "percentile": lambda v: QuantConfig("int8", scale="tensor", range=f"percentile:{v}"),
     "fraction": lambda v: fxquant.top_degree_nodes(EDGES, v),
-    "quantiles": lambda v: NodeBits.by_degree(EDGES, 4, [v], [2, 4]),
+    "quantiles": lambda v: NodeBits.by_degree(EDGES, [v], [2, 4], num_nodes=4),
     "gain": lambda v: lsq_round(torch.ones(2), torch.tensor(0.5), -1, 1, gain=v),
     "q": lambda v: percentile_bounds(torch.ones(3), v),
-    "observer_momentum": lambda v: RangeObserver(momentum=v),
+    "observer_decay": lambda v: RangeObserver(decay=v),
 }
 NAMES = {"learned_bit_widths": "bit-widths", "fixed_bit_widths": "bit-widths",
-         "observer_momentum": "momentum", "percentile": "percentile"}
+         "observer_decay": "decay", "percentile": "percentile"}
 
 
 @settings(max_examples=60)
@@ -62,8 +62,8 @@ def test_non_finite_numbers_are_refused_naming_the_argument(call, value):
 def test_valid_values_still_pass(call):
     """The validation refuses only what is wrong: a sensible value passes each call."""
     good = {"init": 4.0, "learned_bit_widths": 5.0, "fixed_bit_widths": 5.0, "target_bits": 3.0,
-            "momentum": 0.9, "protect": 0.5, "percentile": 99.0, "fraction": 0.5,
-            "quantiles": 0.5, "gain": 0.25, "q": 99.0, "observer_momentum": 0.5}
+            "decay": 0.9, "protect": 0.5, "percentile": 99.0, "fraction": 0.5,
+            "quantiles": 0.5, "gain": 0.25, "q": 99.0, "observer_decay": 0.5}
     CALLS[call](good[call])
 
 
@@ -84,4 +84,4 @@ def test_node_counts_must_be_whole_numbers(num_nodes):
     with pytest.raises(FxquantError, match="num_nodes must be an int >= 0"):
         NodeBits.learned_init(num_nodes, 4.0)
     with pytest.raises(FxquantError, match="num_nodes must be an int >= 0"):
-        NodeBits.by_degree(EDGES, num_nodes, [0.5], [2, 4])
+        NodeBits.by_degree(EDGES, [0.5], [2, 4], num_nodes=num_nodes)

@@ -25,8 +25,8 @@ def test_config_normalizes_and_validates_once():
     c = QuantConfig(16)
     assert (c.format, c.rounding, c.scale, c.grad) == (TopN(16), Rounding.TOWARD_ZERO, Scale.NONE,
                                                       Grad.STE)
-    f = QuantConfig("e4m3", scale="tensor", momentum=0.9, grad_format="e5m2")
-    assert f.format is parse("e4m3") and f.rounding is Rounding.NEAREST and f.momentum == 0.9
+    f = QuantConfig("e4m3", scale="tensor", decay=0.9, grad_format="e5m2")
+    assert f.format is parse("e4m3") and f.rounding is Rounding.NEAREST and f.decay == 0.9
     assert QuantConfig.from_dict(json.loads(json.dumps(f.to_dict()))) == f
     with pytest.raises(ValueError, match="rounding='up'"):
         QuantConfig(8, "up")
@@ -115,5 +115,6 @@ def test_a_gradient_format_is_the_one_named(grad_format):
     gm(x).backward(torch.tensor([0.4, -1.6, 300.0]))
     expected = fxquant.truncate(torch.tensor([0.4, -1.6, 300.0]), grad_format) \
         if isinstance(grad_format, int) else \
-        fxquant.quantize(torch.tensor([0.4, -1.6, 300.0]), grad_format, "toward_zero")
+        fxquant.quantize(torch.tensor([0.4, -1.6, 300.0]), grad_format, "toward_zero",
+                         scale="none")
     assert torch.equal(x.grad, expected)

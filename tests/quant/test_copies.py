@@ -46,10 +46,10 @@ def build(feature: str) -> torch.fx.GraphModule:
     elif feature == "override":
         m.set_name("conv1", QuantConfig("int4", scale="tensor")).set_nodes("conv1", HUBS, "int8")
     elif feature == "running":
-        m.set_name("conv1", QuantConfig("int8", scale="tensor", momentum=0.9))
+        m.set_name("conv1", QuantConfig("int8", scale="tensor", decay=0.9))
     elif feature == "percentile":
         m.set_name("conv1", QuantConfig("int8", scale="tensor", range="percentile:99",
-                                        momentum=0.9))
+                                        decay=0.9))
     else:
         bits = (torch.arange(N) % 3 * 2 + 2).float()
         m.set_name("conv1", QuantConfig("int8", scale="tensor", node_bits=NodeBits(bits)))

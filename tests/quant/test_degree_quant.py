@@ -304,8 +304,8 @@ def test_excluded_rows_are_left_out_of_every_range(shape, percentile):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"observe": "ema"}, "give its momentum"),
-    ({"observe": "widen", "momentum": 0.9}, "drop one of them"),
+    ({"observe": "ema"}, "give its decay"),
+    ({"observe": "widen", "decay": 0.9}, "drop one of them"),
     ({"observe": "widen", "range": "lsq"}, "observe='widen'"),
     ({"observe": "sometimes"}, "not one of"),
 ])
@@ -318,7 +318,7 @@ def test_observe_is_saved_and_old_configs_read_as_before():
     config = QuantConfig("int8", scale="tensor", observe="widen")
     assert QuantConfig.from_dict(config.to_dict()) == config
     assert "observe" not in QuantConfig("int8", scale="tensor").to_dict()
-    assert QuantConfig("int8", scale="tensor", momentum=0.9).observe == "ema"
+    assert QuantConfig("int8", scale="tensor", decay=0.9).observe == "ema"
     assert QuantConfig.from_dict({"format": "int8", "scale": "tensor"}).observe == "batch"
 
 

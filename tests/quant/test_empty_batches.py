@@ -29,7 +29,7 @@ def config(kind: str, site: str) -> QuantConfig:
     if kind == "percentile":
         return QuantConfig("int4", scale="tensor", range="percentile:99")
     if kind == "running":
-        return QuantConfig("int4", scale="tensor", momentum=0.9)
+        return QuantConfig("int4", scale="tensor", decay=0.9)
     if kind == "lsq":
         return QuantConfig("int4", scale="tensor", range="lsq")
     if kind == "learned_bits" and site != "weight":

@@ -70,9 +70,9 @@ def test_row_override_with_a_format(main, kind, graph):
 
 
 def test_running_range_trains_evaluates_and_is_saved(tmp_path, graph):
-    """momentum= keeps a range buffer: updated in train, used in eval, in state_dict, reloaded."""
+    """decay= keeps a range buffer: updated in train, used in eval, in state_dict, reloaded."""
     model = GCN()
-    kwargs = {"format": "e4m3", "scale": "tensor", "momentum": 0.5, "layers": "conv1"}
+    kwargs = {"format": "e4m3", "scale": "tensor", "decay": 0.5, "layers": "conv1"}
     gm = fxquant.transform(model, **kwargs)
     observer = gm.get_submodule("conv1_quant.observer")
     assert isinstance(observer, RangeObserver) and not observer.seen
@@ -92,7 +92,7 @@ def test_running_range_trains_evaluates_and_is_saved(tmp_path, graph):
         h = model.conv2(torch.sigmoid(expected_h), graph.edge_index)
         assert torch.allclose(out, torch.log_softmax(h, dim=1))
     assert "conv1_quant.observer.running" in gm.state_dict()
-    assert "running, momentum 0.5" in fxquant.summary(gm)
+    assert "running, decay 0.5" in fxquant.summary(gm)
 
     torch.save(gm.state_dict(), tmp_path / "sd.pt")
     fresh = fxquant.transform(GCN(), **kwargs).eval()
@@ -113,7 +113,7 @@ def test_running_range_trains_evaluates_and_is_saved(tmp_path, graph):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert torch.equal(torch.load(tmp_path / "out.pt"), out)
-    assert "e4m3" in done.stdout and "running, momentum 0.5" in done.stdout
+    assert "e4m3" in done.stdout and "running, decay 0.5" in done.stdout
 
 
 def test_gradient_format_through_transform():
@@ -130,7 +130,7 @@ def test_gradient_format_through_transform():
 def test_meta_device_with_formats():
     """Row scales, running amax and row overrides all run on meta."""
     model = GCN(add_self_loops=False, normalize=False)
-    gm = fxquant.transform(model, format="e3m2", scale="tensor", momentum=0.9,
+    gm = fxquant.transform(model, format="e3m2", scale="tensor", decay=0.9,
                            node_formats={"conv1": ([0], "e2m1")}).to("meta")
     out = gm(torch.randn(6, 4, device="meta"), torch.randint(0, 6, (2, 10), device="meta"))
     assert out.device.type == "meta" and out.shape == (6, 2)
@@ -141,8 +141,8 @@ def test_meta_device_with_formats():
     [
         ({"bits": 8, "format": "e4m3"}, "not both"),
         ({"bits": 8, "scale": "tensor"}, "applies to formats"),
-        ({"format": "e4m3", "scale": "row", "momentum": 0.9}, "needs a format with scale='tensor'"),
-        ({"format": "e4m3", "scale": "tensor", "momentum": 1.5}, r"momentum must be a number in \[0, 1\)"),
+        ({"format": "e4m3", "scale": "row", "decay": 0.9}, "needs a format with scale='tensor'"),
+        ({"format": "e4m3", "scale": "tensor", "decay": 1.5}, r"decay must be a number in \[0, 1\)"),
         ({"format": "e4m3", "grad_bits": 8, "grad_format": "e5m2"}, "grad_bits= or grad_format="),
         ({"format": "e4m3x"}, "unknown format 'e4m3x'"),
         ({"format": (10, 30)}, "at most 32 bits"),

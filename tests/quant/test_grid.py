@@ -23,7 +23,7 @@ CONFIGS = {
     "int4 block32": dict(format="int4", scale="block32"),
     "int8 unscaled": dict(format="int8"),
     "int4 toward_zero": dict(format="int4", scale="tensor", rounding="toward_zero"),
-    "int8 running": dict(format="int8", scale="tensor", momentum=0.9),
+    "int8 running": dict(format="int8", scale="tensor", decay=0.9),
     "int8 widening": dict(format="int8", scale="tensor", observe="widen"),
     "int8 percentile": dict(format="int8", scale="tensor", range="percentile:90"),
     "int4 lsq": dict(format="int4", scale="tensor", range="lsq"),

@@ -123,7 +123,7 @@ def test_a_stored_bit_width_costs_a_fixed_length_code():
 
 def test_degree_rule_follows_in_degree_and_needs_no_storage():
     edge_index = torch.tensor([[1, 2, 3, 4, 0, 0], [0, 0, 0, 0, 1, 2]])
-    rb = NodeBits.by_degree(edge_index, 5, [0.75], [2, 6])
+    rb = NodeBits.by_degree(edge_index, [0.75], [2, 6], num_nodes=5)
     assert rb.bits.tolist() == [6.0, 2.0, 2.0, 2.0, 2.0] and not rb.stored
 
 
@@ -315,7 +315,7 @@ def test_configuration_errors_name_the_fix():
     with pytest.raises(ValueError, match="holds no node"):  # (a raw IndexError at forward)
         NodeBits.learned_init(0)
     with pytest.raises(ValueError, match="num_nodes must be >= 1"):  # (quantile() of nothing)
-        NodeBits.by_degree(torch.empty(2, 0, dtype=torch.long), 0, quantiles=[0.9], bits=[2, 4])
+        NodeBits.by_degree(torch.empty(2, 0, dtype=torch.long), [0.9], [2, 4], num_nodes=0)
     config = QuantConfig("int8", scale="tensor", node_bits=NodeBits(torch.tensor([2, 4])))
     with pytest.raises(ValueError, match="weights belong to no node"):
         fxquant.transform(TwoLayers(), QuantMapping().set_name("conv1", config, site="weight"))
@@ -352,7 +352,7 @@ def test_block32_storage_and_untrained_running_range():
                            QuantMapping().set_name("0", QuantConfig("e2m1", scale="block32")))
     report = fxquant.bit_report(gm, torch.randn(10, 4))
     assert report.avg_bits == pytest.approx(4 + 8 / 16)  # one 8-bit scale per row of 16
-    point = QuantPoint(QuantConfig("int8", scale="tensor", momentum=0.9), "lin").eval()
+    point = QuantPoint(QuantConfig("int8", scale="tensor", decay=0.9), "lin").eval()
     x = torch.randn(5, 4)
     torch.testing.assert_close(point(x), fxquant.quantize(x, "int8", scale="tensor"))
     with pytest.raises(ValueError, match="one step per tensor"):

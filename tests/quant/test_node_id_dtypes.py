@@ -92,8 +92,8 @@ def test_degree_helpers_take_any_integer_dtype(dtype):
     """top_degree_nodes and NodeBits.by_degree read edge_index of any integer dtype."""
     edge_index = torch.tensor([[1, 2, 3, 0, 0], [0, 0, 0, 1, 2]])
     assert top_degree_nodes(edge_index.to(dtype), 0.25).tolist() == [0]
-    bits = NodeBits.by_degree(edge_index.to(dtype), 4, [0.5], [2, 4]).bits
-    assert bits.tolist() == NodeBits.by_degree(edge_index, 4, [0.5], [2, 4]).bits.tolist()
+    bits = NodeBits.by_degree(edge_index.to(dtype), [0.5], [2, 4], num_nodes=4).bits
+    assert bits.tolist() == NodeBits.by_degree(edge_index, [0.5], [2, 4], num_nodes=4).bits.tolist()
 
 
 def test_bool_node_ids_of_a_forward_are_refused_with_the_fix():

@@ -74,14 +74,14 @@ def test_batch_without_finite_values_leaves_the_step_to_the_next(fmt, batch):
 
 
 @settings(max_examples=40)
-@given(percentile=st.sampled_from([None, 99.0, 90.0]), momentum=st.floats(0.0, 0.95),
+@given(percentile=st.sampled_from([None, 99.0, 90.0]), decay=st.floats(0.0, 0.95),
        data=st.data())
-def test_running_range_skips_non_finite_values_and_empty_batches(percentile, momentum, data):
+def test_running_range_skips_non_finite_values_and_empty_batches(percentile, decay, data):
     """A running range (min/max or percentile) after batches with non-finite values
     equals the one after the same batches with those values removed, batches with
     nothing finite left out; it stays finite."""
-    observer = RangeObserver(momentum=momentum, percentile=percentile).train()
-    reference = RangeObserver(momentum=momentum, percentile=percentile).train()
+    observer = RangeObserver(decay=decay, percentile=percentile).train()
+    reference = RangeObserver(decay=decay, percentile=percentile).train()
     for _ in range(data.draw(st.integers(1, 4))):
         x, bad = data.draw(batches(none_finite=data.draw(st.booleans())))
         observer(x)

@@ -18,7 +18,7 @@ def test_round_trip_with_every_kind_of_point(tmp_path, graph):
     and eval after save -> load into a fresh model, summary included."""
     mask = torch.zeros(graph.num_nodes, dtype=torch.bool).index_fill(0, torch.tensor([2]), True)
     kwargs = dict(bits={"conv1": "e4m3", "sigmoid": 10, "conv2": "e3m2"}, scale="tensor",
-                  momentum=0.5, node_formats={"conv1": ([1, 4], "e2m1"), "sigmoid": (mask, 4)})
+                  decay=0.5, node_formats={"conv1": ([1, 4], "e2m1"), "sigmoid": (mask, 4)})
     gm = fxquant.transform(GCN(), **kwargs)
     gm(graph.x, graph.edge_index)  # the running amax moves
     fxquant.save(gm, tmp_path / "gm.pt")

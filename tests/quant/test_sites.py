@@ -522,7 +522,7 @@ def test_observers_learned_steps_and_protection_compile_without_breaks():
     compile; in eval (no random masks) compiled == eager."""
     torch.manual_seed(0)
     mapping = (QuantMapping()
-               .set_name("layer", QuantConfig("int8", scale="tensor", momentum=0.9), site="input")
+               .set_name("layer", QuantConfig("int8", scale="tensor", decay=0.9), site="input")
                .set_name("layer", QuantConfig("int4", scale="tensor", range="percentile:99"),
                          site="message")
                .set_name("layer", QuantConfig("int4", scale="tensor", range="lsq"), site="weight")
