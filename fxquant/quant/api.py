@@ -20,7 +20,15 @@ from fxquant._ops.layouts import bit_width
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.formats import CustomFormat, Format, TopN, as_format
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
-from fxquant.fx.tracer import LeafSpec, check_leaf_modules, refuse_compiled, refuse_lazy, trace
+from fxquant.fx.structure import ExampleStructure
+from fxquant.fx.tracer import (
+    STRUCTURE_KEY,
+    LeafSpec,
+    check_leaf_modules,
+    refuse_compiled,
+    refuse_lazy,
+    trace,
+)
 from fxquant.quant.config import QuantConfig
 from fxquant.quant.insert import (
     check_points,
@@ -228,6 +236,17 @@ def plan(gm: GraphModule, mapping: QuantMapping) -> list[Resolved]:
     return points
 
 
+def _returns_dict(gm: GraphModule, node: Node) -> bool:
+    """Whether the layer call ``node`` returned a dict when the model was traced (as
+    :func:`fxquant.trace` records from example inputs)."""
+    record = gm.meta.get(STRUCTURE_KEY)
+    if node.op != "call_module" or not isinstance(record, ExampleStructure):
+        return False
+    calls = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == node.target]
+    found = record.output_of(str(node.target), calls.index(node))
+    return found is not None and found.kind == "dict"
+
+
 def _check_site(gm: GraphModule, p: Resolved) -> None:
     """A clear error where a site cannot be rounded on its layer, never a silent no-op."""
     layer, site = layer_name(p.node), p.site.value
@@ -270,12 +289,20 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
                                 "per-edge arguments and registered sites follows the layer's "
                                 "own mask; please pass "
                                 "protect=fxquant.Protection(p_min, p_max, share='layer')")
-    if p.site is Site.INPUT:
+    if p.site is Site.INPUT and p.part is None:
         found = layer_input(gm, p.node)
         first = found[1] if found is not None else None
         parts = first if isinstance(first, (tuple, list)) else [first]
         if not any(isinstance(part, Node) for part in parts):
-            raise FxquantValueError(f"{where}: the layer's first argument is not a tensor of the graph")
+            raise FxquantValueError(f"{where}: the layer's first argument is not a tensor of "
+                                    "the graph (nor a (source, target) pair or a dict of "
+                                    "them)")
+    if p.site is Site.OUTPUT and p.part is None and _returns_dict(gm, p.node):
+        raise FxquantValueError(
+            f"{where}: the layer returns a dict, and this model uses it whole "
+            f"({', '.join(u.name for u in p.node.users)}), not by its keys; fxquant rounds "
+            "each entry where the model looks it up (out['paper']). Please look its entries "
+            "up, or round the sites of the layers that read them")
     if protect is not None and (
             p.site is Site.WEIGHT or (p.site in (Site.INPUT, Site.OUTPUT)
                                       and edge_index_of(gm, p.node) is None)):
@@ -420,8 +447,8 @@ def transform(
     else:
         _own_layers(gm, inner_layers(gm, points))
     nodes = {n.name: n for n in gm.graph.nodes}
-    insert_quant_points(gm, [Resolved(nodes[p.node.name], p.site, p.config, p.override)
-                             for p in points])
+    insert_quant_points(gm, [Resolved(nodes[p.node.name], p.site, p.config, p.override,
+                                      p.part) for p in points])
     remember_trace(gm, concrete_args, leaf_modules)
     return gm
 

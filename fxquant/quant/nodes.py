@@ -77,7 +77,8 @@ class LayerMasks(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.masks: dict[str, Tensor] = {}
+        #: layer -> its target nodes' mask; (layer, "source") -> its source nodes'
+        self.masks: dict[Any, Tensor] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -116,7 +116,9 @@ CONFIGS = {
 
 @pytest.mark.parametrize("mode", list(CONFIGS))
 def test_classifier_trains_on_mini_batches_of_graphs(mode):
-    """Every GINConv rounded: training over a DataLoader of small graphs runs and learns
+    """Every GINConv, the pooling and the head rounded (set_global covers the readout;
+    protection stays on the GNN layers): training over a DataLoader of small graphs runs
+    and learns
     (finite loss, every parameter moved); evaluation of a batch is one graph's own result
     where the range does not come from the batch, and depends on the batch where it does
     (observe="batch", the documented per-batch statistics)."""
@@ -125,7 +127,11 @@ def test_classifier_trains_on_mini_batches_of_graphs(mode):
     # batch vector, normalizes over the whole batch, so the float model depends on it)
     model = GINClassifier(norm="batch_norm")
     gm = fxquant.transform(model, CONFIGS[mode], lint="off")
-    assert len(fxquant.quantization_points(gm)) == 3
+    points = fxquant.quantization_points(gm)
+    assert [p.layer for _, p in points] == ["gnn.convs.0", "gnn.convs.1", "gnn.convs.2",
+                                            "global_add_pool", "head"]
+    assert [p.config.protect is not None for _, p in points] == \
+        [mode == "protect"] * 3 + [False] * 2
     before = {k: v.detach().clone() for k, v in gm.named_parameters()}
     opt = torch.optim.Adam(gm.parameters(), lr=0.01)
     loader = DataLoader(planted_motifs(num_graphs=24, seed=1), batch_size=8, shuffle=True)
