@@ -30,12 +30,14 @@ from fxquant.fx.guards import FixedArguments, StructureGuard
 
 __all__ = [
     "POOLING_CALLS",
+    "TYPES_KEY",
     "dict_input",
     "dict_output_keys",
     "is_plumbing",
     "key2str",
     "layer_type",
     "model_types",
+    "module_types",
     "pooling_nodes",
     "readout_nodes",
 ]
@@ -67,6 +69,30 @@ def _child_key(parent: nn.Module, name: str) -> TypeKey | None:
     return None
 
 
+#: The key of ``GraphModule.meta`` where :func:`fxquant.trace` records the node or edge
+#: type of each layer that is a module dict's entry (a trace keeps the layers, not the
+#: module dicts that held them): qualified name -> ``("edge" | "node", key)``.
+TYPES_KEY = "fxquant_types"
+
+
+def module_types(model: nn.Module, targets: Iterable[str]) -> dict[str, tuple[str, TypeKey]]:
+    """The node or edge type of each module of ``model`` named in ``targets`` that is an
+    entry of a module dict (see the module docs)."""
+    found: dict[str, tuple[str, TypeKey]] = {}
+    for target in targets:
+        parent_name, _, name = target.rpartition(".")
+        if not parent_name:
+            continue
+        try:
+            parent = model.get_submodule(parent_name)
+        except AttributeError:
+            continue
+        key = _child_key(parent, name)
+        if key is not None:
+            found[target] = ("edge", key) if isinstance(key, tuple) else ("node", key)
+    return found
+
+
 def layer_type(gm: GraphModule, node: Node) -> tuple[str, TypeKey] | None:
     """``("edge", edge_type)`` or ``("node", node_type)`` for a layer that is one node or
     edge type's copy of a module (``HeteroConv``'s, ``to_hetero``'s, a ``ModuleDict`` of
@@ -82,23 +108,17 @@ def layer_type(gm: GraphModule, node: Node) -> tuple[str, TypeKey] | None:
         ...     def forward(self, x_dict, edge_index_dict):
         ...         return self.conv(x_dict, edge_index_dict)["b"]
         >>> x = {"a": torch.zeros(2, 2), "b": torch.zeros(1, 2)}
-        >>> gm = fxquant.trace(Net(), example_inputs=(x, {("a", "to", "b"): torch.zeros(2, 0, dtype=torch.long)}))
-        >>> [layer_type(gm, n) for n in gm.graph.nodes if n.op == "call_module" and "convs" in str(n.target)]
-        [('edge', ('a', 'to', 'b'))]
+        >>> edges = {("a", "to", "b"): torch.tensor([[0, 1], [0, 0]])}
+        >>> gm = fxquant.trace(Net(), example_inputs=(x, edges))
+        >>> [layer_type(gm, n) for n in gm.graph.nodes if n.op == "call_module"]
+        [None, ('edge', ('a', 'to', 'b'))]
     """
     if node.op != "call_module":
         return None
-    parent_name, _, name = str(node.target).rpartition(".")
-    if not parent_name:
-        return None
-    try:
-        parent = gm.get_submodule(parent_name)
-    except AttributeError:
-        return None
-    key = _child_key(parent, name)
-    if key is None:
-        return None
-    return ("edge", key) if isinstance(key, tuple) else ("node", key)
+    recorded = gm.meta.get(TYPES_KEY)
+    if recorded is not None:
+        return recorded.get(str(node.target))
+    return module_types(gm, [str(node.target)]).get(str(node.target))
 
 
 def model_types(gm: GraphModule, nodes: Iterable[Node]) -> tuple[list[str], list[tuple[str, ...]]]:

@@ -20,15 +20,7 @@ from fxquant._ops.layouts import bit_width
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.formats import CustomFormat, Format, TopN, as_format
 from fxquant.fx.selectors import LayerSpec, layer_name, layers_of
-from fxquant.fx.structure import ExampleStructure
-from fxquant.fx.tracer import (
-    STRUCTURE_KEY,
-    LeafSpec,
-    check_leaf_modules,
-    refuse_compiled,
-    refuse_lazy,
-    trace,
-)
+from fxquant.fx.tracer import LeafSpec, check_leaf_modules, refuse_compiled, refuse_lazy, trace
 from fxquant.quant.config import QuantConfig
 from fxquant.quant.insert import (
     check_points,
@@ -236,17 +228,6 @@ def plan(gm: GraphModule, mapping: QuantMapping) -> list[Resolved]:
     return points
 
 
-def _returns_dict(gm: GraphModule, node: Node) -> bool:
-    """Whether the layer call ``node`` returned a dict when the model was traced (as
-    :func:`fxquant.trace` records from example inputs)."""
-    record = gm.meta.get(STRUCTURE_KEY)
-    if node.op != "call_module" or not isinstance(record, ExampleStructure):
-        return False
-    calls = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == node.target]
-    found = record.output_of(str(node.target), calls.index(node))
-    return found is not None and found.kind == "dict"
-
-
 def _check_site(gm: GraphModule, p: Resolved) -> None:
     """A clear error where a site cannot be rounded on its layer, never a silent no-op."""
     layer, site = layer_name(p.node), p.site.value
@@ -297,12 +278,6 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
             raise FxquantValueError(f"{where}: the layer's first argument is not a tensor of "
                                     "the graph (nor a (source, target) pair or a dict of "
                                     "them)")
-    if p.site is Site.OUTPUT and p.part is None and _returns_dict(gm, p.node):
-        raise FxquantValueError(
-            f"{where}: the layer returns a dict, and this model uses it whole "
-            f"({', '.join(u.name for u in p.node.users)}), not by its keys; fxquant rounds "
-            "each entry where the model looks it up (out['paper']). Please look its entries "
-            "up, or round the sites of the layers that read them")
     if protect is not None and (
             p.site is Site.WEIGHT or (p.site in (Site.INPUT, Site.OUTPUT)
                                       and edge_index_of(gm, p.node) is None)):

@@ -167,13 +167,12 @@ def _round_dict_input(gm: GraphModule, node: Node, name: str, layer: str,
                       p: Resolved) -> None:
     """The value of one key of the dict a layer call takes, rounded before the call."""
     graph = gm.graph
-    first = node.args[0]
-    assert isinstance(first, dict)  # (parts_of)
-    value = first[p.part]
+    first: dict[Any, Any] = dict(node.args[0])  # type: ignore[arg-type]  # (parts_of)
     with graph.inserting_before(node):
-        new = graph.call_module(name, (value,))
+        new = graph.call_module(name, (first[p.part],))
     _annotate(new, node, layer, p.site, p.part)
-    node.args = ({**first, p.part: new}, *node.args[1:])
+    first[p.part] = new
+    node.args = (first, *node.args[1:])
 
 
 def _round_input(gm: GraphModule, node: Node, name: str, point: QuantPoint, layer: str,

@@ -502,10 +502,11 @@ def _no_match(gm: GraphModule, entry: _Entry, nodes: list[Node], arg: str) -> Ex
             "return dicts or compute per relation (QuantMapping.set_node_type / "
             "set_edge_type say which sites)")
     if entry.level in (_PATTERN, _NAME) and entry.part is not None:
+        parts = sorted({repr(p) for n in nodes if matches(gm, n, entry.selector)
+                        for p in parts_of(gm, n, entry.site)})
         return FxquantValueError(
             f"the {entry.site.value} site of {entry.selector!r} in {arg} has no part "
-            f"{entry.part!r}; its parts: "
-            f"{sorted({repr(p) for n in nodes if matches(gm, n, entry.selector) for p in parts_of(gm, n, entry.site)})}")
+            f"{entry.part!r}; its parts: {parts}")
     plumbing = [layer_name(n) for n in gm.graph.nodes
                 if n.op in ("call_module", "call_function", "call_method")
                 and is_plumbing(gm, n) and isinstance(entry.selector, str)

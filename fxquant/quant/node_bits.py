@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
-from fxquant.fx.degree import in_degree
+from fxquant.fx.degree import SIDES, node_degree
 from fxquant.quant.validation import check_count, require_keys
 
 __all__ = ["NodeBits", "bitwidth_bits"]
@@ -105,11 +105,14 @@ class NodeBits:
 
     @classmethod
     def by_degree(cls, edge_index: Tensor, num_nodes: int, quantiles: Sequence[float],
-                  bits: Sequence[int], min_bits: int = 2, max_bits: int = 8) -> NodeBits:
+                  bits: Sequence[int], min_bits: int = 2, max_bits: int = 8, *,
+                  side: str = "target") -> NodeBits:
         """Fixed bit-widths from in-degree buckets: nodes whose in-degree lies above the
         ``quantiles[i]`` quantile (of all nodes' in-degrees) get ``bits[i + 1]``, the rest
         ``bits[0]``; e.g. ``quantiles=[0.9], bits=[2, 4]``: the top 10% by in-degree get 4
-        bits. No table needs storing: the bits follow from the graph."""
+        bits. No table needs storing: the bits follow from the graph. On a bipartite graph
+        ``side="source"`` buckets the ``num_nodes`` source nodes by their out-degree (the
+        messages each sends) instead."""
         check_count(num_nodes, "NodeBits.by_degree: num_nodes")
         if not num_nodes:
             raise FxquantValueError("NodeBits.by_degree: num_nodes must be >= 1 (the graph's "
@@ -123,7 +126,10 @@ class NodeBits:
                 or not all(isinstance(b, int) and not isinstance(b, bool) for b in bits):
             raise FxquantValueError("NodeBits.by_degree: give increasing quantiles in (0, 1) and one "
                              f"more bit-width (an int) than quantiles; got {quantiles!r}, {bits!r}")
-        degree = in_degree(edge_index.cpu(), num_nodes)
+        if side not in SIDES:
+            raise FxquantValueError(f"NodeBits.by_degree: side={side!r} is not one of "
+                                    f"{list(SIDES)}")
+        degree = node_degree(edge_index.cpu(), num_nodes, side=side)
         cuts = torch.quantile(degree, torch.tensor(list(quantiles), dtype=torch.float32))
         bucket = torch.bucketize(degree, cuts)  # above a quantile: strictly greater
         return cls(torch.tensor(list(bits), dtype=torch.float32)[bucket], False, min_bits,

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
-from fxquant.fx.degree import in_degree
+from fxquant.fx.degree import SIDES, node_degree
 
 __all__ = ["LayerMasks", "NodeIds", "as_index", "lookup", "new_masks", "set_node_ids",
            "top_degree_nodes"]
@@ -125,18 +125,24 @@ def lookup(table: Tensor, ids: Tensor) -> Tensor:
 
 
 def top_degree_nodes(
-    edge_index: Tensor, fraction: float, num_nodes: int | None = None
+    edge_index: Tensor, fraction: float, num_nodes: int | None = None, *,
+    side: str = "target",
 ) -> Tensor:
     """Ids of the ``fraction`` of nodes with the highest in-degree (Degree-Quant's
     high-degree nodes), for a per-node override in ``node_bits``.
 
     In-degree counts ``edge_index[1]`` (PyG's default ``source_to_target`` flow: a node's
-    in-degree is how many messages it aggregates). Ties are broken by node id.
+    in-degree is how many messages it aggregates). Ties are broken by node id. On a
+    bipartite graph (authors writing papers) ``side="source"`` ranks the source nodes by
+    their out-degree (how many messages each sends) instead.
 
     Args:
         edge_index (Tensor): ``[2, num_edges]`` integer tensor of node ids ``>= 0``.
         fraction (float): in ``(0, 1]``; at least one node is returned.
-        num_nodes (int, optional): defaults to ``edge_index.max() + 1``.
+        num_nodes (int, optional): the nodes on that side; defaults to the largest id
+            there plus one.
+        side (str, optional): ``"target"`` (in-degree) or ``"source"`` (out-degree).
+            (default: ``"target"``)
 
     Example:
         >>> edge_index = torch.tensor([[0, 0, 1, 2, 3], [1, 2, 0, 0, 0]])
@@ -156,16 +162,21 @@ def top_degree_nodes(
     if edge_index.numel() and int(edge_index.min()) < 0:
         raise FxquantValueError(f"edge_index holds a negative node id ({int(edge_index.min())}); node ids "
                          "are >= 0")
+    if side not in SIDES:
+        raise FxquantValueError(f"side={side!r} is not one of {list(SIDES)}")
     if num_nodes is None:
-        num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
+        row = edge_index[0 if side == "source" else 1]
+        num_nodes = int(row.max()) + 1 if row.numel() else 0
     elif isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
         raise FxquantValueError(f"num_nodes must be an int >= 0, got {num_nodes!r}")
-    elif edge_index.numel() and int(edge_index.max()) >= num_nodes:
-        raise FxquantValueError(f"edge_index holds node id {int(edge_index.max())}, but num_nodes="
-                         f"{num_nodes}")
+    elif edge_index.numel() and int(edge_index[0 if side == "source" else 1].max()) \
+            >= num_nodes:
+        top = int(edge_index[0 if side == "source" else 1].max())
+        raise FxquantValueError(f"edge_index holds {side} node id {top}, but num_nodes="
+                                f"{num_nodes}")
     if num_nodes == 0:
         return torch.empty(0, dtype=torch.long, device=edge_index.device)
-    deg = in_degree(edge_index, num_nodes, dtype=torch.long)
+    deg = node_degree(edge_index, num_nodes, side=side, dtype=torch.long)
     k = max(1, round(fraction * num_nodes))
     # A stable sort on -degree keeps lower ids first among equal degrees.
     order = torch.sort(-deg, stable=True).indices

@@ -157,7 +157,7 @@ class QuantizedForward:
         params = dict(self.owner.named_parameters())
         rounded = {name: point(params[name]) for name, point in self.points.items()}
         for name, slices in self.relations.items():
-            weight = params[name]
+            weight: Tensor = params[name]
             for rows, point in slices.values():
                 index = torch.tensor(rows, dtype=torch.long, device=weight.device)
                 weight = weight.index_copy(0, index, point(params[name].index_select(0, index)))
@@ -460,10 +460,11 @@ class QuantizedAggregate:
             if point is None:
                 continue
             rows = (kinds == i).nonzero().view(-1)
-            pick = (lambda t: None if t is None else t.index_select(0, rows))
             out = out.index_copy(0, rows, point(
-                inputs.index_select(0, rows), node_degree=degree, row_nodes=pick(nodes),
-                row_sources=pick(sources), source_degree=source_degree))
+                inputs.index_select(0, rows), node_degree=degree,
+                row_nodes=None if nodes is None else nodes.index_select(0, rows),
+                row_sources=None if sources is None else sources.index_select(0, rows),
+                source_degree=source_degree))
         return out
 
 
