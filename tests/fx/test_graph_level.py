@@ -108,10 +108,24 @@ CONFIGS = {
     "widen": fxquant.QuantConfig("int8", scale="tensor", observe="widen"),
     "percentile": fxquant.QuantConfig("int8", scale="tensor", range="percentile:99",
                                       momentum=0.9),
+    "percentile-batch": fxquant.QuantConfig("int8", scale="tensor", range="percentile:99"),
+    "percentile-widen": fxquant.QuantConfig("int8:asym", scale="tensor",
+                                            range="percentile:99.9", observe="widen"),
+    "pow2": fxquant.QuantConfig("int8", scale="tensor-pow2", momentum=0.9),
     "row": fxquant.QuantConfig("int8", scale="row"),
+    "row-pow2": fxquant.QuantConfig("int8", scale="row-pow2"),
+    "block32": fxquant.QuantConfig("e4m3", scale="block32"),
     "lsq": fxquant.QuantConfig("int4", scale="tensor", range="lsq"),
     "protect": fxquant.QuantConfig("int4", scale="tensor", momentum=0.9, protect=(0.0, 0.2)),
+    "lsq-protect": fxquant.QuantConfig("int4", scale="tensor", range="lsq",
+                                       protect=(0.0, 0.2)),
+    "degree-quant": fxquant.QuantConfig(
+        "int4:asym", scale="tensor", range="percentile:99", observe="widen", grad="clipped",
+        protect=fxquant.Protection(0.0, 0.2, share="layer", messages="source",
+                                   ranges="unprotected")),
 }
+#: the modes whose range comes from each batch in evaluation too (observe="batch")
+PER_BATCH = ("batch", "percentile-batch")
 
 
 @pytest.mark.parametrize("mode", list(CONFIGS))
@@ -131,7 +145,7 @@ def test_classifier_trains_on_mini_batches_of_graphs(mode):
     assert [p.layer for _, p in points] == ["gnn.convs.0", "gnn.convs.1", "gnn.convs.2",
                                             "global_add_pool", "head"]
     assert [p.config.protect is not None for _, p in points] == \
-        [mode == "protect"] * 3 + [False] * 2
+        [CONFIGS[mode].protect is not None] * 3 + [False] * 2
     before = {k: v.detach().clone() for k, v in gm.named_parameters()}
     opt = torch.optim.Adam(gm.parameters(), lr=0.01)
     loader = DataLoader(planted_motifs(num_graphs=24, seed=1), batch_size=8, shuffle=True)
@@ -149,7 +163,7 @@ def test_classifier_trains_on_mini_batches_of_graphs(mode):
     alone = torch.cat([gm(g.x, g.edge_index, torch.zeros(g.num_nodes, dtype=torch.long))
                        for g in b.to_data_list()])
     assert together.shape == (8, 4)
-    if mode == "batch":
+    if mode in PER_BATCH:
         assert not torch.allclose(together, alone)
     else:
         torch.testing.assert_close(together, alone)
