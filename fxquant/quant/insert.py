@@ -111,7 +111,10 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
                         tensor, {})[p.part] = point
             continue
         name = _point_name(gm, node, p.site, p.part)
-        side = "source" if p.site is Site.INPUT and p.part == "source" else "target"
+        found = layer_input(gm, node) if p.site is Site.INPUT else None
+        takes_dict = found is not None and isinstance(found[1], dict)
+        side = "source" if found is not None and not takes_dict and p.part == "source" \
+            else "target"
         point = QuantPoint(p.config, layer, p.site, p.override, part=p.part,
                            side=side).to(device)
         gm.add_submodule(name, point)
@@ -125,7 +128,7 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
         extra = (edge_index,) if edge_index is not None else ()
         if p.site is Site.OUTPUT:
             _round_output(gm, node, name, layer, p, extra)
-        elif p.part is not None and p.part not in ("source", "target"):
+        elif takes_dict:
             _round_dict_input(gm, node, name, layer, p)
         else:  # INPUT: the first argument, or each tensor of a (source, target) pair
             _round_input(gm, node, name, point, layer, p, extra)
