@@ -310,7 +310,7 @@ class QuantMapping:
         Key = tuple[Node, AnySite, Part]
         chosen: dict[Key, tuple[tuple[int, int], QuantConfig | None]] = {}
         readout = _readout(gm)
-        skipped: list[str] = []
+        skipped: list[Node] = []
         for order, entry in enumerate(self._entries):
             for n in nodes:
                 if not self._matches(entry, gm, n, readout):
@@ -320,7 +320,7 @@ class QuantMapping:
                         and config is not None:
                     config = _for_readout(config)
                     if config is None:
-                        skipped.append(layer_name(n))
+                        skipped.append(n)
                         continue
                 for part in parts_of(gm, n, entry.site):
                     if not self._matches_part(entry, gm, n, part):
@@ -328,10 +328,12 @@ class QuantMapping:
                     key, rank = (n, entry.site, part), (entry.level, order)
                     if key not in chosen or chosen[key][0] <= rank:
                         chosen[key] = (rank, config)
-        if skipped:
+        rounded_nodes = {k[0] for k, v in chosen.items() if v[1] is not None}
+        floats = [layer_name(n) for n in dict.fromkeys(skipped) if n not in rounded_nodes]
+        if floats:
             warnings.warn(
                 f"fxquant: the global config sets a bit-width per node (node_bits), which the "
-                f"readout of a graph classifier ({', '.join(dict.fromkeys(skipped))}: one row "
+                f"readout of a graph classifier ({', '.join(floats)}: one row "
                 "per graph) cannot take, so it stays in floating point; please give it a "
                 "config of its own with set_name", UserWarning, stacklevel=_user_stacklevel())
         overrides: dict[tuple[Node, AnySite], NodeOverride] = {}

@@ -40,8 +40,10 @@ class Site(str, Enum):
     """Where on a layer values are rounded: the built-in sites (a site of one's own is a
     registered :class:`SiteKind`).
 
-    ``OUTPUT``: what the layer returns; ``INPUT``: its first argument (node features; both
-    parts of a ``(source, target)`` pair; non-float arguments pass through; where a dropout
+    ``OUTPUT``: what the layer returns (each node type of a dict it returns, where the
+    model looks it up); ``INPUT``: its first argument (node features; each part of a
+    ``(source, target)`` pair and each node type of a dict with a point of its own:
+    :mod:`fxquant.quant.parts`; non-float arguments pass through; where a dropout
     feeds only the layer, what the dropout receives, so that training and evaluation round
     the same range); ``WEIGHT``:
     each of its floating parameters with at least two dims; ``MESSAGE``: the output of

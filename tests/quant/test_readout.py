@@ -85,9 +85,10 @@ def test_per_node_widths_leave_the_readout_with_a_warning():
     config = QuantConfig("int8", scale="tensor", node_bits=NodeBits.learned_init(10, 4.0),
                          range="lsq")
     with pytest.warns(UserWarning, match=r"readout of a graph classifier \(global_mean_pool, "
-                                         r"pool, head.lins.0, head.lins.1"):
+                                         r"pool, head.lins.0, head.lins.1") as caught:
         gm = fxquant.transform(Classifier(), config, lint="off")
     assert [p.layer for _, p in fxquant.quantization_points(gm)] == ["conv"]
+    assert caught[0].filename == __file__  # (the user's line)
 
 
 def test_a_readout_layer_can_be_left_out_by_name():
@@ -111,3 +112,17 @@ def test_max_pooling_counts_as_pooling():
     gm = fxquant.transform(MaxPooled(), bits=8, lint="off")
     assert [p.layer for _, p in fxquant.quantization_points(gm)] == \
         ["conv", "global_max_pool", "lin"]
+
+
+def test_no_warning_where_the_readout_has_a_config_of_its_own():
+    import warnings
+
+    config = QuantConfig("int8", scale="tensor", node_bits=NodeBits.learned_init(10, 4.0),
+                         range="lsq")
+    mapping = QuantMapping().set_global(config)
+    for layer in ("global_mean_pool", "pool", "head.lins.0", "head.lins.1"):
+        mapping.set_name(layer, QuantConfig(8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gm = fxquant.transform(Classifier(), mapping, lint="off")
+    assert len(fxquant.quantization_points(gm)) == 5
