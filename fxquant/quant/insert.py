@@ -27,6 +27,7 @@ from torch_geometric.nn import MessagePassing
 
 from fxquant.errors import FxquantValueError
 from fxquant.fx.graph_utils import free_name
+from fxquant.fx.hetero import is_plumbing
 from fxquant.fx.selectors import layer_name
 from fxquant.quant.mapping import Resolved
 from fxquant.quant.nodes import LayerMasks, NodeIds, new_masks, set_node_ids
@@ -376,12 +377,15 @@ def _dropout_source(gm: GraphModule, part: Node, layer: Node, extra: tuple) -> N
 
 
 def _is_model_input(node: Node, gm: GraphModule | None = None) -> bool:
-    """A forward argument, or a field of one (``data.x``), possibly through dropout."""
+    """A forward argument, or a field or entry of one (``data.x``, ``x_dict["paper"]``),
+    possibly through dropout."""
     while gm is not None and node.op == "call_module" and isinstance(
             gm.get_submodule(str(node.target)), torch.nn.modules.dropout._DropoutNd) \
             and node.args and isinstance(node.args[0], Node):
         node = node.args[0]
     if node.op == "placeholder":
+        return True
+    if gm is not None and is_plumbing(gm, node):
         return True
     return node.op == "call_function" and node.target is getattr and bool(node.args) \
         and isinstance(node.args[0], Node) and node.args[0].op == "placeholder"
