@@ -36,6 +36,7 @@ from torch_geometric.utils import scatter as _scatter
 from fxquant.errors import FxquantError, FxquantTypeError, FxquantValueError
 from fxquant.fx.graph_utils import attr_of, free_name
 from fxquant.fx.guards import FixedArguments, StructureGuard
+from fxquant.fx.hetero import TYPES_KEY, module_types
 from fxquant.fx.lazy import refuse_lazy
 from fxquant.fx.locations import traceback_location
 from fxquant.fx.module_state import ModuleState, Rebound, write_buffer
@@ -432,6 +433,9 @@ def trace(
         _guard_fixed_arguments(gm, containers, frozenset(), type(model).__name__)
     if structure:
         _guard_structures(gm, structure, type(model).__name__)
+    # which layers are one node or edge type's copy (the module dicts are not kept)
+    gm.meta[TYPES_KEY] = module_types(model, [str(n.target) for n in gm.graph.nodes
+                                              if n.op == "call_module"])
     _same_mode(model, gm)
     return gm
 

@@ -293,12 +293,14 @@ def _check_site(gm: GraphModule, p: Resolved) -> None:
                                 "per-edge arguments and registered sites follows the layer's "
                                 "own mask; please pass "
                                 "protect=fxquant.Protection(p_min, p_max, share='layer')")
-    if p.site is Site.INPUT:
+    if p.site is Site.INPUT and p.part is None:
         found = layer_input(gm, p.node)
         first = found[1] if found is not None else None
         parts = first if isinstance(first, (tuple, list)) else [first]
         if not any(isinstance(part, Node) for part in parts):
-            raise FxquantValueError(f"{where}: the layer's first argument is not a tensor of the graph")
+            raise FxquantValueError(f"{where}: the layer's first argument is not a tensor of "
+                                    "the graph (nor a (source, target) pair or a dict of "
+                                    "them)")
     if protect is not None and (
             p.site is Site.WEIGHT or (p.site in (Site.INPUT, Site.OUTPUT)
                                       and edge_index_of(gm, p.node) is None)):
@@ -450,8 +452,8 @@ def transform(
     else:
         _own_layers(gm, inner_layers(gm, points))
     nodes = {n.name: n for n in gm.graph.nodes}
-    insert_quant_points(gm, [Resolved(nodes[p.node.name], p.site, p.config, p.override)
-                             for p in points])
+    insert_quant_points(gm, [Resolved(nodes[p.node.name], p.site, p.config, p.override,
+                                      p.part) for p in points])
     remember_trace(gm, concrete_args, leaf_modules)
     return gm
 

@@ -9,13 +9,14 @@ transformed copy by :mod:`fxquant.quant.sites` and registered on the GraphModule
 Node metadata written (documented keys, as torch.fx passes do):
 
 ``node.meta["fxquant"]``
-    on each inserted ``call_module`` node: ``{"layer": <layer name>, "site": Site}``. The
-    point module itself carries its config, which survives pickling where metadata does not.
+    on each inserted ``call_module`` node: ``{"layer": <layer name>, "site": Site,
+    "part": <part or None>}`` (:mod:`fxquant.quant.parts`). The point module itself
+    carries its config, which survives pickling where metadata does not.
 """
 
 from __future__ import annotations
 
-import inspect
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,11 +27,13 @@ from torch_geometric.nn import MessagePassing
 
 from fxquant.errors import FxquantValueError
 from fxquant.fx.graph_utils import free_name
+from fxquant.fx.hetero import is_plumbing
 from fxquant.fx.selectors import layer_name
 from fxquant.quant.mapping import Resolved
 from fxquant.quant.nodes import LayerMasks, NodeIds, new_masks, set_node_ids
+from fxquant.quant.parts import layer_input, relations_of, weight_relation_rows
 from fxquant.quant.points import QuantPoint
-from fxquant.quant.site import AnySite, Site, SiteKind
+from fxquant.quant.site import AnySite, Part, Site, SiteKind, part_suffix
 from fxquant.quant.sites import (
     check_install,
     install,
@@ -39,7 +42,8 @@ from fxquant.quant.sites import (
     weights_of,
 )
 
-__all__ = ["NODE_IDS_ARG", "check_points", "edge_index_of", "insert_quant_points"]
+__all__ = ["NODE_IDS_ARG", "check_points", "edge_index_of", "insert_quant_points",
+           "layer_input"]
 
 
 def _other_than(*new: Node) -> Callable[[Node], bool]:
@@ -55,22 +59,16 @@ def edge_index_of(gm: GraphModule, node: Node) -> Node | None:
     return arg if isinstance(arg, Node) else None
 
 
-def layer_input(gm: GraphModule, node: Node) -> tuple[int | str, Any] | None:
-    """Where a layer call passes the layer's first argument, and what: ``(0, value)`` when
-    positional, ``(name, value)`` when by keyword (``conv(x=h, edge_index=e)``); None when
-    it is not passed."""
-    if node.args:
-        return 0, node.args[0]
-    if node.op != "call_module":
-        return None
-    try:
-        parameters = list(inspect.signature(gm.get_submodule(str(node.target)).forward)
-                          .parameters.values())
-    except (TypeError, ValueError):
-        return None
-    first = next((p.name for p in parameters
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)), None)
-    return (first, node.kwargs[first]) if first is not None and first in node.kwargs else None
+def _point_name(gm: GraphModule, node: Node, site: AnySite, part: Part,
+                tensor: str = "") -> str:
+    """A free module name for a point: ``conv1_quant`` (the output), ``conv1_input_quant``,
+    ``conv1_input_source_quant`` (a part), ``conv1_weight_lin_weight_quant``."""
+    base = node.name if site is Site.OUTPUT else f"{node.name}_{site.value}"
+    if tensor:
+        base += f"_{tensor.replace('.', '_')}"
+    if part is not None and part != "target":
+        base += f"_{part_suffix(part)}"
+    return free_name(gm, f"{base}_quant")
 
 
 def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResult:
@@ -91,69 +89,50 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
     for p in points:
         node, layer = p.node, layer_name(p.node)
         target = targets.get(str(node.target), str(node.target))
-        if p.site.inner and p.site.value in inner.get(target, {}):
-            continue  # a layer called twice: its inner sites are one set of points
+        if p.site.inner:
+            sites = inner.setdefault(target, {"layer": layer, "seen": set()})
+            if (p.site.value, p.part) in sites["seen"]:
+                continue  # a layer called twice: its inner sites are one set of points
+            sites["seen"].add((p.site.value, p.part))
         if p.site in (Site.WEIGHT, Site.LINEAR):
             module = gm.get_submodule(target)
-            group = inner.setdefault(target, {"layer": layer}).setdefault(
-                p.site.value, {})
             names = weights_of(module) if p.site is Site.WEIGHT else linears_of(module)
+            if p.site is Site.WEIGHT:  # per relation: the tensors that are; else the rest
+                names = [t for t in names if (weight_relation_rows(module, t) is None)
+                         == (p.part is None)]
             for tensor in names:
-                name = free_name(gm, f"{node.name}_{p.site.value}_{tensor.replace('.', '_')}"
-                                 "_quant")
-                point = QuantPoint(p.config, layer, p.site, None, tensor=tensor).to(device)
+                name = _point_name(gm, node, p.site, p.part, tensor)
+                point = QuantPoint(p.config, layer, p.site, None, tensor=tensor,
+                                   part=p.part).to(device)
                 gm.add_submodule(name, point)
-                group[tensor] = point
+                if p.part is None:
+                    sites.setdefault(p.site.value, {})[tensor] = point
+                else:
+                    sites.setdefault("weight_relations", {}).setdefault(
+                        tensor, {})[p.part] = point
             continue
-        name = free_name(gm, f"{node.name}_quant" if p.site is Site.OUTPUT
-                         else f"{node.name}_{p.site.value}_quant")
-        point = QuantPoint(p.config, layer, p.site, p.override).to(device)
+        name = _point_name(gm, node, p.site, p.part)
+        found = layer_input(gm, node) if p.site is Site.INPUT else None
+        takes_dict = found is not None and isinstance(found[1], dict)
+        side = "source" if found is not None and not takes_dict and p.part == "source" \
+            else "target"
+        point = QuantPoint(p.config, layer, p.site, p.override, part=p.part,
+                           side=side).to(device)
         gm.add_submodule(name, point)
         if p.site.inner:
-            inner.setdefault(target, {"layer": layer})[p.site.value] = point
+            if p.site is Site.MESSAGE and p.part is not None:
+                sites.setdefault("message_relations", {})[p.part] = point
+            else:
+                sites[p.site.value] = point
             continue
         edge_index = edge_index_of(gm, node) if p.config.protect is not None else None
         extra = (edge_index,) if edge_index is not None else ()
         if p.site is Site.OUTPUT:
-            with graph.inserting_after(node):
-                new = graph.call_module(name, (node, *extra))
-            _annotate(new, node, layer, p.site)
-            node.replace_all_uses_with(new, delete_user_cb=_other_than(new))
+            _round_output(gm, node, name, layer, p, extra)
+        elif takes_dict:
+            _round_dict_input(gm, node, name, layer, p)
         else:  # INPUT: the first argument, or each tensor of a (source, target) pair
-            found = layer_input(gm, node)
-            assert found is not None  # (check_points refused a layer without one)
-            where, first = found
-            parts = list(first) if isinstance(first, (tuple, list)) else [first]
-            rounded: list[Any] = []
-            moved: set[Node] = set()
-            for i, part in enumerate(parts):
-                if not isinstance(part, Node):
-                    rounded.append(part)
-                    continue
-                point.__dict__["raw_input"] = _is_model_input(part, gm)
-                if part in moved:  # the same tensor twice, e.g. (x, x)
-                    rounded.append(part)
-                    continue
-                # in-degrees are the target nodes': the source side of a bipartite pair
-                # aggregates nothing in this layer, so protection has no degree to draw from
-                # there and rounds every source row (as evaluation does)
-                degrees = () if len(parts) == 2 and i == 0 and parts[1] is not part else extra
-                source = _dropout_source(gm, part, node, degrees)
-                with graph.inserting_before(part if source is not None else node):
-                    new = graph.call_module(name, (source if source is not None else part,
-                                                   *degrees))
-                _annotate(new, node, layer, p.site)
-                if source is not None:  # rounds what the dropout receives
-                    part.args = (new, *part.args[1:])
-                    moved.add(part)
-                    rounded.append(part)
-                else:
-                    rounded.append(new)
-            value = type(first)(rounded) if isinstance(first, (tuple, list)) else rounded[0]
-            if isinstance(where, str):
-                node.kwargs = {**node.kwargs, where: value}
-            else:
-                node.args = (value, *node.args[1:])
+            _round_input(gm, node, name, point, layer, p, extra)
     # node ids first: their argument is the forward argument the masks' call passes along
     _add_node_ids(gm, [m for m in gm.modules() if isinstance(m, QuantPoint) and m.uses_node_ids])
     shared = _add_masks(gm)
@@ -162,13 +141,79 @@ def insert_quant_points(gm: GraphModule, points: Sequence[Resolved]) -> PassResu
         drawer = mine[0] if any(q.site.inner for q in mine) else None
         module = gm.get_submodule(target)
         install(sites["layer"], module, sites.get("weight"), sites.get("message"),
-                sites.get("aggregate"), sites.get("linear"), sites.get("edge"), drawer)
+                sites.get("aggregate"), sites.get("linear"), sites.get("edge"), drawer,
+                sites.get("weight_relations"), sites.get("message_relations"),
+                relations_of(module))
         for point in sites.values():  # registered sites, by their kind (checked before)
             if isinstance(point, QuantPoint) and isinstance(point.site, SiteKind):
                 point.site.install(sites["layer"], module, point)
     graph.lint()
     gm.recompile()
     return PassResult(gm, True)
+
+
+def _round_output(gm: GraphModule, node: Node, name: str, layer: str, p: Resolved,
+                  extra: tuple) -> None:
+    """A point after ``node`` (its users read the rounded value); for a dict part, after
+    each lookup of that key that is used."""
+    graph = gm.graph
+    after = [node] if p.part is None else [
+        u for u in node.users if u.op == "call_function" and u.target is operator.getitem
+        and u.args[1] == p.part and u.users]
+    for value in after:
+        with graph.inserting_after(value):
+            new = graph.call_module(name, (value, *extra))
+        _annotate(new, node, layer, p.site, p.part)
+        value.replace_all_uses_with(new, delete_user_cb=_other_than(new))
+
+
+def _round_dict_input(gm: GraphModule, node: Node, name: str, layer: str,
+                      p: Resolved) -> None:
+    """The value of one key of the dict a layer call takes, rounded before the call."""
+    graph = gm.graph
+    first: dict[Any, Any] = dict(node.args[0])  # type: ignore[arg-type]  # (parts_of)
+    with graph.inserting_before(node):
+        new = graph.call_module(name, (first[p.part],))
+    _annotate(new, node, layer, p.site, p.part)
+    first[p.part] = new
+    node.args = (first, *node.args[1:])
+
+
+def _round_input(gm: GraphModule, node: Node, name: str, point: QuantPoint, layer: str,
+                 p: Resolved, extra: tuple) -> None:
+    """The layer's first argument rounded before the call: a tensor, each tensor of a pair
+    of the same node set (``(x, x)``), or one part of a ``(source, target)`` pair."""
+    graph = gm.graph
+    found = layer_input(gm, node)
+    assert found is not None  # (check_points refused a layer without one)
+    where, first = found
+    parts = list(first) if isinstance(first, (tuple, list)) else [first]
+    chosen = {"target": 1, "source": 0}.get(str(p.part)) if p.part is not None else None
+    rounded: list[Any] = []
+    moved: set[Node] = set()
+    for i, part in enumerate(parts):
+        if not isinstance(part, Node) or (chosen is not None and i != chosen):
+            rounded.append(part)
+            continue
+        point.__dict__["raw_input"] = _is_model_input(part, gm)
+        if part in moved:  # the same tensor twice, e.g. (x, x)
+            rounded.append(part)
+            continue
+        source = _dropout_source(gm, part, node, extra)
+        with graph.inserting_before(part if source is not None else node):
+            new = graph.call_module(name, (source if source is not None else part, *extra))
+        _annotate(new, node, layer, p.site, p.part)
+        if source is not None:  # rounds what the dropout receives
+            part.args = (new, *part.args[1:])
+            moved.add(part)
+            rounded.append(part)
+        else:
+            rounded.append(new)
+    value = type(first)(rounded) if isinstance(first, (tuple, list)) else rounded[0]
+    if isinstance(where, str):
+        node.kwargs = {**node.kwargs, where: value}
+    else:
+        node.args = (value, *node.args[1:])
 
 
 def _layer_targets(gm: GraphModule, points: Sequence[Resolved]) -> dict[str, str]:
@@ -186,13 +231,21 @@ def _layer_targets(gm: GraphModule, points: Sequence[Resolved]) -> dict[str, str
 def inner_layers(gm: GraphModule, points: Sequence[Resolved]
                  ) -> dict[str, dict[AnySite, Resolved]]:
     """The targets of the layers rounded inside, each with its inner sites' points (a layer
-    called twice, or reached by two names: the first call's)."""
+    called twice, or reached by two names: the first call's; a site of several parts:
+    its first part's)."""
     targets = _layer_targets(gm, points)
     inner: dict[str, dict[AnySite, Resolved]] = {}
     for p in points:
         if p.site.inner:
             inner.setdefault(targets[str(p.node.target)], {}).setdefault(p.site, p)
     return inner
+
+
+def _message_points(points: Sequence[Resolved], target: str, targets: dict[str, str]
+                    ) -> list[Resolved]:
+    """Every message point (of every part) of the layer ``target``."""
+    return [p for p in points if p.site is Site.MESSAGE
+            and targets[str(p.node.target)] == target]
 
 
 def check_points(gm: GraphModule, points: Sequence[Resolved]) -> None:
@@ -206,18 +259,21 @@ def check_points(gm: GraphModule, points: Sequence[Resolved]) -> None:
         raise FxquantValueError("fxquant: per-node settings need a node_ids argument, but this "
                                 "forward takes *args/**kwargs; please give it named arguments")
     children: dict[int, str] = {}
+    targets = _layer_targets(gm, points)
     for target, sites in inner_layers(gm, points).items():
         module = gm.get_submodule(target)
         layer = layer_name(next(iter(sites.values())).node)
-        message = sites.get(Site.MESSAGE)
-        protect = message.config.protect if message is not None else None
+        messages = _message_points(points, target, targets)
+        by_source = any(p.config.protect is not None and p.config.protect.messages == "source"
+                        for p in messages)
         weights = weights_of(module) if Site.WEIGHT in sites else []
         linear = linears_of(module) if Site.LINEAR in sites else []
         check_install(
             layer, module, weights, Site.MESSAGE in sites, Site.AGGREGATE in sites, linear,
-            Site.EDGE in sites, protect is not None and protect.messages == "source",
+            Site.EDGE in sites, by_source,
             any(p.config.protect is not None and p.config.protect.share == "layer"
-                for p in sites.values()))
+                for p in sites.values()),
+            any(p.part is not None for p in messages))
         for kind in (s for s in sites if isinstance(s, SiteKind)):
             try:
                 kind.check(layer, module)
@@ -321,18 +377,21 @@ def _dropout_source(gm: GraphModule, part: Node, layer: Node, extra: tuple) -> N
 
 
 def _is_model_input(node: Node, gm: GraphModule | None = None) -> bool:
-    """A forward argument, or a field of one (``data.x``), possibly through dropout."""
+    """A forward argument, or a field or entry of one (``data.x``, ``x_dict["paper"]``),
+    possibly through dropout."""
     while gm is not None and node.op == "call_module" and isinstance(
             gm.get_submodule(str(node.target)), torch.nn.modules.dropout._DropoutNd) \
             and node.args and isinstance(node.args[0], Node):
         node = node.args[0]
     if node.op == "placeholder":
         return True
+    if gm is not None and is_plumbing(gm, node):
+        return True
     return node.op == "call_function" and node.target is getattr and bool(node.args) \
         and isinstance(node.args[0], Node) and node.args[0].op == "placeholder"
 
 
-def _annotate(new: Node, node: Node, layer: str, site: AnySite) -> None:
-    new.meta["fxquant"] = {"layer": layer, "site": site}
+def _annotate(new: Node, node: Node, layer: str, site: AnySite, part: Part = None) -> None:
+    new.meta["fxquant"] = {"layer": layer, "site": site, "part": part}
     if "stack_trace" in node.meta:
         new.meta["stack_trace"] = node.meta["stack_trace"]

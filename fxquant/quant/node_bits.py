@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fxquant.errors import FxquantTypeError, FxquantValueError, user_stacklevel
-from fxquant.fx.degree import check_edge_index, in_degree
+from fxquant.fx.degree import SIDES, check_edge_index, node_degree
 from fxquant.quant.validation import check_count, require_keys
 
 __all__ = ["NodeBits", "bitwidth_bits"]
@@ -108,11 +108,13 @@ class NodeBits:
 
     @classmethod
     def by_degree(cls, edge_index: Tensor, *args: Any, **kwargs: Any) -> NodeBits:
-        """``by_degree(edge_index, quantiles, bits, num_nodes=None, min_bits=2, max_bits=8)``:
-        fixed bit-widths from in-degree buckets. Nodes whose in-degree lies above the
-        ``quantiles[i]`` quantile (of all nodes' in-degrees) get ``bits[i + 1]``, the rest
-        ``bits[0]``; e.g. ``quantiles=[0.9], bits=[2, 4]``: the top 10% by in-degree get 4
-        bits. No table needs storing: the bits follow from the graph.
+        """``by_degree(edge_index, quantiles, bits, num_nodes=None, min_bits=2, max_bits=8,
+        *, side="target")``: fixed bit-widths from in-degree buckets. Nodes whose in-degree
+        lies above the ``quantiles[i]`` quantile (of all nodes' in-degrees) get
+        ``bits[i + 1]``, the rest ``bits[0]``; e.g. ``quantiles=[0.9], bits=[2, 4]``: the
+        top 10% by in-degree get 4 bits. No table needs storing: the bits follow from the
+        graph. On a bipartite graph ``side="source"`` buckets the source nodes by their
+        out-degree (the messages each sends) instead.
 
         ``num_nodes`` comes after the graph's own arguments, as in PyG's ``utils``
         (``degree(index, num_nodes=None)``, ``to_undirected(edge_index, edge_attr=None,
@@ -128,17 +130,22 @@ class NodeBits:
             num_nodes (int, optional): the number of (target) nodes, ``>= 1``. (default:
                 ``edge_index.max() + 1``)
             min_bits, max_bits (int, optional): the allowed range. (default: 2 and 8)
+            side (str, optional): ``"target"`` (in-degree) or ``"source"`` (out-degree;
+                ``num_nodes`` then counts the sources). (default: ``"target"``)
 
         Example:
             >>> edge_index = torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]])  # node 0: a hub
             >>> NodeBits.by_degree(edge_index, [0.75], [2, 4], num_nodes=4).bits
             tensor([4., 2., 2., 2.])
         """
-        quantiles, bits, num_nodes, min_bits, max_bits = _by_degree_arguments(args, kwargs)
+        quantiles, bits, num_nodes, min_bits, max_bits, side = _by_degree_arguments(
+            args, kwargs)
         where = "NodeBits.by_degree"
+        if side not in SIDES:
+            raise FxquantValueError(f"{where}: side={side!r} is not one of {list(SIDES)}")
         if num_nodes is not None:
             check_count(num_nodes, f"{where}: num_nodes")
-        num_nodes = check_edge_index(edge_index, num_nodes, where=where)
+        num_nodes = check_edge_index(edge_index, num_nodes, where=where, side=side)
         if not num_nodes:
             raise FxquantValueError(f"{where}: num_nodes must be >= 1 (the graph's nodes, each "
                                     "of which gets a bit-width), got 0")
@@ -150,7 +157,7 @@ class NodeBits:
             raise FxquantValueError(f"{where}: give increasing quantiles in (0, 1) and one "
                                     f"more bit-width (an int) than quantiles; got {quantiles!r}, "
                                     f"{bits!r}")
-        degree = in_degree(edge_index.cpu(), num_nodes)
+        degree = node_degree(edge_index.cpu(), num_nodes, side=side)
         cuts = torch.quantile(degree, torch.tensor(qs, dtype=torch.float32))
         bucket = torch.bucketize(degree, cuts)  # above a quantile: strictly greater
         return cls(torch.tensor(bs, dtype=torch.float32)[bucket], False, min_bits,
@@ -180,12 +187,12 @@ class NodeBits:
 
 
 def _new_order(quantiles: Sequence[float], bits: Sequence[int], num_nodes: int | None = None,
-               min_bits: int = 2, max_bits: int = 8) -> None:
+               min_bits: int = 2, max_bits: int = 8, *, side: str = "target") -> None:
     """The arguments of :meth:`NodeBits.by_degree` after ``edge_index``."""
 
 
 def _old_order(num_nodes: int, quantiles: Sequence[float], bits: Sequence[int],
-               min_bits: int = 2, max_bits: int = 8) -> None:
+               min_bits: int = 2, max_bits: int = 8, *, side: str = "target") -> None:
     """The order of earlier releases: ``num_nodes`` first."""
 
 
@@ -193,7 +200,7 @@ _NEW, _OLD = inspect.signature(_new_order), inspect.signature(_old_order)
 
 
 def _by_degree_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """``(quantiles, bits, num_nodes, min_bits, max_bits)`` of a :meth:`NodeBits.by_degree`
+    """``(quantiles, bits, num_nodes, min_bits, max_bits, side)`` of a :meth:`NodeBits.by_degree`
     call in either order: the second positional argument is ``num_nodes`` in the old order
     (a count), ``quantiles`` in the new (a sequence); the old order warns."""
     first = args[0] if args else None
@@ -203,7 +210,7 @@ def _by_degree_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
         bound = (_OLD if old else _NEW).bind(*args, **kwargs)
     except TypeError as e:
         raise FxquantTypeError(f"NodeBits.by_degree(edge_index, quantiles, bits, num_nodes=None, "
-                               f"min_bits=2, max_bits=8): {e}") from None
+                               f"min_bits=2, max_bits=8, *, side='target'): {e}") from None
     if old:
         warnings.warn(
             "NodeBits.by_degree(edge_index, num_nodes, quantiles, bits) is the order of earlier "
@@ -213,7 +220,8 @@ def _by_degree_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
             FutureWarning, stacklevel=user_stacklevel())
     bound.apply_defaults()
     a = bound.arguments
-    return a["quantiles"], a["bits"], a["num_nodes"], a["min_bits"], a["max_bits"]
+    return (a["quantiles"], a["bits"], a["num_nodes"], a["min_bits"], a["max_bits"],
+            a["side"])
 
 
 # help(), IDEs and the documentation show the order by_degree reads (it also reads the old)

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
-from fxquant.fx.degree import check_edge_index, in_degree
+from fxquant.fx.degree import check_edge_index, node_degree
 
 __all__ = ["LayerMasks", "NodeIds", "as_index", "check_node_ids", "lookup", "new_masks",
            "set_node_ids", "top_degree_nodes"]
@@ -89,7 +89,8 @@ class LayerMasks(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.masks: dict[str, Tensor] = {}
+        #: layer -> its target nodes' mask; (layer, "source") -> its source nodes'
+        self.masks: dict[Any, Tensor] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -136,20 +137,25 @@ def lookup(table: Tensor, ids: Tensor) -> Tensor:
 
 
 def top_degree_nodes(
-    edge_index: Tensor, fraction: float, num_nodes: int | None = None
+    edge_index: Tensor, fraction: float, num_nodes: int | None = None, *,
+    side: str = "target",
 ) -> Tensor:
     """Ids of the ``fraction`` of nodes with the highest in-degree (Degree-Quant's
     high-degree nodes), for a per-node override in ``node_bits``.
 
     In-degree counts ``edge_index[1]`` (PyG's default ``source_to_target`` flow: a node's
-    in-degree is how many messages it aggregates). Ties are broken by node id.
+    in-degree is how many messages it aggregates). Ties are broken by node id. On a
+    bipartite graph (authors writing papers) ``side="source"`` ranks the source nodes by
+    their out-degree (how many messages each sends) instead.
 
     Args:
         edge_index (Tensor): ``[2, num_edges]`` tensor of node ids ``>= 0`` (any integer
             dtype; checked by :func:`~fxquant.fx.degree.check_edge_index`).
         fraction (float): in ``(0, 1]``; at least one node is returned.
-        num_nodes (int, optional): the number of (target) nodes; every target id must be
-            smaller. (default: ``edge_index.max() + 1``)
+        num_nodes (int, optional): the number of nodes on that side; every id there must
+            be smaller. (default: the largest id plus one)
+        side (str, optional): ``"target"`` (in-degree) or ``"source"`` (out-degree).
+            (default: ``"target"``)
 
     Example:
         >>> edge_index = torch.tensor([[0, 0, 1, 2, 3], [1, 2, 0, 0, 0]])
@@ -161,10 +167,10 @@ def top_degree_nodes(
     if num_nodes is not None and (isinstance(num_nodes, bool) or not isinstance(num_nodes, int)
                                   or num_nodes < 0):
         raise FxquantValueError(f"num_nodes must be an int >= 0, got {num_nodes!r}")
-    num_nodes = check_edge_index(edge_index, num_nodes, where="top_degree_nodes")
+    num_nodes = check_edge_index(edge_index, num_nodes, where="top_degree_nodes", side=side)
     if num_nodes == 0:
         return torch.empty(0, dtype=torch.long, device=edge_index.device)
-    deg = in_degree(edge_index, num_nodes, dtype=torch.long)
+    deg = node_degree(edge_index, num_nodes, side=side, dtype=torch.long)
     k = max(1, round(fraction * num_nodes))
     # A stable sort on -degree keeps lower ids first among equal degrees.
     order = torch.sort(-deg, stable=True).indices

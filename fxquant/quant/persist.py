@@ -37,6 +37,7 @@ from fxquant.quant.mapping import QuantMapping
 from fxquant.quant.node_bits import NodeBits
 from fxquant.quant.points import QuantPoint
 from fxquant.quant.sharing import share_bits, share_step
+from fxquant.quant.site import part_from_json, part_to_json
 
 __all__ = ["FORMAT", "load", "save"]
 
@@ -72,6 +73,7 @@ def save(gm: GraphModule, path: str | os.PathLike[str]) -> None:
                         f"{type(gm).__name__}")
     calls = _layer_calls(gm)
     points = [{"name": name, "layer": p.layer, "site": p.site.value,
+               **({"part": part_to_json(p.part)} if p.part is not None else {}),
                "config": p.config.to_dict(),
                "override": None if p.override is None else p.override.format.spec(),
                "step_source": p.__dict__.get("step_source"),
@@ -212,10 +214,11 @@ def load(path: str | os.PathLike[str], model: nn.Module,
         layer: Any = _NodeNamed(p["node"]) if p.get("node") is not None else p["layer"]
         try:
             config = _with_table(QuantConfig.from_dict(p["config"]), p["name"], blob, state)
+            part = part_from_json(p.get("part"))  # (older files: none)
             if isinstance(layer, _NodeNamed):
-                mapping.set_pattern(layer, config, site=p["site"])
+                mapping.set_pattern(layer, config, site=p["site"], part=part)
             else:
-                mapping.set_name(layer, config, site=p["site"])
+                mapping.set_name(layer, config, site=p["site"], part=part)
         except UnregisteredError as e:
             raise UnregisteredError(f"fxquant.load: {path}: point {p['name']!r} uses a format, "
                                     f"scale or site of one's own that this process has not "
@@ -233,13 +236,17 @@ def load(path: str | os.PathLike[str], model: nn.Module,
                                         f"{p['name']!r} cannot be read ({e}); {_EDITED}") from e
     leaves = _leaf_specs(model, trace, leaf_modules)
     gm = transform(model, mapping, concrete_args=trace["concrete_args"], leaf_modules=leaves)
-    traced = [name for name, _ in quantization_points(gm)]
+    split = _split_parts(gm, points)
+    traced = [name for name, _ in quantization_points(gm) if name not in split]
     if traced != names:
         raise FxquantValueError(f"fxquant.load: the model given traces to other quantization points "
                          f"({traced}) than the saved one ({names}); is it the same model class?")
     for p in points:  # bit-widths shared (absent from older files)
         if p.get("bits_source") is not None:
             share_bits(gm, p["name"], p["bits_source"])
+    for new, old in split.items():  # each part starts from the one point's state
+        state.update({f"{new}.{k[len(old) + 1:]}": v for k, v in list(state.items())
+                      if k.startswith(f"{old}.")})
     expected = gm.state_dict()
     # older files do not say whether a learned step is fitted (it was); a file that says
     # it for some points but not others was edited
@@ -278,6 +285,31 @@ def _with_table(config: QuantConfig, name: str, blob: dict[str, Any],
         return config
     return dataclasses.replace(config, node_bits=NodeBits(bits, rb.learned, rb.min_bits,
                                                           rb.max_bits, rb.stored))
+
+
+def _split_parts(gm: GraphModule, saved: list[dict[str, Any]]) -> dict[str, str]:
+    """Points of ``gm`` that a file written before sites had parts kept in one point: the
+    source part of a ``(source, target)`` input (its target part has the saved name) ->
+    that saved point's name, whose state it starts from."""
+    whole = {p["name"] for p in saved if p.get("part") is None and p["site"] == "input"}
+    named = dict(quantization_points(gm))
+    found = {}
+    for name, point in named.items():
+        if point.part != "source" or name in {p["name"] for p in saved}:
+            continue
+        partner = next((n for n, q in named.items() if n in whole and q.layer == point.layer
+                        and q.site == point.site and q.part == "target"
+                        and name == _source_name(n)), None)
+        if partner is not None:
+            found[name] = partner
+    return found
+
+
+def _source_name(target: str) -> str:
+    """The name the source part's point gets beside the target part's (``conv_input_quant``
+    -> ``conv_input_source_quant``)."""
+    stem, _, number = target.rpartition("_quant")
+    return f"{stem}_source_quant{number}"
 
 
 _EDITED = ("the file was not written by this version of fxquant.save, or it was edited; "

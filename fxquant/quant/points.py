@@ -45,7 +45,8 @@ from fxquant._ops.scales import int_grid_scale, int_scale
 from fxquant._ops.version import NUMERICS
 from fxquant.errors import FxquantTypeError, FxquantValueError, warn_renamed
 from fxquant.formats import AnyFormat, IntFormat, TopN
-from fxquant.fx.degree import in_degree
+from fxquant.fx.degree import SIDES
+from fxquant.fx.degree import node_degree as node_degree_of
 from fxquant.modes import Grad, Rounding, Scale
 from fxquant.quant._probe import PROBING
 from fxquant.quant.config import QuantConfig
@@ -59,7 +60,7 @@ from fxquant.quant.observers import RangeObserver
 from fxquant.quant.override import NodeOverride
 from fxquant.quant.override_mask import OverrideMask
 from fxquant.quant.protective_mask import ProtectiveMask
-from fxquant.quant.site import AnySite, Site
+from fxquant.quant.site import AnySite, Part, Site, part_text
 
 __all__ = ["QuantPoint", "upgrade_state_dict"]
 
@@ -76,6 +77,13 @@ class QuantPoint(nn.Module):
         site (Site, SiteKind or str, optional): where on the layer. (default: ``"output"``)
         override (NodeOverride, optional): nodes whose rows get another format.
         tensor (str, optional): which tensor of the layer (a weight's name).
+        part (str, int or tuple, optional): which part of a site that rounds several
+            tensors (:mod:`fxquant.quant.parts`): ``"source"``/``"target"`` of a
+            ``(source, target)`` input, a node type of a dict, a relation.
+            (default: :obj:`None`)
+        side (str, optional): whose degrees protection draws from: ``"target"`` (the
+            in-degree of the rows' nodes) or ``"source"`` (the out-degree: the source
+            part of a ``(source, target)`` input). (default: ``"target"``)
 
     With ``range="lsq"`` the step is learned (:mod:`fxquant.quant.learned_step`): values
     are ``s * round(clamp(x / s, qmin, qmax))`` (:func:`~fxquant.quant.lsq.lsq_round`),
@@ -96,18 +104,26 @@ class QuantPoint(nn.Module):
 
     #: 2: the learned step, node widths and override live in parts (submodules)
     _version = 2
+    #: (points pickled before parts of sites round one whole tensor)
+    part: Part = None
+    side: str = "target"
     observer: RangeObserver | None
     learned_step: LearnedStep | None
     node_widths: NodeWidths | None
     override: OverrideMask | None
 
     def __init__(self, config: QuantConfig, layer: str, site: AnySite | str = Site.OUTPUT,
-                 override: NodeOverride | None = None, tensor: str = "") -> None:
+                 override: NodeOverride | None = None, tensor: str = "", *,
+                 part: Part = None, side: str = "target") -> None:
         super().__init__()
+        if side not in SIDES:
+            raise FxquantValueError(f"QuantPoint: side={side!r} is not one of {list(SIDES)}")
         self.config = config
         self.layer = layer
         self.site = Site.parse(site)
         self.tensor = tensor
+        self.part = part
+        self.side = side
         self.observer = RangeObserver.from_config(config)
         self.learned_step = LearnedStep.from_config(config)
         self.override = OverrideMask(override) if override is not None else None
@@ -181,6 +197,8 @@ class QuantPoint(nn.Module):
         """``"output of 'conv1'"``, ``"weight 'lin.weight' of 'conv1'"``: how messages
         refer to this point."""
         what = f"{self.site.value} {self.tensor!r}" if self.tensor else self.site.value
+        if self.part is not None:
+            what += f" [{part_text(self.part)}]"
         return f"{what} of {self.layer!r}"
 
     @property
@@ -248,11 +266,15 @@ class QuantPoint(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor | None = None, *,
                 node_degree: Tensor | None = None, row_nodes: Tensor | None = None,
-                row_sources: Tensor | None = None) -> Tensor:
+                row_sources: Tensor | None = None,
+                source_degree: Tensor | None = None) -> Tensor:
         """Round ``x``. Rows are nodes, unless ``row_nodes`` gives each row's node (the target
         of a message; ``row_sources`` its source, for ``Protection(messages="source")``);
         degrees (for protection) come from ``node_degree`` or from the layer's
-        ``edge_index`` (the in-degree of ``x``'s rows as its targets)."""
+        ``edge_index`` (the in-degree of ``x``'s rows as its targets; the out-degree of
+        a ``(source, target)`` layer's sources at the ``"source"`` side).
+        ``source_degree``: on a ``(source, target)`` layer, the out-degree of each source
+        node, whose draw a message follows with ``Protection(messages="source")``."""
         if not isinstance(x, Tensor):
             why = ("the layer returns several values (as GATConv(return_attention_weights="
                    "True) returns (out, (edge_index, alpha)))" if self.site is Site.OUTPUT else
@@ -274,7 +296,7 @@ class QuantPoint(nn.Module):
             self._warn_unfitted()
         num_nodes = x.shape[0] if x.dim() else 1
         if node_degree is None and edge_index is not None and self.protection is not None:
-            node_degree = in_degree(edge_index, num_nodes)
+            node_degree = node_degree_of(edge_index, num_nodes, side=self.side)
         if node_degree is not None:
             num_nodes = node_degree.shape[0]
         ids = self._ids(num_nodes)
@@ -283,7 +305,7 @@ class QuantPoint(nn.Module):
         # what the last forward rounded, for fxquant.bit_report / bit_penalty (not state)
         self.__dict__["last_rows"] = (x.shape[0] if x.dim() else 1,
                                       math.prod(x.shape[1:]) if x.dim() else 1, num_nodes, rows)
-        keep = self._kept_rows(x, node_degree, row_nodes, row_sources)
+        keep = self._kept_rows(x, node_degree, row_nodes, row_sources, source_degree)
         if self.node_widths is not None:
             y = self._round_node_bits(x, num_nodes, row_nodes, ids)
         else:
@@ -313,19 +335,31 @@ class QuantPoint(nn.Module):
         return ids
 
     def _kept_rows(self, x: Tensor, degree: Tensor | None, row_nodes: Tensor | None,
-                   row_sources: Tensor | None) -> Tensor | None:
+                   row_sources: Tensor | None, source_degree: Tensor | None = None
+                   ) -> Tensor | None:
         """The rows protection keeps at full precision in this training forward (a bool
-        per row), or None."""
+        per row), or None. A message that follows its source on a ``(source, target)``
+        layer follows the sources' draw (by out-degree, ``source_degree``); on a layer of
+        one node set, the nodes' draw."""
         if self.protection is None or not self.training:
             return None
-        keep = self.protection.mask(degree)
+        rows = x.shape[0] if x.dim() else 1
+        by_source = self.protection.protect.messages == "source" and row_sources is not None
+        if by_source and source_degree is not None:  # bipartite: the sources' own draw
+            keep = self.protection.mask(source_degree, side="source")
+        else:
+            keep = self.protection.mask(degree, side=self.side)
         if keep is None:
             return None
-        messages = self.protection.protect.messages
-        by = row_sources if messages == "source" and row_sources is not None else row_nodes
+        by = row_sources if by_source else row_nodes
         if by is not None:
             keep = keep[by]
-        rows = x.shape[0] if x.dim() else 1
+        elif keep.shape[0] != rows and self.side == "target":
+            # a linear transform of the source side (GATConv's lin_src) on a (source,
+            # target) layer: its rows are the sources, whose draw the layer shared too
+            other = self.protection.shared(side="source")
+            if other is not None and other.shape[0] == rows:
+                keep = other
         if keep.shape[0] != rows:
             raise FxquantValueError(
                 f"fxquant: the protective mask of layer {self.layer!r} has {keep.shape[0]} "

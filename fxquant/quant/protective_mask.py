@@ -4,8 +4,11 @@ stay at full precision.
 
 Node ``i`` is protected with probability ``p_min + (p_max - p_min) * F(deg_i)``, ``F`` the
 fraction of the forward's nodes whose in-degree (:func:`~fxquant.fx.degree.in_degree`) is
-at most ``deg_i``. With ``Protection(share="layer")`` the first point of a layer to run
-draws the mask and the layer's other points read it from the GraphModule's
+at most ``deg_i``. On a layer called with a ``(source, target)`` pair of node sets, the
+source nodes are drawn over the sources by their out-degree (the messages they send;
+:func:`~fxquant.fx.degree.node_degree`), the targets over the targets by their in-degree.
+With ``Protection(share="layer")`` the first point of a layer to run draws the mask (one
+per side) and the layer's other points read it from the GraphModule's
 :class:`~fxquant.quant.nodes.LayerMasks` (emptied at the start of every forward). In
 evaluation nothing is protected. No state: the masks are random draws of one forward.
 """
@@ -69,20 +72,32 @@ class ProtectiveMask:
         """Share the layer's mask through ``context`` (``Protection(share="layer")``)."""
         self.masks = context
 
+    def _key(self, side: str) -> Any:
+        return self.layer if side == "target" else (self.layer, side)
+
     @property
     def has_mask(self) -> bool:
-        """Whether this forward's shared layer mask is drawn already."""
+        """Whether this forward's shared layer mask (of its target nodes) is drawn
+        already."""
         return self.masks is not None and self.layer in self.masks.masks
 
-    def mask(self, degree: Tensor | None) -> Tensor | None:
-        """The protective mask over the layer's nodes for this forward: the layer's shared
-        draw (``share="layer"``: drawn by its first point) or a draw of its own; None
-        where this point knows no degrees and no draw was shared."""
+    def shared(self, side: str = "target") -> Tensor | None:
+        """The layer's shared draw of this forward over one side's nodes, if drawn."""
+        if self.protect.share != "layer" or self.masks is None:
+            return None
+        return self.masks.masks.get(self._key(side))
+
+    def mask(self, degree: Tensor | None, side: str = "target") -> Tensor | None:
+        """The protective mask over the layer's nodes (on a ``(source, target)`` layer:
+        over one ``side``'s nodes) for this forward: the layer's shared draw
+        (``share="layer"``: drawn by its first point) or a draw of its own; None where
+        this point knows no degrees and no draw was shared."""
         if self.protect.share == "layer" and self.masks is not None:
-            mask = self.masks.masks.get(self.layer)
+            key = self._key(side)
+            mask = self.masks.masks.get(key)
             if mask is None and degree is not None:
                 mask = self.draw(degree)
-                self.masks.masks[self.layer] = mask
+                self.masks.masks[key] = mask
             return mask
         return None if degree is None else self.draw(degree)
 

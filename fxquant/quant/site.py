@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from enum import Enum
+from typing import Any
 
 from torch import nn
 
@@ -21,8 +22,13 @@ from fxquant.errors import FxquantTypeError, FxquantValueError, UnregisteredErro
 
 __all__ = [
     "AnySite",
+    "Part",
     "Site",
     "SiteKind",
+    "part_from_json",
+    "part_suffix",
+    "part_text",
+    "part_to_json",
     "register_site",
     "registered_sites",
     "site_rank",
@@ -34,8 +40,10 @@ class Site(str, Enum):
     """Where on a layer values are rounded: the built-in sites (a site of one's own is a
     registered :class:`SiteKind`).
 
-    ``OUTPUT``: what the layer returns; ``INPUT``: its first argument (node features; both
-    parts of a ``(source, target)`` pair; non-float arguments pass through; where a dropout
+    ``OUTPUT``: what the layer returns (each node type of a dict it returns, where the
+    model looks it up); ``INPUT``: its first argument (node features; each part of a
+    ``(source, target)`` pair and each node type of a dict with a point of its own:
+    :mod:`fxquant.quant.parts`; non-float arguments pass through; where a dropout
     feeds only the layer, what the dropout receives, so that training and evaluation round
     the same range); ``WEIGHT``:
     each of its floating parameters with at least two dims; ``MESSAGE``: the output of
@@ -175,6 +183,56 @@ class SiteKind(ABC):
 
 #: A site: a built-in one or a registered one.
 AnySite = Site | SiteKind
+
+#: One of several tensors a site of one call rounds, each with its own point: ``"source"``
+#: or ``"target"`` (the two parts of a ``(source, target)`` input pair), a dict key (a
+#: node type, where a layer takes or returns a dict: ``"paper"``), or a relation (an
+#: ``int`` index of ``RGCNConv``/``FastRGCNConv``, an edge type tuple of ``HGTConv``).
+#: ``None``: the site rounds one tensor.
+Part = str | int | tuple[str, ...] | None
+
+
+def part_text(part: Part) -> str:
+    """A part as users read it: ``"source"``, ``"paper"``, ``"relation 2"``,
+    ``"author__writes__paper"`` (PyG's spelling of an edge type).
+
+    Example:
+        >>> part_text(("author", "writes", "paper")), part_text(2), part_text("source")
+        ('author__writes__paper', 'relation 2', 'source')
+    """
+    if part is None:
+        return ""
+    if isinstance(part, tuple):
+        return "__".join(map(str, part))
+    if isinstance(part, int):
+        return f"relation {part}"
+    return str(part)
+
+
+_NOT_NAME = re.compile(r"[^0-9a-zA-Z_]+")
+
+
+def part_suffix(part: Part) -> str:
+    """The part in a point's module name (``conv_input_source_quant``,
+    ``conv_message_r2_quant``): a Python identifier fragment, ``""`` for None."""
+    if part is None:
+        return ""
+    text = f"r{part}" if isinstance(part, int) else part_text(part)
+    return _NOT_NAME.sub("_", text)
+
+
+def part_to_json(part: Part) -> Any:
+    """A part as JSON (a tuple as a list)."""
+    return list(part) if isinstance(part, tuple) else part
+
+
+def part_from_json(data: Any) -> Part:
+    """The part :func:`part_to_json` wrote."""
+    if data is None or (isinstance(data, (str, int)) and not isinstance(data, bool)):
+        return data
+    if isinstance(data, list) and all(isinstance(k, str) for k in data):
+        return tuple(data)
+    raise FxquantValueError(f"not a part of a site written by fxquant: {data!r}")
 
 _REGISTERED: dict[str, SiteKind] = {}
 _SITE_NAME = re.compile(r"[a-z][a-z0-9_]*")

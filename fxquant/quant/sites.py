@@ -30,6 +30,19 @@ attribute):
 - ``layer.message_and_aggregate``: a :class:`NoFusedPath` that raises: a fused path
   (a ``SparseTensor`` adjacency) has no per-edge messages to round.
 
+Layers that compute per relation (``RGCNConv``, ``FastRGCNConv``, ``HGTConv``) round
+their messages with one point per relation (:mod:`fxquant.quant.parts`), and both RGCN
+layers round the same tensors there: each relation's messages ``x_j W_r``.
+``FastRGCNConv`` computes them per edge and hands ``aggregate`` each message's relation;
+``RGCNConv`` aggregates each relation's raw features and multiplies by ``W_r`` after, so
+its ``forward`` object runs the same computation in the other order (``x W_r`` first,
+then one ``propagate`` per relation, as PyG's own ``RGCNConv`` does for featureless
+nodes; the sum is linear, so the float result is the same up to rounding);
+``HGTConv``'s messages come in one call, grouped by edge type, which its ``forward``
+object tells ``aggregate``. A per-relation weight (``RGCNConv.weight[r]``, ``HGTConv``'s
+``k_rel``/``v_rel`` rows of an edge type) is rounded slice by slice, each by its
+relation's point.
+
 With ``Protection(share="layer")`` the layer's ``forward`` object also draws the layer's
 protective mask at the start of each training call (from the call's ``edge_index``), so
 that every point inside shares it.
@@ -49,11 +62,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.stateless import _reparametrize_module
-from torch_geometric.nn import MessagePassing
+from torch_geometric.nn import FastRGCNConv, HGTConv, MessagePassing, RGCNConv
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from fxquant.errors import FxquantRuntimeError, FxquantValueError
-from fxquant.fx.degree import in_degree, index_degree
+from fxquant.fx.degree import index_degree, node_degree
+from fxquant.quant.parts import weight_relation_rows
 from fxquant.quant.points import QuantPoint
 
 __all__ = [
@@ -64,9 +78,11 @@ __all__ = [
     "QuantizedPropagate",
     "check_install",
     "edge_arguments",
+    "hgt_relations",
     "install",
     "linears_of",
     "patched_children",
+    "rgcn_by_relation",
     "weights_of",
 ]
 
@@ -95,30 +111,43 @@ def edge_arguments(module: MessagePassing) -> list[str]:
             and n not in ("index", "ptr", "size", "size_i", "size_j", "dim_size")]
 
 
+#: a weight rounded slice by slice: each relation's rows of it and that relation's point
+RelationSlices = dict[Any, tuple[list[int], QuantPoint]]
+
+
 class QuantizedForward:
     """``layer.forward`` with every weight rounded by its point (see the module docs), and
     the layer's protective mask drawn at the start of a training call (``drawer``: a point
-    of the layer with ``Protection(share="layer")``)."""
+    of the layer with ``Protection(share="layer")``). ``relations``: weights rounded per
+    relation (tensor name -> each relation's rows and point); ``messages``: the layer's
+    :class:`QuantizedAggregate` where it rounds messages per relation (``RGCNConv``,
+    ``HGTConv``: see the module docs)."""
 
     def __init__(self, owner: nn.Module, points: dict[str, QuantPoint],
-                 drawer: QuantPoint | None = None) -> None:
+                 drawer: QuantPoint | None = None,
+                 relations: dict[str, RelationSlices] | None = None,
+                 messages: QuantizedAggregate | None = None) -> None:
         self.owner = owner
         self.points = points
         self.drawer = drawer
+        self.relations = dict(relations or {})
+        self.messages = messages
         self.lock = threading.RLock()
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "lock"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("relations", {})  # (pickled before weights per relation)
+        state.setdefault("messages", None)
         self.__dict__.update(state)
         self.lock = threading.RLock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.drawer is not None and self.drawer.training and not self.drawer.has_mask:
             self._draw(args, kwargs)
-        if not self.points:
-            return type(self.owner).forward(self.owner, *args, **kwargs)
+        if not self.points and not self.relations:
+            return self._layer_call(args, kwargs)
         if torch.compiler.is_compiling():
             return self._rounded_call(args, kwargs)
         with self.lock:  # (one call at a time swaps the layer's parameters)
@@ -127,26 +156,119 @@ class QuantizedForward:
     def _rounded_call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         params = dict(self.owner.named_parameters())
         rounded = {name: point(params[name]) for name, point in self.points.items()}
+        for name, slices in self.relations.items():
+            weight: Tensor = params[name]
+            for rows, point in slices.values():
+                index = torch.tensor(rows, dtype=torch.long, device=weight.device)
+                weight = weight.index_copy(0, index, point(params[name].index_select(0, index)))
+            rounded[name] = weight
         # the rounded weights in place of the parameters for this call only (what
         # torch.func.functional_call does, without calling the module again, which would
         # run its hooks a second time); restored on exit, also on error
         with _reparametrize_module(self.owner, rounded):
-            return type(self.owner).forward(self.owner, *args, **kwargs)
+            return self._layer_call(args, kwargs)
+
+    def _layer_call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The layer's own forward; for messages rounded per relation, the computation
+        that hands each message's relation to the aggregation (see the module docs)."""
+        owner, messages = self.owner, self.messages
+        if messages is None or isinstance(owner, FastRGCNConv):
+            return type(owner).forward(owner, *args, **kwargs)
+        if isinstance(owner, RGCNConv):
+            return rgcn_by_relation(owner, messages, *args, **kwargs)
+        assert isinstance(owner, HGTConv)
+        edges = args[1] if len(args) > 1 else kwargs.get("edge_index_dict")
+        messages.row_relations = hgt_relations(owner, edges)
+        try:
+            return type(owner).forward(owner, *args, **kwargs)
+        finally:
+            messages.row_relations = None
 
     def _draw(self, args: tuple, kwargs: dict[str, Any]) -> None:
-        """Draw the layer's mask over its nodes (the in-degree of this call's graph)."""
-        assert self.drawer is not None
+        """Draw the layer's mask over its nodes (the in-degree of this call's graph); on a
+        ``(source, target)`` pair one over each side (the sources by out-degree)."""
+        assert self.drawer is not None and self.drawer.protection is not None
         x = args[0] if args else next(iter(kwargs.values()), None)
         edge_index = args[1] if len(args) > 1 else kwargs.get("edge_index")
-        if isinstance(x, (tuple, list)):
-            raise FxquantValueError(
-                f"fxquant: layer {self.drawer.layer!r} was called with a (source, target) "
-                "pair; Protection(share='layer') draws one mask over a layer's nodes and "
-                "needs one node set. Please use share='point' on this layer.")
-        if isinstance(x, Tensor) and isinstance(edge_index, Tensor) and not edge_index.is_sparse \
-                and edge_index.dim() == 2:
-            assert self.drawer.protection is not None
-            self.drawer.protection.mask(in_degree(edge_index, x.shape[0]))
+        if not (isinstance(edge_index, Tensor) and not edge_index.is_sparse
+                and edge_index.dim() == 2):
+            return
+        protection = self.drawer.protection
+        if isinstance(x, (tuple, list)) and len(x) == 2 and x[0] is not x[1]:
+            source, target = x
+            if isinstance(target, Tensor) and protection.shared("target") is None:
+                protection.mask(node_degree(edge_index, target.shape[0]))
+            if isinstance(source, Tensor) and protection.shared("source") is None:
+                protection.mask(node_degree(edge_index, source.shape[0], side="source"),
+                                side="source")
+            return
+        if isinstance(x, (tuple, list)) and x:
+            x = x[0]
+        if isinstance(x, Tensor):
+            protection.mask(node_degree(edge_index, x.shape[0]))
+
+
+def rgcn_by_relation(owner: RGCNConv, messages: QuantizedAggregate, x: Any,
+                     edge_index: Any, edge_type: Tensor | None = None) -> Tensor:
+    """``RGCNConv.forward`` computing each relation's messages ``x_j W_r`` (what
+    ``FastRGCNConv`` computes), one ``propagate`` per relation, so that ``messages``
+    rounds them with relation ``r``'s point; otherwise PyG's code (the basis and block
+    decompositions, featureless nodes given as indices, ``root``, ``bias``)."""
+    x_l = x[0] if isinstance(x, tuple) else x
+    if x_l is None:
+        x_l = torch.arange(owner.in_channels_l, device=owner.weight.device)
+    x_r = x[1] if isinstance(x, tuple) else x_l
+    if not isinstance(edge_index, Tensor) or edge_index.is_sparse or edge_type is None:
+        raise FxquantRuntimeError(
+            f"fxquant: layer {messages.layer!r} (RGCNConv) rounds its messages per relation, "
+            "which needs an edge_index tensor and an edge_type tensor; please pass them "
+            "(not a SparseTensor adjacency)")
+    size = (x_l.size(0), x_r.size(0))
+    weight = owner.weight
+    if owner.num_bases is not None:
+        weight = (owner.comp @ weight.view(owner.num_bases, -1)).view(
+            owner.num_relations, owner.in_channels_l, owner.out_channels)
+    if owner.num_blocks is not None and not x_r.is_floating_point():
+        raise ValueError("Block-diagonal decomposition not supported for non-continuous "
+                         "input features.")
+    dtype = x_l.dtype if x_l.is_floating_point() else weight.dtype
+    out = torch.zeros(x_r.size(0), owner.out_channels, device=x_r.device, dtype=dtype)
+    for i in range(owner.num_relations):
+        tmp = edge_index[:, edge_type == i]
+        if not x_l.is_floating_point():
+            h = weight[i, x_l]
+        elif owner.num_blocks is not None:
+            h = torch.einsum("abc,bcd->abd", x_l.view(-1, weight.size(1), weight.size(2)),
+                             weight[i]).reshape(-1, owner.out_channels)
+        else:
+            h = x_l @ weight[i]
+        messages.current = i
+        try:
+            out = out + owner.propagate(tmp, x=h, edge_type_ptr=None, size=size)
+        finally:
+            messages.current = None
+    root = owner.root
+    if root is not None:
+        out = out + (root[x_r] if not x_r.is_floating_point() else x_r @ root)
+    if owner.bias is not None:
+        out = out + owner.bias
+    return out
+
+
+def hgt_relations(owner: HGTConv, edge_index_dict: Any) -> Tensor:
+    """The relation (index into ``owner.edge_types``) of each message of an ``HGTConv``
+    call: its ``propagate`` concatenates the edges of ``edge_index_dict``'s edge types in
+    that dict's order."""
+    if not isinstance(edge_index_dict, dict) or not all(
+            isinstance(e, Tensor) and not e.is_sparse for e in edge_index_dict.values()):
+        raise FxquantRuntimeError(
+            "fxquant: an HGTConv layer rounds its messages per relation, which needs "
+            "edge_index_dict to hold [2, num_edges] tensors (not SparseTensor adjacencies)")
+    counts = [int(e.size(1)) for e in edge_index_dict.values()]
+    kinds = [owner.edge_types_map[tuple(et)] for et in edge_index_dict]
+    device = next(iter(edge_index_dict.values())).device if counts else None
+    return torch.repeat_interleave(torch.tensor(kinds, dtype=torch.long, device=device),
+                                   torch.tensor(counts, dtype=torch.long, device=device))
 
 
 class QuantizedLinear:
@@ -186,6 +308,7 @@ class QuantizedPropagate:
         i, j = (1, 0) if self.owner.flow == "source_to_target" else (0, 1)
         if self.aggregate is not None:
             self.aggregate.sources = edge_index[j] if plain else None
+            self.aggregate.source_count = self._source_count(size, kwargs, j) if plain else None
         if self.edge is not None:
             if not plain:
                 raise FxquantRuntimeError(
@@ -201,14 +324,32 @@ class QuantizedPropagate:
                     f"per-edge argument ({', '.join(self.names)}) in this call, so it rounded "
                     "nothing; pass edge weights, or drop the edge site of this layer",
                     UserWarning, stacklevel=2)
-            degree = None
+            degree = source_degree = None
             if self.edge.needs_nodes:  # per-node settings: each edge follows its target
                 targets = self._target_nodes(edge_index, size, kwargs, i, j)
                 degree = index_degree(edge_index[i], targets)
+                sources = self._source_count(size, kwargs, j)
+                if sources is not None:  # (source, target): the sources' out-degrees
+                    source_degree = index_degree(edge_index[j], sources)
             for name in found:
                 kwargs[name] = self.edge(kwargs[name], node_degree=degree,
-                                         row_nodes=edge_index[i], row_sources=edge_index[j])
+                                         row_nodes=edge_index[i], row_sources=edge_index[j],
+                                         source_degree=source_degree)
         return type(self.owner).propagate(self.owner, edge_index, size=size, **kwargs)
+
+    def _source_count(self, size: Any, kwargs: dict[str, Any], j: int) -> int | None:
+        """How many source nodes a ``(source, target)`` call has (``size``, else the source
+        tensor of a pair ``message()`` reads as ``x_j``); None on a graph of one node set
+        (one tensor, or a pair of the same tensor), whose sources are its nodes."""
+        if size is not None and size[0] is not None and size[1] is not None \
+                and int(size[0]) != int(size[1]):
+            return int(size[j])
+        for name in self.owner.inspector.get_param_names("message"):
+            data = kwargs.get(name[:-2]) if name[-2:] in ("_i", "_j") else None
+            if isinstance(data, tuple | list) and len(data) == 2 and data[0] is not data[1] \
+                    and isinstance(data[j], Tensor):
+                return int(data[j].size(self.owner.node_dim))
+        return None
 
     def _target_nodes(self, edge_index: Tensor, size: Any, kwargs: dict[str, Any], i: int,
                       j: int) -> int:
@@ -240,33 +381,90 @@ class QuantizedPropagate:
 
 class QuantizedAggregate:
     """``layer.aggregate`` with the messages rounded on the way in and the aggregation on
-    the way out (see the module docs)."""
+    the way out (see the module docs); ``relations``: the message points of a layer that
+    computes per relation (relation -> point; ``keys``: the relations by index)."""
+
+    #: (objects pickled before messages per relation)
+    relations: dict[Any, QuantPoint] | None = None
+    keys: list[Any] | None = None
+    layer: str = ""
 
     def __init__(self, owner: MessagePassing, message: QuantPoint | None,
-                 aggregate: QuantPoint | None) -> None:
+                 aggregate: QuantPoint | None, relations: dict[Any, QuantPoint] | None = None,
+                 keys: list[Any] | None = None, layer: str = "") -> None:
         self.owner = owner
         self.message = message
         self.aggregate = aggregate
-        #: each message's source node in the current call (set by QuantizedPropagate)
+        self.relations = relations or None
+        self.keys = keys
+        self.layer = layer
+        #: each message's source node in the current call (set by QuantizedPropagate),
+        #: and how many sources a (source, target) call has (None: one node set)
         self.sources: Tensor | None = None
+        self.source_count: int | None = None
+        #: the relation of this call's messages (RGCNConv: one propagate per relation) or
+        #: of each message (HGTConv: by edge type), set by the layer's forward object
+        self.current: Any = None
+        self.row_relations: Tensor | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "sources": None}  # the last call's, not state
+    def __getstate__(self) -> dict[str, Any]:  # the last call's, not state
+        return {**self.__dict__, "sources": None, "source_count": None, "current": None,
+                "row_relations": None}
 
     def __call__(self, inputs: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         index = kwargs.get("index", args[0] if args else None)
         dim_size = kwargs.get("dim_size")
-        degree = nodes = None
-        per_node = any(p is not None and p.needs_nodes for p in (self.message, self.aggregate))
+        degree = nodes = source_degree = None
+        points = [self.message, self.aggregate, *(self.relations or {}).values()]
+        per_node = any(p is not None and p.needs_nodes for p in points)
         if per_node and isinstance(index, Tensor) and isinstance(dim_size, int):
             degree = index_degree(index, dim_size)  # the messages' targets
             nodes = index
+            count = self.__dict__.get("source_count")
+            sources = self.__dict__.get("sources")
+            if count is not None and sources is not None:  # (source, target): out-degrees
+                source_degree = index_degree(sources, count)
+        sources = self.__dict__.get("sources")
         if self.message is not None:
             inputs = self.message(inputs, node_degree=degree, row_nodes=nodes,
-                                  row_sources=self.sources)
+                                  row_sources=sources, source_degree=source_degree)
+        if self.relations:
+            inputs = self._by_relation(inputs, kwargs, degree, nodes, sources, source_degree)
         out = type(self.owner).aggregate(self.owner, inputs, *args, **kwargs)
         if self.aggregate is not None:
             out = self.aggregate(out, node_degree=degree)
+        return out
+
+    def _by_relation(self, inputs: Tensor, kwargs: dict[str, Any], degree: Tensor | None,
+                     nodes: Tensor | None, sources: Tensor | None,
+                     source_degree: Tensor | None) -> Tensor:
+        """Each relation's messages rounded by its point (a relation without one stays as
+        it is)."""
+        assert self.relations is not None and self.keys is not None
+        current = self.__dict__.get("current")
+        if current is not None:  # RGCNConv: this call's messages are one relation's
+            point = self.relations.get(current)
+            return inputs if point is None else point(
+                inputs, node_degree=degree, row_nodes=nodes, row_sources=sources,
+                source_degree=source_degree)
+        kinds = kwargs.get("edge_type") if isinstance(self.owner, FastRGCNConv) \
+            else self.__dict__.get("row_relations")
+        if not isinstance(kinds, Tensor) or kinds.shape[0] != inputs.shape[0]:
+            raise FxquantRuntimeError(
+                f"fxquant: the messages of layer {self.layer!r} are rounded per relation, but "
+                "this call does not say which relation each message belongs to; please call "
+                "the layer with an edge_index tensor (and its edge_type)")
+        out = inputs
+        for i, key in enumerate(self.keys):
+            point = self.relations.get(key)
+            if point is None:
+                continue
+            rows = (kinds == i).nonzero().view(-1)
+            out = out.index_copy(0, rows, point(
+                inputs.index_select(0, rows), node_degree=degree,
+                row_nodes=None if nodes is None else nodes.index_select(0, rows),
+                row_sources=None if sources is None else sources.index_select(0, rows),
+                source_degree=source_degree))
         return out
 
 
@@ -327,7 +525,8 @@ def patched_children(module: nn.Module, weights: list[str], linear: list[str] | 
 
 def check_install(layer_name: str, module: nn.Module, weights: list[str], message: bool,
                   aggregate: bool, linear: list[str] | None = None, edge: bool = False,
-                  sources: bool = False, draws: bool = False) -> None:
+                  sources: bool = False, draws: bool = False, relational: bool = False
+                  ) -> None:
     """Raise, changing nothing, where :func:`install` could not set the objects of these
     sites on ``module``: ``weights`` and ``linear`` name the tensors and children rounded,
     ``sources``: messages protected by their source node, ``draws``: the layer's forward
@@ -335,7 +534,7 @@ def check_install(layer_name: str, module: nn.Module, weights: list[str], messag
     objects (a model transformed before) is refused: replacing them would drop its points."""
     own, by_child = _split_weights(module, weights)
     where = f"layer {layer_name!r}"
-    if own or draws:
+    if own or draws or relational:
         _free(module, "forward", where, "its weights")
     for name in sorted(set(linear or []) | set(by_child)):
         _free(module.get_submodule(name), "forward", f"the linear {name!r} of {where}",
@@ -358,32 +557,51 @@ def check_install(layer_name: str, module: nn.Module, weights: list[str], messag
 def install(layer_name: str, module: nn.Module, weights: dict[str, QuantPoint] | None,
             message: QuantPoint | None, aggregate: QuantPoint | None,
             linear: dict[str, QuantPoint] | None = None, edge: QuantPoint | None = None,
-            drawer: QuantPoint | None = None) -> None:
+            drawer: QuantPoint | None = None,
+            weight_relations: dict[str, dict[Any, QuantPoint]] | None = None,
+            message_relations: dict[Any, QuantPoint] | None = None,
+            relations: list[Any] | None = None) -> None:
     """Set the site objects on ``module`` (the transformed copy), checked first by
     :func:`check_install` (nothing is set on error). ``drawer``: a point of the layer whose
     ``Protection(share="layer")`` mask the layer's forward draws at the start of each
-    training call."""
+    training call. ``weight_relations`` (weight name -> relation -> point) and
+    ``message_relations`` (relation -> point): the points per relation of a layer that
+    computes per relation, whose relations are ``relations`` (in their order)."""
     weights, linear = dict(weights or {}), dict(linear or {})
-    sources = message is not None and message.config.protect is not None \
-        and message.config.protect.messages == "source"
-    check_install(layer_name, module, list(weights), message is not None, aggregate is not None,
-                  list(linear), edge is not None, sources, drawer is not None)
+    weight_relations = {k: v for k, v in (weight_relations or {}).items() if v}
+    message_relations = dict(message_relations or {})
+    per_message = [p for p in (message, *message_relations.values()) if p is not None]
+    sources = any(p.config.protect is not None and p.config.protect.messages == "source"
+                  for p in per_message)
+    check_install(layer_name, module, [*weights, *weight_relations], bool(per_message),
+                  aggregate is not None, list(linear), edge is not None, sources,
+                  drawer is not None, bool(message_relations))
     _, children = _split_weights(module, list(weights))
     by_child = {name: weights.pop(f"{name}.weight") for name in children}
-    if weights or drawer is not None:
-        module.forward = QuantizedForward(module, weights, drawer)
+    slices: dict[str, RelationSlices] = {}
+    for name, points in weight_relations.items():
+        rows = weight_relation_rows(module, name)
+        assert rows is not None  # (the parts came from it)
+        slices[name] = {key: (rows[key], point) for key, point in points.items()}
+    rounds = None
+    if per_message or aggregate is not None:
+        assert isinstance(module, MessagePassing)  # (check_install)
+        rounds = QuantizedAggregate(module, message, aggregate, message_relations,
+                                    relations, layer_name)
+    if weights or slices or drawer is not None or message_relations:
+        module.forward = QuantizedForward(module, weights, drawer, slices,
+                                          rounds if message_relations else None)
     for name in sorted(set(linear) | set(by_child)):
         child = module.get_submodule(name)
         child.forward = QuantizedLinear(child, linear.get(name), by_child.get(name))
-    if message is None and aggregate is None and edge is None:
+    if not per_message and aggregate is None and edge is None:
         return
     assert isinstance(module, MessagePassing)  # (check_install)
-    rounds = None
-    if message is not None or aggregate is not None:
-        rounds = QuantizedAggregate(module, message, aggregate)
+    if rounds is not None:
         module.aggregate = rounds
     if edge is not None or sources:
         module.propagate = QuantizedPropagate(module, edge, rounds)
-    sites = [s for s, p in (("message", message), ("aggregate", aggregate)) if p is not None]
+    sites = [site for site, on in (("message", bool(per_message)),
+                                   ("aggregate", aggregate is not None)) if on]
     if sites:
         module.message_and_aggregate = NoFusedPath(module, layer_name, sites)

@@ -108,15 +108,31 @@ CONFIGS = {
     "widen": fxquant.QuantConfig("int8", scale="tensor", observe="widen"),
     "percentile": fxquant.QuantConfig("int8", scale="tensor", range="percentile:99",
                                       momentum=0.9),
+    "percentile-batch": fxquant.QuantConfig("int8", scale="tensor", range="percentile:99"),
+    "percentile-widen": fxquant.QuantConfig("int8:asym", scale="tensor",
+                                            range="percentile:99.9", observe="widen"),
+    "pow2": fxquant.QuantConfig("int8", scale="tensor-pow2", momentum=0.9),
     "row": fxquant.QuantConfig("int8", scale="row"),
+    "row-pow2": fxquant.QuantConfig("int8", scale="row-pow2"),
+    "block32": fxquant.QuantConfig("e4m3", scale="block32"),
     "lsq": fxquant.QuantConfig("int4", scale="tensor", range="lsq"),
     "protect": fxquant.QuantConfig("int4", scale="tensor", momentum=0.9, protect=(0.0, 0.2)),
+    "lsq-protect": fxquant.QuantConfig("int4", scale="tensor", range="lsq",
+                                       protect=(0.0, 0.2)),
+    "degree-quant": fxquant.QuantConfig(
+        "int4:asym", scale="tensor", range="percentile:99", observe="widen", grad="clipped",
+        protect=fxquant.Protection(0.0, 0.2, share="layer", messages="source",
+                                   ranges="unprotected")),
 }
+#: the modes whose range comes from each batch in evaluation too (observe="batch")
+PER_BATCH = ("batch", "percentile-batch")
 
 
 @pytest.mark.parametrize("mode", list(CONFIGS))
 def test_classifier_trains_on_mini_batches_of_graphs(mode):
-    """Every GINConv rounded: training over a DataLoader of small graphs runs and learns
+    """Every GINConv, the pooling and the head rounded (set_global covers the readout;
+    protection stays on the GNN layers): training over a DataLoader of small graphs runs
+    and learns
     (finite loss, every parameter moved); evaluation of a batch is one graph's own result
     where the range does not come from the batch, and depends on the batch where it does
     (observe="batch", the documented per-batch statistics)."""
@@ -125,7 +141,11 @@ def test_classifier_trains_on_mini_batches_of_graphs(mode):
     # batch vector, normalizes over the whole batch, so the float model depends on it)
     model = GINClassifier(norm="batch_norm")
     gm = fxquant.transform(model, CONFIGS[mode], lint="off")
-    assert len(fxquant.quantization_points(gm)) == 3
+    points = fxquant.quantization_points(gm)
+    assert [p.layer for _, p in points] == ["gnn.convs.0", "gnn.convs.1", "gnn.convs.2",
+                                            "global_add_pool", "head"]
+    assert [p.config.protect is not None for _, p in points] == \
+        [CONFIGS[mode].protect is not None] * 3 + [False] * 2
     before = {k: v.detach().clone() for k, v in gm.named_parameters()}
     opt = torch.optim.Adam(gm.parameters(), lr=0.01)
     loader = DataLoader(planted_motifs(num_graphs=24, seed=1), batch_size=8, shuffle=True)
@@ -143,7 +163,7 @@ def test_classifier_trains_on_mini_batches_of_graphs(mode):
     alone = torch.cat([gm(g.x, g.edge_index, torch.zeros(g.num_nodes, dtype=torch.long))
                        for g in b.to_data_list()])
     assert together.shape == (8, 4)
-    if mode == "batch":
+    if mode in PER_BATCH:
         assert not torch.allclose(together, alone)
     else:
         torch.testing.assert_close(together, alone)

@@ -223,7 +223,9 @@ def test_ranges_leave_the_protected_rows_out():
     pytest.fail("the hub was never protected")
 
 
-def test_a_pair_input_refuses_a_layer_mask():
+def test_a_pair_of_one_tensor_draws_one_layer_mask():
+    """conv((x, x), edge_index) is a layer over one node set: Protection(share="layer")
+    draws one mask over its nodes, which the messages follow."""
     torch.manual_seed(0)
     protect = Protection(0.0, 0.2, share="layer")
 
@@ -237,8 +239,8 @@ def test_a_pair_input_refuses_a_layer_mask():
 
     config = QuantConfig("int8:asym", scale="tensor", protect=protect)
     gm = fxquant.transform(Pair(), QuantMapping().set_name("conv", config, site="message"))
-    with pytest.raises(ValueError, match=r"\(source, target\) pair"):
-        gm(*star_graph())
+    assert gm(*star_graph()).shape == (40, 6)
+    assert list(gm.fxquant_masks.masks) == ["conv"]
 
 
 class _Bipartite(nn.Module):
@@ -251,23 +253,30 @@ class _Bipartite(nn.Module):
 
 
 @pytest.mark.parametrize(("num_src", "num_dst"), [(3, 7), (7, 3)])
-def test_a_bipartite_input_protects_its_targets_by_their_in_degree(num_src, num_dst):
-    """The input site of a (source, target) pair of node sets: the target rows are drawn
-    by the target side's in-degree (of num_dst nodes, fewer or more than the sources),
-    the source rows, which aggregate nothing in the layer, are all rounded."""
-    seen = []
-    config = QuantConfig(8, protect=(1.0, 1.0))  # every node with a degree is protected
+def test_a_bipartite_input_protects_each_part_by_its_own_nodes(num_src, num_dst):
+    """The input site of a (source, target) pair of node sets has a point per part: the
+    target rows are drawn by the target side's in-degree, the source rows by the source
+    side's out-degree (p = (0, 1): exactly the nodes with the highest degree on each side
+    are sure to be kept; a node of degree 0 has p = 0 only where every node has it)."""
+    config = QuantConfig(8, protect=(0.0, 1.0))
     gm = fxquant.transform(_Bipartite(), QuantMapping().set_name("conv", config, site="input"))
-    gm.get_submodule("conv_input_quant").register_forward_hook(
-        lambda m, args, out: seen.append((args[0], out)))
+    points = dict(fxquant.quantization_points(gm))
+    assert (points["conv_input_quant"].part, points["conv_input_source_quant"].part) == \
+        ("target", "source")
     g = torch.Generator().manual_seed(0)
     x_src, x_dst = torch.randn(num_src, 6, generator=g), torch.randn(num_dst, 6, generator=g)
     edge_index = torch.stack([torch.randint(0, num_src, (12,), generator=g),
                               torch.randint(0, num_dst, (12,), generator=g)])
-    gm(x_src, x_dst, edge_index)
-    (src_in, src_out), (dst_in, dst_out) = seen
-    assert src_in is x_src and torch.equal(src_out, fxquant.truncate(x_src, 8))
-    assert dst_in is x_dst and torch.equal(dst_out, x_dst)
+    seen = {}
+    for name in ("conv_input_quant", "conv_input_source_quant"):
+        protection = points[name].protection
+        protection.draw = lambda degree, name=name, draw=protection.draw: (
+            seen.setdefault(name, degree), draw(degree))[1]
+    gm.train()(x_src, x_dst, edge_index)
+    assert torch.equal(seen["conv_input_quant"],
+                       torch.bincount(edge_index[1], minlength=num_dst).float())
+    assert torch.equal(seen["conv_input_source_quant"],
+                       torch.bincount(edge_index[0], minlength=num_src).float())
 
 
 # -- the widening stored range ---------------------------------------------------------------

@@ -26,9 +26,6 @@ def _hgt():
     return HGT(data.metadata()).eval(), inputs(data)
 
 
-@pytest.mark.xfail(strict=True, reason="a layer whose first argument is a dict (HGTConv) "
-                   "refuses its input site: 'the layer's first argument is not a tensor of "
-                   "the graph'; it should round each node type's tensor")
 def test_hgt_input_site_rounds_each_node_type():
     model, ex = _hgt()
     gm = fxquant.transform(model, QuantMapping().set_name("conv", QuantConfig(32), site="input"),
@@ -36,9 +33,6 @@ def test_hgt_input_site_rounds_each_node_type():
     assert torch.equal(gm(*ex), model(*ex))
 
 
-@pytest.mark.xfail(strict=True, reason="the output site of a layer that returns a dict "
-                   "(HGTConv) is accepted, then fails in forward: 'received a dict, not a "
-                   "tensor'; it should round each node type's tensor")
 def test_hgt_default_transform_rounds_its_outputs():
     model, ex = _hgt()
     exact = fxquant.transform(model, bits=32, example_inputs=ex, lint="off")
@@ -56,10 +50,6 @@ class Bipartite(nn.Module):
         return self.conv((x_src, x_dst), edge_index)
 
 
-@pytest.mark.xfail(strict=True, reason="protection at the input site of a (source, target) "
-                   "layer takes in_degree(edge_index, x.shape[0]) for both parts: "
-                   "'IndexError: index out of range in self' with fewer sources than targets, "
-                   "and source rows get target nodes' degrees with more")
 @pytest.mark.parametrize("sources", [3, 9], ids=["fewer-sources", "more-sources"])
 def test_bipartite_protection_follows_each_nodes_own_degree(sources):
     """Protection (0, 1): the node of highest degree on each side is always kept (its row
@@ -88,10 +78,6 @@ def test_bipartite_protection_follows_each_nodes_own_degree(sources):
     assert all(torch.equal(out[5], x_dst[5]) for out in rounded_dst)
 
 
-@pytest.mark.xfail(strict=True, reason="a loose pattern also matches to_hetero's integer "
-                   "edge_index__... getters: at the message site it errors ('rounding inside "
-                   "a layer needs a module'), at the output site it is accepted and fails on "
-                   "an int64 tensor in forward")
 @pytest.mark.parametrize("site", ["output", "message"])
 def test_loose_pattern_selects_only_layers_with_float_values(site):
     data = hetero_graph()
@@ -104,9 +90,6 @@ def test_loose_pattern_selects_only_layers_with_float_values(site):
     gm(*inputs(data))
 
 
-@pytest.mark.xfail(strict=True, reason="a pattern that matches only integer plumbing is "
-                   "accepted and fails in forward ('has dtype torch.int64'); it should be an "
-                   "error at transform time")
 def test_pattern_matching_nothing_roundable_is_refused():
     data = hetero_graph()
     with pytest.raises(FxquantError, match="edge_index__"):
@@ -123,9 +106,6 @@ class Relational(nn.Module):
         return self.conv(x, edge_index, edge_type)
 
 
-@pytest.mark.xfail(strict=True, reason="RGCNConv rounds the raw source features per relation "
-                   "(three calls, one scale each) and FastRGCNConv the transformed messages of "
-                   "all relations (one scale): the same config gives different models")
 def test_both_rgcn_layers_round_the_same_tensors():
     torch.manual_seed(0)
     slow = Relational(RGCNConv)
@@ -142,8 +122,6 @@ def test_both_rgcn_layers_round_the_same_tensors():
     torch.testing.assert_close(outs[0], outs[1])
 
 
-@pytest.mark.xfail(strict=True, reason="proposed API: QuantMapping.set_edge_type addresses an "
-                   "edge type directly, not through generated module names")
 def test_mapping_addresses_an_edge_type():
     data = hetero_graph()
     mapping = QuantMapping()
@@ -153,8 +131,6 @@ def test_mapping_addresses_an_edge_type():
         {"conv1.author__writes__paper", "conv2.author__writes__paper"}
 
 
-@pytest.mark.xfail(strict=True, reason="set_global covers message-passing layers only: "
-                   "global pooling (and the head after it) stay float without a word")
 def test_set_global_covers_pooling():
     class Classifier(nn.Module):
         def __init__(self):
