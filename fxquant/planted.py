@@ -132,7 +132,7 @@ def planted_hetero(
     classes = {}
     for node_type in ("author", "paper", "field"):
         n, c = counts[node_type], widths[node_type]
-        y = torch.arange(n) % num_classes  # every class present
+        y = torch.arange(n, device="cpu") % num_classes  # every class present
         y = y[torch.randperm(n, generator=gen)]
         centres = torch.randn(num_classes, c, generator=gen)
         noise = torch.randn(n, c, generator=gen)
@@ -142,7 +142,7 @@ def planted_hetero(
     data["paper"].y = y_paper
 
     def edges(src_type: str, per_paper: Tensor, weights: Tensor) -> Tensor:
-        papers = torch.repeat_interleave(torch.arange(num_papers), per_paper)
+        papers = torch.repeat_interleave(torch.arange(num_papers, device="cpu"), per_paper)
         other = _pick(weights, classes[src_type], y_paper[papers], homophily, gen)
         return torch.stack([other, papers])
 
@@ -260,7 +260,8 @@ def planted_motifs(
     if not isinstance(channels, int) or channels < 1:
         raise FxquantValueError(f"channels must be a positive int, got {channels!r}")
     gen = torch.Generator().manual_seed(seed)
-    labels = (torch.arange(num_graphs) % len(motifs))[torch.randperm(num_graphs, generator=gen)]
+    order = torch.randperm(num_graphs, generator=gen)
+    labels = (torch.arange(num_graphs, device="cpu") % len(motifs))[order]
     graphs = []
     for label in labels.tolist():
         n_tree = int(torch.randint(low, high + 1, (1,), generator=gen))
