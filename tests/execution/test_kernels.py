@@ -78,7 +78,7 @@ CONFIGS = [
     fxquant.QuantConfig("int8", scale="row"),
     fxquant.QuantConfig("int4", scale="tensor", rounding="toward_zero"),
     fxquant.QuantConfig("int8", scale="tensor", range="percentile:99"),
-    fxquant.QuantConfig("int4", scale="tensor", momentum=0.5),
+    fxquant.QuantConfig("int4", scale="tensor", decay=0.5),
     fxquant.QuantConfig("int4", scale="tensor", range="lsq"),
     fxquant.QuantConfig("int3:midrise", scale="tensor", range="lsq"),
     fxquant.QuantConfig("int8:midrise", scale="tensor", range="lsq",

@@ -104,19 +104,19 @@ class GINClassifier(nn.Module):
 
 CONFIGS = {
     "batch": fxquant.QuantConfig("int8", scale="tensor"),
-    "ema": fxquant.QuantConfig("int8", scale="tensor", momentum=0.9),
+    "ema": fxquant.QuantConfig("int8", scale="tensor", decay=0.9),
     "widen": fxquant.QuantConfig("int8", scale="tensor", observe="widen"),
     "percentile": fxquant.QuantConfig("int8", scale="tensor", range="percentile:99",
-                                      momentum=0.9),
+                                      decay=0.9),
     "percentile-batch": fxquant.QuantConfig("int8", scale="tensor", range="percentile:99"),
     "percentile-widen": fxquant.QuantConfig("int8:asym", scale="tensor",
                                             range="percentile:99.9", observe="widen"),
-    "pow2": fxquant.QuantConfig("int8", scale="tensor-pow2", momentum=0.9),
+    "pow2": fxquant.QuantConfig("int8", scale="tensor-pow2", decay=0.9),
     "row": fxquant.QuantConfig("int8", scale="row"),
     "row-pow2": fxquant.QuantConfig("int8", scale="row-pow2"),
     "block32": fxquant.QuantConfig("e4m3", scale="block32"),
     "lsq": fxquant.QuantConfig("int4", scale="tensor", range="lsq"),
-    "protect": fxquant.QuantConfig("int4", scale="tensor", momentum=0.9, protect=(0.0, 0.2)),
+    "protect": fxquant.QuantConfig("int4", scale="tensor", decay=0.9, protect=(0.0, 0.2)),
     "lsq-protect": fxquant.QuantConfig("int4", scale="tensor", range="lsq",
                                        protect=(0.0, 0.2)),
     "degree-quant": fxquant.QuantConfig(

@@ -186,7 +186,7 @@ def test_transform_runs_trains_and_saves(tmp_path, name):
     assert _equal(exact(*inputs(data)), model(*inputs(data)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing for the linter to say
-        gm = fxquant.transform(model, format="int8", scale="tensor", momentum=0.9,
+        gm = fxquant.transform(model, format="int8", scale="tensor", decay=0.9,
                                example_inputs=inputs(data))
     assert len(fxquant.quantization_points(gm)) == 6  # one per edge type and layer
     loss_of(gm(*inputs(data))).backward()

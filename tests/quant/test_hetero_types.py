@@ -139,7 +139,7 @@ def test_a_dict_layers_entries_get_a_point_each_and_save(tmp_path):
     mapping = (QuantMapping().set_global(INT8, site="input")
                .set_node_type("author", QuantConfig("int4", scale="tensor", range="lsq"),
                               site="input")
-               .set_global(QuantConfig("int8", scale="tensor", momentum=0.5)))
+               .set_global(QuantConfig("int8", scale="tensor", decay=0.5)))
     gm = fxquant.transform(model, mapping, example_inputs=ex, lint="off")
     assert _points(gm) == {("lin.author", "input", None): "int4",  # (keyed by node type)
                            ("conv", "input", "author"): "int4",
@@ -324,7 +324,7 @@ def test_relation_and_edge_type_parts_save_and_load(tmp_path):
     """Configs per relation index (RGCNConv) and per edge type (HeteroConv) survive
     fxquant.save / fxquant.load, each part with its own state."""
     torch.manual_seed(0)
-    mapping = (QuantMapping().set_global(QuantConfig("int8", scale="tensor", momentum=0.5),
+    mapping = (QuantMapping().set_global(QuantConfig("int8", scale="tensor", decay=0.5),
                                          site="message")
                .set_edge_type(1, QuantConfig("int4", scale="tensor", range="lsq"),
                               site="message"))
@@ -384,7 +384,7 @@ def test_parts_compile_and_agree_with_eager(kind):
     breaks allowed). (HGTConv itself, untransformed, fails in inductor's lowering on
     torch 2.13: its graph is checked with the aot_eager backend.)"""
     data = hetero_graph()
-    int8 = QuantConfig("int8", scale="tensor", momentum=0.5)
+    int8 = QuantConfig("int8", scale="tensor", decay=0.5)
     if kind == "rgcn-relations":
         torch.manual_seed(0)
         model, ex, kwargs = Relational(FastRGCNConv), _relational_graph(), {}

@@ -70,7 +70,7 @@ def test_node_level_models_keep_their_head_as_before():
 
 
 def test_readout_takes_the_global_config_without_protection():
-    config = QuantConfig("int8", scale="tensor", momentum=0.9, protect=(0.0, 0.2))
+    config = QuantConfig("int8", scale="tensor", decay=0.9, protect=(0.0, 0.2))
     gm = fxquant.transform(Classifier(), config, lint="off")
     points = {p.layer: p.config for _, p in fxquant.quantization_points(gm)}
     assert points["conv"].protect is not None
