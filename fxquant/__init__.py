@@ -24,7 +24,7 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
 
 # isort: split
-from fxquant import execution, recipes, testing
+from fxquant import datasets, execution, planted, recipes, testing
 from fxquant._version import __version__ as __version__
 from fxquant.errors import FxquantError
 from fxquant.execution import ConversionError, ConvertedModel, convert
@@ -99,11 +99,13 @@ __all__ = [
     "bit_report",
     "check",
     "convert",
+    "datasets",
     "execution",
     "fast_dropout",
     "functionalize_inplace",
     "lint",
     "load",
+    "planted",
     "quantization_points",
     "quantize",
     "recipes",

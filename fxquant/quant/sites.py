@@ -229,8 +229,10 @@ def rgcn_by_relation(owner: RGCNConv, messages: QuantizedAggregate, x: Any,
         weight = (owner.comp @ weight.view(owner.num_bases, -1)).view(
             owner.num_relations, owner.in_channels_l, owner.out_channels)
     if owner.num_blocks is not None and not x_r.is_floating_point():
-        raise ValueError("Block-diagonal decomposition not supported for non-continuous "
-                         "input features.")
+        raise FxquantValueError(
+            f"fxquant: layer {messages.layer!r} (RGCNConv with num_blocks) takes float node "
+            "features: its block-diagonal weights cannot index by node id, as RGCNConv "
+            "itself refuses; please pass float features (e.g. an embedding's output)")
     dtype = x_l.dtype if x_l.is_floating_point() else weight.dtype
     out = torch.zeros(x_r.size(0), owner.out_channels, device=x_r.device, dtype=dtype)
     for i in range(owner.num_relations):
