@@ -143,7 +143,7 @@ def test_high_degree_nodes_and_widths_of_each_side(num_src, num_dst):
         [int(out_deg.argmax())]
     assert fxquant.top_degree_nodes(edge_index, 0.01, num_dst).tolist() == \
         [int(in_deg.argmax())]
-    bits = NodeBits.by_degree(edge_index, num_src, [0.5], [2, 4], side="source")
+    bits = NodeBits.by_degree(edge_index, [0.5], [2, 4], num_nodes=num_src, side="source")
     cut = torch.quantile(out_deg, 0.5)
     assert torch.equal(bits.bits, torch.where(out_deg > cut, 4.0, 2.0))
     with pytest.raises(ValueError, match="side="):

@@ -77,7 +77,7 @@ def test_readout_takes_the_global_config_without_protection():
     assert all(points[layer].protect is None
                for layer in ("global_mean_pool", "pool", "head.lins.0", "head.lins.1"))
     assert points["head.lins.1"].describe() == \
-        "int8, nearest, scale tensor (running, momentum 0.9), ste"
+        "int8, nearest, scale tensor (running, decay 0.9), ste"
     gm.train()(*_batch())
 
 
