@@ -24,7 +24,9 @@ Importing fxquant registers the ``torch.ops.fxquant.*`` ops, which transformed m
 from fxquant import _safe_path  # noqa: F401  (first: `python -m fxquant` ignores the cwd)
 
 # isort: split
-from fxquant import datasets, execution, planted, recipes, testing
+from fxquant import datasets as datasets  # (reachable as fxquant.datasets, not re-exported)
+from fxquant import execution, recipes, testing
+from fxquant import planted as planted  # (reachable as fxquant.planted, not re-exported)
 from fxquant._version import __version__ as __version__
 from fxquant.errors import FxquantError
 from fxquant.execution import ConversionError, ConvertedModel, convert
