@@ -80,6 +80,14 @@ class QTensor:
         return QTensor(codes, self.scale, self.shift, self.bias, self.qmin, self.qmax,
                        self.bits, self.scale_per_row)
 
+    def slice_rows(self, start: int, stop: int) -> QTensor:
+        """The rows ``start:stop`` (views of the codes and per-row terms)."""
+        def pick(v: Tensor | float) -> Tensor | float:
+            return v[start:stop] if isinstance(v, Tensor) and v.dim() else v
+        return QTensor(self.codes[start:stop], pick(self.scale), pick(self.shift), self.bias,
+                       pick(self.qmin), pick(self.qmax), pick(self.bits),  # type: ignore[arg-type]
+                       self.scale_per_row)
+
     def index_rows(self, index: Tensor) -> QTensor:
         """The rows ``index`` (with their per-row scale, shift, range and width)."""
         def pick(v: Tensor | float) -> Tensor | float:

@@ -14,6 +14,7 @@ and each layer lists what runs where in :attr:`IntLayer.placements`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,30 @@ class Context:
         """``build()``, or what it returned for this ``edge_index`` (and ``extra``) and
         ``key`` before."""
         return self.graphs.get(key, edge_index, extra, n, build)
+
+
+#: float32 values a product of codes and float32 weights dequantizes at once
+_PRODUCT_VALUES = 1 << 18
+#: the fewest rows of such a block (see :data:`_EXACT_ROWS`)
+_PRODUCT_ROWS = 128
+
+
+def _float_linear(x: Value, w: Tensor) -> Tensor:
+    """``x @ w.T`` in float32; codes are dequantized a block of rows at a time, so that a
+    product of wide rows of codes never holds all of them as float32 (each row's result
+    is the product over the whole matrix's: blocks of at least :data:`_PRODUCT_ROWS`)."""
+    if not isinstance(x, QTensor) or x.codes.dim() != 2:
+        return F.linear(as_float(x), w)
+    n, inner = x.codes.shape
+    blocks = math.ceil(n / max(_PRODUCT_ROWS, _PRODUCT_VALUES // max(inner, 1)))
+    if blocks <= 1:
+        return F.linear(x.dequantize(), w)
+    rows = math.ceil(n / blocks)  # (every block about as long: none shorter than the least)
+    out = torch.empty((n, w.shape[0]), dtype=torch.float32, device=x.codes.device)
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        out[start:stop] = F.linear(x.slice_rows(start, stop).dequantize(), w)
+    return out
 
 
 def as_float(v: Value) -> Tensor:
@@ -318,7 +343,7 @@ class IntLayer(nn.Module):
         if isinstance(x, QTensor) and weight is not None:
             return int_matmul(x, weight.qtensor())
         w = weight.qtensor().dequantize() if weight is not None else fallback
-        return F.linear(as_float(x), w.to(torch.float32))
+        return _float_linear(x, w.to(torch.float32))
 
     def record(self, point: IntQuantizer, q: QTensor) -> QTensor:
         """``q``, kept as ``point``'s codes while :meth:`ConvertedModel.record` runs."""

@@ -24,6 +24,24 @@ def _q(codes: torch.Tensor, scale: torch.Tensor, shift: float, bits: int = 8) ->
     return QTensor(codes, scale, torch.tensor(shift), 0, -128, 127, bits)
 
 
+@pytest.mark.parametrize("rows", [1, 130, 600, 2708])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_float_product_of_codes_over_blocks_is_the_whole_product(rows, per_row):
+    """Codes times float32 weights (a product with no weight point) dequantize a block of
+    rows at a time: each row's result is bit for bit the product over the whole matrix,
+    as the simulation computes it."""
+    from fxquant.execution.layers import _PRODUCT_VALUES, _float_linear
+
+    g = torch.Generator().manual_seed(rows)
+    inner = 1433
+    codes = torch.randint(-1, 2, (rows, inner), generator=g, dtype=torch.int8)
+    scale = torch.rand(rows, generator=g) + 0.1 if per_row else torch.tensor(0.37)
+    x = _q(codes, scale, 0.5)
+    w = torch.randn(16, inner, generator=g)
+    assert rows < 600 or rows * inner > _PRODUCT_VALUES  # (the larger ones run in blocks)
+    assert torch.equal(_float_linear(x, w), torch.nn.functional.linear(x.dequantize(), w))
+
+
 @FAST
 @given(st.integers(0, 9), st.integers(0, 40), st.integers(0, 6), st.integers(0, 2**31 - 1),
        st.sampled_from([0.0, 0.5, -3.0]), st.booleans())
