@@ -22,6 +22,10 @@ on the machine hits them alike), on one thread and on all threads:
 - the top ten ops of each case (``torch.profiler``), for where the time goes.
 
 Writes a JSON file (``--json``) and a plot (``--plot``) for the docs' results page.
+``--only memory`` measures the bytes, peaks and bit operations alone (they do not need a
+quiet machine):
+
+    python -m benchmarks.bench_execution --only memory --json docs/results/execution_memory.json
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from fxquant.execution import bit_operations, export_onnx, storage
 SITES = ("input", "weight", "message", "aggregate", "output")
 MODELS = ("gcn", "gin", "sage")
 CONFIGS = ("int8", "int4-lsq-p", "recommended")
+#: what one run measures (``--only``)
+SECTIONS = ("latency", "memory", "onnx")
 
 
 class GCN(nn.Module):
@@ -354,6 +360,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="Cora only (no planted-community graph)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 2,000-node graph, 1 round of 0.05 s, one thread")
+    p.add_argument("--only", default=",".join(SECTIONS), metavar="SECTIONS",
+                   help=f"comma list of the sections to run (default: all of {','.join(SECTIONS)}); "
+                        "memory and bit operations do not depend on a quiet machine")
     p.add_argument("--root", default=None, help="Planetoid data (default: FXQUANT_DATA)")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PNG")
@@ -363,6 +372,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         p.error(f"--models: unknown {unknown}; models: {list(MODELS)}")
     args.threads = sorted({int(t) for t in args.threads.split(",")})
+    args.only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = sorted(set(args.only) - set(SECTIONS))
+    if unknown or not args.only:
+        p.error(f"--only: unknown sections {unknown}; sections: {list(SECTIONS)}")
+    if args.plot and not {"latency", "memory"} <= set(args.only):
+        p.error("--plot draws latency and memory: please run both (--only latency,memory)")
     if args.quick:
         args.nodes, args.edges, args.rounds, args.min_time = 2_000, 10_000, 1, 0.05
         args.threads = [1]
@@ -376,11 +391,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "torch": torch.__version__, "args": {k: v for k, v in vars(args).items()},
         "latency": [], "memory": [], "onnx": []}
-    for name, data, c in graphs:
+    for name, data, c in graphs if "latency" in args.only else ():
         payload["latency"] += latency(name, data, c, args)
-    for name, data, c in graphs:
+    for name, data, c in graphs if "memory" in args.only else ():
         payload["memory"] += memory(name, data, c, args)
-    payload["onnx"] = onnx_runtime(cora, classes, args)
+    if "onnx" in args.only:
+        payload["onnx"] = onnx_runtime(cora, classes, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)

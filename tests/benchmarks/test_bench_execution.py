@@ -23,9 +23,25 @@ def test_bench_execution_quick(tmp_path):
     assert saved["latency"] and saved["memory"]
     cases = {r["case"] for r in saved["latency"]}
     assert {"pyg float32 eager", "int8, stored int8 features",
-            "int8 (ties=nearest), stored int8 features"} <= cases
+            "int8 (ties=nearest), stored int8 features",
+            "int8 (ties=simulation), stored int8 features"} <= cases
     assert all(r["top_ops"] for r in saved["latency"] if r["threads"] == 1)
     configs = {r["config"]: r for r in saved["memory"] if r["graph"] == "Cora"}
     assert configs["int8"]["values_ratio"] > 3.9 and configs["int4-lsq-p"]["values_ratio"] > 7.5
     assert configs["recommended"]["values_ratio"] > 12
     assert payload["memory"] == saved["memory"]
+
+
+@needs_data
+def test_bench_execution_runs_only_the_sections_asked(tmp_path):
+    """--only memory measures bytes, peaks and BitOPs without timing anything; an unknown
+    section, or a plot without both of its sections, is a usage error before any work."""
+    path = tmp_path / "memory.json"
+    bench_execution.main(["--quick", "--no-large", "--models", "gcn", "--only", "memory",
+                          "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert saved["memory"] and not saved["latency"] and not saved["onnx"]
+    for argv in (["--only", "speed"], ["--only", "memory", "--plot", str(tmp_path / "p.png")]):
+        with pytest.raises(SystemExit) as e:
+            bench_execution.main(["--quick", *argv])
+        assert e.value.code == 2
