@@ -43,7 +43,7 @@ class ConversionError(FxquantValueError):
 
 
 def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto",
-            ties: str = "auto") -> ConvertedModel:
+            ties: str = "simulation") -> ConvertedModel:
     """A trained model returned by :func:`fxquant.transform` on integer kernels.
 
     Values between quantization points are stored as integer codes with their scales;
@@ -81,13 +81,8 @@ def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto",
             ``"simulation"``: those rows (and the rows holding a range a step is taken
             from) are recomputed as the simulation computes them, so the codes agree with
             it; ``"nearest"``: the integer path's exact values are rounded as they are
-            (faster; one level from the simulation's code at such ties); ``"auto"``:
-            ``"nearest"`` in layers whose values land on a boundary only by chance (a
-            normalized ``GCNConv``, float32 coefficients per edge fixed by the graph, with
-            round-to-nearest points that have a level at zero and one width for all
-            nodes), ``"simulation"`` in the others (sums and means of codes, mid-rise
-            grids, per-node widths, attention computed from the values).
-            (default: ``"auto"``)
+            (faster; one level from the simulation's code at such ties). (default:
+            ``"simulation"``)
 
     Returns:
         ConvertedModel: called like ``gm`` (``node_ids=`` included); ``report`` says what
@@ -122,9 +117,9 @@ def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto",
     if accumulate not in ("auto", "int32"):
         raise FxquantValueError(f"convert: accumulate={accumulate!r} is not one of "
                                 "['auto', 'int32']")
-    if ties not in ("auto", "simulation", "nearest"):
+    if ties not in ("simulation", "nearest"):
         raise FxquantValueError(f"convert: ties={ties!r} is not one of "
-                                "['auto', 'simulation', 'nearest']")
+                                "['simulation', 'nearest']")
     points = dict(quantization_points(gm))
     if not points:
         raise FxquantValueError("fxquant.convert: this model has no quantization points; there "
@@ -137,7 +132,7 @@ class _Converter:
     """Walks the graph once, building the steps; raises before anything is built."""
 
     def __init__(self, gm: GraphModule, points: dict[str, QuantPoint], strict: bool,
-                 accumulate: str = "auto", ties: str = "auto") -> None:
+                 accumulate: str = "auto", ties: str = "simulation") -> None:
         self.gm = gm
         self.strict = strict
         self.accumulate = accumulate

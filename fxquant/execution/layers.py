@@ -119,11 +119,15 @@ def _float_linear(x: Value, w: Tensor) -> Tensor:
     blocks = math.ceil(n / max(_PRODUCT_ROWS, _PRODUCT_VALUES // max(inner, 1)))
     if blocks <= 1:
         return F.linear(x.dequantize(), w)
-    rows = math.ceil(n / blocks)  # (every block about as long: none shorter than the least)
+    # blocks of n // blocks or one more rows (at least half the least, 64 rows: torch's
+    # CPU product of very few rows adds in another order than the whole matrix's)
+    base, extra = divmod(n, blocks)
     out = torch.empty((n, w.shape[0]), dtype=torch.float32, device=x.codes.device)
-    for start in range(0, n, rows):
-        stop = min(start + rows, n)
+    start = 0
+    for b in range(blocks):
+        stop = start + base + (1 if b < extra else 0)
         out[start:stop] = F.linear(x.slice_rows(start, stop).dequantize(), w)
+        start = stop
     return out
 
 
@@ -298,26 +302,7 @@ class IntLayer(nn.Module):
 
     @property
     def _exact_ties(self) -> bool:
-        """Whether values on (or within float32 noise of) a rounding boundary are rounded
-        as the simulation rounds them (``convert(ties=)``; ``"auto"``: where
-        :meth:`_ties_arise`)."""
-        mode = self.rebuild.get("ties", "simulation")
-        return mode == "simulation" or (mode == "auto" and self._ties_arise())
-
-    def _ties_arise(self) -> bool:
-        """Whether this layer's values can land exactly on a rounding boundary of its
-        points, where only the simulation's own float32 error decides the code: sums of
-        codes without float32 coefficients (integer multiples of one step, and their
-        means), a mid-rise grid (zero is a boundary) or rounding toward zero (every level
-        is one), per-node widths. Layers that know better say so (:class:`IntGCNConv`)."""
-        return True
-
-    def _points_tie_free(self) -> bool:
-        """Whether every point of the layer, and the one after it, rounds to the nearest
-        level of a grid that has one at zero, with one width for all nodes."""
-        points = [*self.points.values(), self.then]
-        return all(p.spec.rounding == "nearest" and not p.grid.midrise and p.widths is None
-                   for p in points if isinstance(p, IntQuantizer))
+        return self.rebuild.get("ties", "simulation") == "simulation"
 
     @staticmethod
     def _simulate_rows(rows: Tensor, n: int, simulate: Callable[[Tensor], Tensor]) -> Tensor:
@@ -379,7 +364,7 @@ class IntLayer(nn.Module):
         out = aggregate(point, messages, order, ctx.ids, mean=mean, then=then,
                         record=self.record if recording else None,
                         accumulate=self.rebuild.get("accumulate", "auto"),
-                        ties=self._exact_ties)
+                        ties=self.rebuild.get("ties", "simulation") == "simulation")
         if then is not None:
             assert isinstance(out, QTensor)
             return self.record(then, out)
@@ -438,14 +423,6 @@ class IntGCNConv(IntLayer):
                        "point's codes")
         if self.bias is not None:
             self.place("bias", RESCALE, "float32 bias added to the aggregate's values")
-
-    def _ties_arise(self) -> bool:
-        """Normalized messages carry a float32 coefficient per edge (``gcn_norm``), the
-        same in the simulation and here: their sums are no multiples of one step, so a sum
-        lies within float32 noise of a boundary only by chance (about one in 10**6).
-        Without normalization the messages are the senders' codes (or edge weights the
-        caller gives): replayed."""
-        return not self.normalize or not self._points_tie_free()
 
     def forward(self, x: Value, edge_index: Tensor, edge_weight: Tensor | None = None, *,
                 ctx: Context) -> Tensor:

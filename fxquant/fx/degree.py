@@ -47,7 +47,9 @@ def check_edge_index(edge_index: Tensor, num_nodes: int | None = None, *,
     Args:
         edge_index (Tensor): the graph's edges, ids of any integer dtype.
         num_nodes (int, optional): the number of (target) nodes, an int ``>= 0`` already
-            checked by the caller. (default: :obj:`None`: inferred)
+            checked by the caller. (default: :obj:`None`: the largest id of either row
+            plus one, as for a graph over one node set; a bipartite graph's caller passes
+            its target count)
         where (str, optional): the call, for messages (``"NodeBits.by_degree"``).
         arg (str, optional): the argument's name, for messages (``"data.edge_index"``).
         side (str, optional): ``"source"`` checks the source ids (row 0) against
@@ -62,8 +64,8 @@ def check_edge_index(edge_index: Tensor, num_nodes: int | None = None, *,
         Traceback (most recent call last):
         ...
         fxquant.errors.FxquantValueError: top_degree_nodes: edge_index holds the target node id \
-5, but num_nodes=4: every target id must be smaller; please pass the graph's num_nodes \
-(data.num_nodes) or an edge_index of its nodes
+5, but num_nodes=4: every target id must be smaller; please pass the number of target nodes \
+(data.num_nodes, or x_dst.size(0) of a (source, target) pair) or an edge_index of those nodes
     """
     at = f"{where}: " if where else ""
     if side not in SIDES:
@@ -95,8 +97,10 @@ def check_edge_index(edge_index: Tensor, num_nodes: int | None = None, *,
     if top >= num_nodes:
         raise FxquantValueError(
             f"{at}{arg} holds the {side} node id {top}, but num_nodes={num_nodes}: every "
-            f"{side} id must be smaller; please pass the graph's num_nodes (data.num_nodes) "
-            f"or an {arg} of its nodes")
+            f"{side} id must be smaller; please pass the number of {side} nodes ("
+            + ("x_src.size(0) of a (source, target) pair" if side == "source" else
+               "data.num_nodes, or x_dst.size(0) of a (source, target) pair")
+            + f") or an {arg} of those nodes")
     return num_nodes
 
 

@@ -128,7 +128,8 @@ class NodeBits:
             quantiles (sequence of float): increasing, in ``(0, 1)``.
             bits (sequence of int): one more bit-width than quantiles.
             num_nodes (int, optional): the number of (target) nodes, ``>= 1``. (default:
-                ``edge_index.max() + 1``)
+                ``edge_index.max() + 1``, for a graph over one node set; on a bipartite
+                graph pass the count of the side ranked, which the ids cannot tell)
             min_bits, max_bits (int, optional): the allowed range. (default: 2 and 8)
             side (str, optional): ``"target"`` (in-degree) or ``"source"`` (out-degree;
                 ``num_nodes`` then counts the sources). (default: ``"target"``)

@@ -153,7 +153,9 @@ def top_degree_nodes(
             dtype; checked by :func:`~fxquant.fx.degree.check_edge_index`).
         fraction (float): in ``(0, 1]``; at least one node is returned.
         num_nodes (int, optional): the number of nodes on that side; every id there must
-            be smaller. (default: the largest id plus one)
+            be smaller. (default: the largest id plus one, of either row for the targets
+            of a graph over one node set, of the sources' row for ``side="source"``; on a
+            bipartite graph pass the target count, which the ids cannot tell)
         side (str, optional): ``"target"`` (in-degree) or ``"source"`` (out-degree).
             (default: ``"target"``)
 

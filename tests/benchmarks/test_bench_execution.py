@@ -23,8 +23,7 @@ def test_bench_execution_quick(tmp_path):
     assert saved["latency"] and saved["memory"]
     cases = {r["case"] for r in saved["latency"]}
     assert {"pyg float32 eager", "int8, stored int8 features",
-            "int8 (ties=nearest), stored int8 features",
-            "int8 (ties=simulation), stored int8 features"} <= cases
+            "int8 (ties=nearest), stored int8 features"} <= cases
     assert all(r["top_ops"] for r in saved["latency"] if r["threads"] == 1)
     configs = {r["config"]: r for r in saved["memory"] if r["graph"] == "Cora"}
     assert configs["int8"]["values_ratio"] > 3.9 and configs["int4-lsq-p"]["values_ratio"] > 7.5

@@ -9,7 +9,7 @@ from torch_geometric.nn import GCNConv
 
 import fxquant
 from fxquant.execution import ConversionError, compare, load, save
-from tests.support.execution import make_model, mapping, random_graph, transformed
+from tests.support.execution import mapping, random_graph, transformed
 
 
 class TwoLayers(torch.nn.Module):
@@ -197,44 +197,3 @@ def test_conversion_options():
         fxquant.convert(gm, accumulate="float64")
     with pytest.raises(fxquant.FxquantError, match="ties='up'"):
         fxquant.convert(gm, ties="up")
-
-
-def test_auto_ties_replay_only_where_values_can_land_on_a_boundary():
-    """ties='auto' (the default) rounds a normalized GCN's exact values as they are (its
-    messages carry gcn_norm's float32 coefficients: no sum is a multiple of one step),
-    and replays the simulation where sums or means of codes, a mid-rise grid or per-node
-    widths put values on boundaries: GraphSAGE, the per-node recipe, GCN without
-    normalization."""
-    data = random_graph(40, 160, 6, seed=3)
-    data.x = (data.x > 1).float()  # (exact on the recipe's uint1 input grid)
-
-    def layers(kind: str, config: str, **kwargs) -> dict[str, bool]:
-        gm, _ = transformed(kind, config, data, 3)
-        if kwargs:
-            for module in gm.modules():
-                for key, value in kwargs.items():
-                    if hasattr(module, key):
-                        setattr(module, key, value)
-        gm.train()
-        gm(data.x, data.edge_index)
-        model = fxquant.convert(gm.eval(), strict=False)
-        for ties in ("simulation", "nearest"):
-            other = fxquant.convert(gm, strict=False, ties=ties)
-            if all(layer._exact_ties == (ties == "simulation")
-                   for layer in model.layers.values()):
-                torch.testing.assert_close(model(data.x, data.edge_index),
-                                           other(data.x, data.edge_index), rtol=0, atol=0)
-        return {name: layer._exact_ties for name, layer in model.layers.items()}
-
-    assert not any(layers("gcn", "int8").values())
-    assert not any(layers("gcn", "int4-lsq-p").values())
-    assert all(layers("gcn", "recommended").values())
-    assert all(layers("gcn", "int8", normalize=False).values())
-    assert all(layers("sage", "int8").values())
-    assert all(layers("gin", "int8").values())
-    every = fxquant.QuantMapping()
-    for site in ("input", "weight", "message", "aggregate", "output"):
-        every.set_global(fxquant.QuantConfig("int4:midrise", scale="tensor"), site=site)
-    gm = fxquant.transform(make_model("gcn", 6, 3), every, lint="off").train()
-    gm(data.x, data.edge_index)
-    assert all(layer._exact_ties for layer in fxquant.convert(gm.eval()).layers.values())

@@ -24,7 +24,7 @@ def _q(codes: torch.Tensor, scale: torch.Tensor, shift: float, bits: int = 8) ->
     return QTensor(codes, scale, torch.tensor(shift), 0, -128, 127, bits)
 
 
-@pytest.mark.parametrize("rows", [1, 130, 600, 2708])
+@pytest.mark.parametrize("rows", [1, 130, 600, 2708, 16257])
 @pytest.mark.parametrize("per_row", [False, True])
 def test_float_product_of_codes_over_blocks_is_the_whole_product(rows, per_row):
     """Codes times float32 weights (a product with no weight point) dequantize a block of
@@ -33,7 +33,7 @@ def test_float_product_of_codes_over_blocks_is_the_whole_product(rows, per_row):
     from fxquant.execution.layers import _PRODUCT_VALUES, _float_linear
 
     g = torch.Generator().manual_seed(rows)
-    inner = 1433
+    inner = 2048 if rows == 16257 else 1433  # (16257 x 2048: 127 blocks of 128 and a row)
     codes = torch.randint(-1, 2, (rows, inner), generator=g, dtype=torch.int8)
     scale = torch.rand(rows, generator=g) + 0.1 if per_row else torch.tensor(0.37)
     x = _q(codes, scale, 0.5)
