@@ -25,7 +25,7 @@ Writes a JSON file (``--json``) and a plot (``--plot``) for the docs' results pa
 ``--only memory`` measures the bytes, peaks and bit operations alone (they do not need a
 quiet machine):
 
-    python -m benchmarks.bench_execution --only memory --json docs/results/execution_memory.json
+    python -m benchmarks.bench_execution --only memory --json memory.json
 """
 
 from __future__ import annotations
