@@ -137,8 +137,8 @@ def codes_of(v: Tensor, factor: float | Tensor, *, divide: bool = False, offset:
         if zero_point is not None:
             y.add_(rows_of(zero_point) if per[1] else zero_point)  # type: ignore[arg-type]
         if per[2] or per[3]:
-            torch.maximum(y, rows_of(qmin) if per[2] else torch.tensor(lo_f), out=y)  # type: ignore[arg-type]
-            torch.minimum(y, rows_of(qmax) if per[3] else torch.tensor(hi_f), out=y)  # type: ignore[arg-type]
+            torch.maximum(y, rows_of(qmin) if per[2] else torch.tensor(lo_f, device=y.device), out=y)  # type: ignore[arg-type]
+            torch.minimum(y, rows_of(qmax) if per[3] else torch.tensor(hi_f, device=y.device), out=y)  # type: ignore[arg-type]
         else:
             y.clamp_(lo_f, hi_f)
         if bias:

@@ -110,8 +110,10 @@ def storage(model: ConvertedModel, *args: Any, **kwargs: Any) -> Storage:
         ...                                  site=site)
         >>> model = fxquant.convert(fxquant.transform(GCN(8, 16, num_layers=2,
         ...                                                 out_channels=2), mapping).eval())
-        >>> ring = torch.stack([torch.arange(100), (torch.arange(100) + 1) % 100])
-        >>> s = storage(model, torch.randn(100, 8), ring)
+        >>> x = torch.randn(100, 8)
+        >>> node = torch.arange(100, device=x.device)
+        >>> ring = torch.stack([node, (node + 1) % 100])
+        >>> s = storage(model, x, ring)
         >>> round(s.ratio(("features", "hidden")), 2), round(s.ratio(("weight",)), 2)
         (7.94, 7.27)
     """
@@ -208,8 +210,10 @@ def bit_operations(model: ConvertedModel, *args: Any, **kwargs: Any) -> BitOps:
         ...                                  site=site)
         >>> model = fxquant.convert(fxquant.transform(GCN(8, 16, num_layers=2,
         ...                                                 out_channels=2), mapping).eval())
-        >>> ring = torch.stack([torch.arange(100), (torch.arange(100) + 1) % 100])
-        >>> ops = bit_operations(model, torch.randn(100, 8), ring)
+        >>> x = torch.randn(100, 8)
+        >>> node = torch.arange(100, device=x.device)
+        >>> ring = torch.stack([node, (node + 1) % 100])
+        >>> ops = bit_operations(model, x, ring)
         >>> round(ops.float32_bitops / ops.bitops, 1)    # 8 x 8 bits against 32 x 32
         15.7
     """

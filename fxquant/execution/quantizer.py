@@ -158,7 +158,8 @@ class IntQuantizer(nn.Module):
         lo, hi = float(bounds[0]), float(bounds[1])
         if node_bits is not None:
             return RoundPlan(self, None, None, node_bits,
-                             torch.tensor(max(abs(lo), abs(hi), 0.0)), True)
+                             torch.tensor(max(abs(lo), abs(hi), 0.0), device=node_bits.device),
+                             True)
         scale, zp = self.tensor_scale(lo, hi)
         return RoundPlan(self, scale, zp, None, None, False)
 
