@@ -136,18 +136,7 @@ def _build_entry(raw: Path, work: Path, name: str) -> None:
                 f"({type(cause).__name__}: {cause}); it is corrupt or truncated. Please "
                 "replace it with the original."
             ) from e
-        if work.exists() and not _ready(work, name):  # left half-built by an interrupted load
-            aside = _unique_beside(work)
-            # renamed aside first: of several processes one moves it, and none deletes an
-            # entry another one has just moved into place
-            with contextlib.suppress(OSError):
-                os.rename(work, aside)
-            shutil.rmtree(aside, ignore_errors=True)
-        try:
-            os.rename(private, work)
-        except OSError:  # another process moved its entry into place first
-            if not _ready(work, name):
-                raise
+        _move_into_place(private, work, lambda w: _ready(w, name))
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
@@ -268,6 +257,23 @@ def _files_key(files: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _move_into_place(private: Path, work: Path, done: Callable[[Path], bool]) -> None:
+    """Rename the finished entry ``private`` to ``work`` in one step: an entry left
+    half-built there by an interrupted load is renamed aside first and deleted (of
+    several processes one moves it, and none deletes an entry another one has just moved
+    into place); if another process moved its own finished entry in first, keep it."""
+    if work.exists() and not done(work):
+        aside = _unique_beside(work)
+        with contextlib.suppress(OSError):
+            os.rename(work, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.rename(private, work)
+    except OSError:  # another process moved its entry into place first
+        if not done(work):
+            raise
+
+
 def _cached(work: Path, copies: dict[Path, Path], process: Callable[[Path], None],
             done: Callable[[Path], bool]) -> None:
     """Build the cache entry ``work``, unless ``done(work)``: copy each source file to its
@@ -283,16 +289,7 @@ def _cached(work: Path, copies: dict[Path, Path], process: Callable[[Path], None
             (private / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, private / relative)
         process(private)
-        if work.exists() and not done(work):  # left half-built by an interrupted load
-            aside = _unique_beside(work)
-            with contextlib.suppress(OSError):
-                os.rename(work, aside)
-            shutil.rmtree(aside, ignore_errors=True)
-        try:
-            os.rename(private, work)
-        except OSError:  # another process moved its entry into place first
-            if not done(work):
-                raise
+        _move_into_place(private, work, done)
     finally:
         shutil.rmtree(private, ignore_errors=True)
 

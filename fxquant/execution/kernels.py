@@ -15,7 +15,9 @@ Pure tensor functions: no torch.fx, no modules.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -82,19 +84,18 @@ class QTensor:
 
     def slice_rows(self, start: int, stop: int) -> QTensor:
         """The rows ``start:stop`` (views of the codes and per-row terms)."""
-        def pick(v: Tensor | float) -> Tensor | float:
-            return v[start:stop] if isinstance(v, Tensor) and v.dim() else v
-        return QTensor(self.codes[start:stop], pick(self.scale), pick(self.shift), self.bias,
-                       pick(self.qmin), pick(self.qmax), pick(self.bits),  # type: ignore[arg-type]
-                       self.scale_per_row)
+        return self._rows_by(lambda t: t[start:stop])
 
     def index_rows(self, index: Tensor) -> QTensor:
         """The rows ``index`` (with their per-row scale, shift, range and width)."""
-        def pick(v: Tensor | float) -> Tensor | float:
-            return v.index_select(0, index) if isinstance(v, Tensor) and v.dim() else v
-        return QTensor(self.codes.index_select(0, index), pick(self.scale),
-                       pick(self.shift), self.bias, pick(self.qmin),  # type: ignore[arg-type]
-                       pick(self.qmax), pick(self.bits), self.scale_per_row)  # type: ignore[arg-type]
+        return self._rows_by(lambda t: t.index_select(0, index))
+
+    def _rows_by(self, select: Callable[[Tensor], Tensor]) -> QTensor:
+        """Some rows: ``select`` applied to the codes and to every per-row term."""
+        def pick(v: Any) -> Any:
+            return select(v) if isinstance(v, Tensor) and v.dim() else v
+        return QTensor(select(self.codes), pick(self.scale), pick(self.shift), self.bias,
+                       pick(self.qmin), pick(self.qmax), pick(self.bits), self.scale_per_row)
 
 
 def f32(value: float) -> float:

@@ -316,6 +316,21 @@ class IntLayer(nn.Module):
         padded = torch.cat([rows, others.nonzero().view(-1)[:_EXACT_ROWS - count]])
         return simulate(padded)[:count]
 
+    def _projected(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context
+                   ) -> tuple[Tensor, Callable[[Tensor], Tensor], IntQuantizer | None]:
+        """``x @ W.T`` of a layer whose messages are its projected features (GCN, GAT),
+        rounded by its ``linear.lin`` point where it has one; with ``simulate(rows)``, those
+        rows as the simulation computes them, and that point."""
+        h = self._mm(x, weight, fallback, ctx)
+
+        def simulate(rows: Tensor) -> Tensor:  # (rows of x @ W.T as the simulation has them)
+            return F.linear(_rows_float(x, rows), _dequantized(weight, fallback))
+
+        linear = self.point("linear.lin")
+        if linear is not None:
+            h = as_float(self._round("linear.lin", self._settle(linear, h, simulate), ctx))
+        return h, simulate, linear
+
     def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
             what: str = "product") -> Tensor:
         """``x @ W.T``: on codes where both are codes, else in float32; counted in
@@ -426,14 +441,7 @@ class IntGCNConv(IntLayer):
 
     def forward(self, x: Value, edge_index: Tensor, edge_weight: Tensor | None = None, *,
                 ctx: Context) -> Tensor:
-        h = self._mm(x, self.weight, self.lin_weight, ctx)
-
-        def simulate(rows: Tensor) -> Tensor:  # (rows of x @ W.T as the simulation has them)
-            return F.linear(_rows_float(x, rows), _dequantized(self.weight, self.lin_weight))
-
-        linear = self.point("linear.lin")
-        if linear is not None:
-            h = as_float(self._round("linear.lin", self._settle(linear, h, simulate), ctx))
+        h, simulate, linear = self._projected(x, self.weight, self.lin_weight, ctx)
         n = h.shape[0]
         key = ("gcn", self.normalize, self.improved, self.add_loops, self.flow)
         ew, sorted_ew, order = ctx.graph(key, edge_index, edge_weight, n,
@@ -826,14 +834,7 @@ class IntGATConv(IntLayer):
             raise FxquantValueError(f"the converted layer {self.name!r} takes no edge features "
                                     "(edge_attr); its GATConv was built without edge_dim")
         H, C = self.heads, self.channels
-        h = self._mm(x, self.weight, self.lin_weight, ctx)
-
-        def simulate(rows: Tensor) -> Tensor:  # (rows of x @ W.T as the simulation has them)
-            return F.linear(_rows_float(x, rows), _dequantized(self.weight, self.lin_weight))
-
-        linear = self.point("linear.lin")
-        if linear is not None:
-            h = as_float(self._round("linear.lin", self._settle(linear, h, simulate), ctx))
+        h, simulate, linear = self._projected(x, self.weight, self.lin_weight, ctx)
         h = h.view(-1, H, C)
         att_src = self.att_src_codes.qtensor().dequantize() if self.att_src_codes is not None \
             else self.att_src
