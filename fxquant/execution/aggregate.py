@@ -57,6 +57,15 @@ TIE_TOLERANCE = 1e-4
 #: where the next step is taken from their range
 EXTREME_TOLERANCE = 1e-4
 
+#: elements per block where :func:`beyond` looks for values past a threshold
+BLOCK = 256
+#: the fewest elements :func:`beyond` looks at block by block (fewer: each one)
+_BLOCKED_FROM = 1 << 16
+
+#: (element, message) slots a replay may pad beyond twice the pairs it sums (more: one
+#: slot per pair)
+_PADDED_EXTRA = 4096
+
 
 class EdgeOrder:
     """A graph's edges sorted by target (stable: each node's edges keep their order), with
@@ -282,6 +291,18 @@ class Messages:
         self.__dict__.pop("_extremes", None)
         return self.bounds()
 
+    def settled(self, positions: Tensor) -> Tensor:
+        """The messages at ``positions`` (flat indices of the messages in target order) as
+        the simulation computes them: their senders' rows recomputed its way (``settle``)
+        and kept in ``values``."""
+        assert self.settle is not None
+        width = max(1, self.width)
+        edges = torch.div(positions, width, rounding_mode="floor")
+        senders = self.order.sorted_src.index_select(0, edges)
+        self.values[senders] = self.settle(senders).to(self.values.dtype)
+        self.__dict__.pop("_extremes", None)
+        return self.elements(edges, positions - edges * width)
+
     def target_range(self, n: int) -> Tensor:
         """Each target node's largest ``|message|`` (0 without messages)."""
         rmin, rmax = self._row_extremes()
@@ -325,9 +346,9 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
         else:
             whole = messages.sorted_floats(0, edges)
             bounds = tensor_range(whole)
-            if ties and point.spec.step_kind == "batch" and messages.settle is not None:
-                bounds = messages.settle_extremes(bounds, _reads_magnitude(point))
-                whole = messages.sorted_floats(0, edges)
+            if ties and point.spec.step_kind == "batch" and messages.settle is not None \
+                    and whole.numel():
+                bounds = _settle_extremes(point, whole.view(-1), bounds, messages.settled)
     plan = point.plan(bounds, ids=ids, num_nodes=n,
                       node_range=lambda: messages.target_range(n))
     if record is not None:
@@ -446,16 +467,33 @@ def _replay_sums(plan: RoundPlan, messages: Messages, order: EdgeOrder, width: i
     """The sums at ``elements`` (flat indices of the ``(nodes, width)`` sums) as the
     simulation computes them: each message's value rounded by the message point, added
     in float32 one by one in edge order from 0 (PyG's ``scatter_add_``), divided by the
-    count for a mean."""
+    count for a mean. Laid out one row per element, padded with zeros to the largest
+    in-degree among them (adding 0 leaves a float32 sum as it is)."""
+    count = elements.shape[0]
     nodes = torch.div(elements, width, rounding_mode="floor")
     columns = elements - nodes * width
     degree = order.degree.index_select(0, nodes)
-    pair_of = torch.repeat_interleave(degree)  # each (element, message) pair's element
-    first = torch.cumsum(degree, 0) - degree
-    positions = order.ptr.index_select(0, nodes).index_select(0, pair_of) + \
-        torch.arange(pair_of.shape[0], device=elements.device) - first.index_select(0, pair_of)
-    columns = columns.index_select(0, pair_of)
-    targets = order.sorted_dst.index_select(0, positions)
+    slots = int(degree.max()) if count else 0
+    if not slots:
+        return torch.zeros(count, device=elements.device)
+    pairs = int(degree.sum())
+    valid: Tensor | None = None
+    if count * slots <= 2 * pairs + _PADDED_EXTRA:  # one row per element, padded
+        slot = torch.arange(slots, device=elements.device)
+        valid = (slot.view(1, -1) < degree.view(-1, 1)).view(-1)
+        positions = (order.ptr.index_select(0, nodes).view(-1, 1) + slot).view(-1).clamp_(
+            max=order.edges - 1)
+        columns = columns.view(-1, 1).expand(count, slots).reshape(-1)
+        owner = torch.arange(count, device=elements.device).view(-1, 1).expand(
+            count, slots).reshape(-1)
+    else:  # (a few nodes of far larger in-degree) each (element, message) pair once
+        owner = torch.repeat_interleave(degree)
+        first = torch.cumsum(degree, 0) - degree
+        positions = order.ptr.index_select(0, nodes).index_select(0, owner) + torch.arange(
+            pairs, device=elements.device) - first.index_select(0, owner)
+        columns = columns.index_select(0, owner)
+    targets = order.sorted_dst.index_select(0, positions) if plan.node_bits is not None \
+        else None
     toward_zero = plan.q.spec.rounding == "toward_zero"
     if plan.node_bits is not None and plan.scale is None and plan.amax is None:
         # each message's step from its own row: rounded whole, the columns picked
@@ -467,7 +505,9 @@ def _replay_sums(plan: RoundPlan, messages: Messages, order: EdgeOrder, width: i
         m = messages.elements(positions, columns)
         t = plan.terms(m, targets)
         vals = plan.values(round_levels(m, t, toward_zero), t)
-    sums = torch.zeros(elements.shape[0], device=m.device).scatter_add_(0, pair_of, vals)
+    if valid is not None:
+        vals = torch.where(valid, vals, 0.0)
+    sums = torch.zeros(count, device=elements.device).scatter_add_(0, owner, vals)
     if mean:
         sums = sums / order.count.index_select(0, nodes).clamp(min=1)
     return sums
@@ -479,35 +519,126 @@ def round_sums(then: IntQuantizer, v: Tensor, replay: Callable[[Tensor], Tensor]
     as the simulation rounds its own float32 sums: where a sum lies within
     :data:`TIE_TOLERANCE` steps of a rounding boundary, or sets the range ``then``'s step
     is taken from, ``replay(elements)`` gives the simulation's value there (flat indices
-    into ``v``), which is rounded instead. ``v`` is written in place."""
+    into ``v``), which is rounded instead (one replay of both, but where the settled range
+    moves the step). ``v`` is written in place."""
     n = v.shape[0]
     flat = v.reshape(-1)
     bounds: tuple[float, float] | None = None
     kind = then.spec.step_kind
+    replaying = replay is not None and bool(flat.numel())
     if then.needs_range:
         bounds = then.range_of(v)
-        if replay is not None and kind == "batch" and flat.numel():
-            bounds = _settle_extremes(then, flat, bounds, replay)
-    elif replay is not None and kind == "batch-row" and flat.numel():
+    elif replaying and kind == "batch-row":
+        assert replay is not None
         _settle_row_extremes(then, v.reshape(n, -1), replay)
-    plan = then.plan(bounds, ids=ids, num_nodes=n, node_range=lambda: _magnitudes(v))
-    t = plan.terms(v)
+
+    def rounded(bounds: tuple[float, float] | None, before: Tensor | None
+                ) -> tuple[RoundPlan, dict[str, Any], Tensor]:
+        plan = then.plan(bounds, ids=ids, num_nodes=n, node_range=lambda: _magnitudes(v))
+        t = plan.terms(v)
+        return plan, t, round_levels(v, t, toward_zero, keep=before)
+
     toward_zero = then.spec.rounding == "toward_zero"
-    before = torch.empty_like(v) if replay is not None else None
-    levels = round_levels(v, t, toward_zero, keep=before)
-    if replay is not None and before is not None and flat.numel():
-        rounded = torch.trunc(before) if toward_zero else torch.round(before)
-        gap = rounded.sub_(before).abs_()  # distance to the nearest integer
-        near = gap <= TIE_TOLERANCE if toward_zero else gap >= 0.5 - TIE_TOLERANCE
-        elements = near.view(-1).nonzero().view(-1)
+    before = torch.empty_like(v) if replaying else None
+    plan, t, levels = rounded(bounds, before)
+    if replaying and before is not None:
+        assert replay is not None
+        # (twice the tolerance: a range settled below moves the step by far less)
+        ties = _near_ties(before.view(-1), toward_zero, 2 * TIE_TOLERANCE)
+        extremes = _near_extremes(then, flat, bounds) \
+            if bounds is not None and kind == "batch" else ties[:0]
+        elements = torch.cat([extremes, ties]) if extremes.numel() else ties
         if elements.numel():
             sums = replay(elements)
-            rows = torch.div(elements, flat.numel() // n, rounding_mode="floor")
-            fixed = round_levels(sums, _terms_at(t, rows), toward_zero)
-            levels.view(-1)[elements] = fixed
             flat[elements] = sums
+            settled = bounds
+            if extremes.numel() and bounds is not None:
+                settled = _settled_bounds(then, bounds, sums[:extremes.numel()])
+            if settled is not None and bounds is not None and settled != bounds and _steps(
+                    then, settled) != _steps(then, bounds):
+                # the step moved: everything is rounded again with it
+                moved = _moved(then, bounds, settled)
+                plan, t, levels = rounded(settled, before if moved else None)
+                if moved:  # (by more than the margin above: ties looked for again)
+                    again = _near_ties(before.view(-1), toward_zero)
+                    if again.numel():
+                        flat[again] = replay(again)
+                        levels = round_levels(v, t, toward_zero)
+            else:
+                rows = torch.div(elements, max(1, flat.numel() // max(n, 1)),
+                                 rounding_mode="floor")
+                levels.view(-1)[elements] = round_levels(sums, _terms_at(t, rows),
+                                                         toward_zero)
     codes = (levels - then.bias if then.bias else levels).to(torch.int8)
     return plan.qtensor(codes, t)
+
+
+def _steps(then: IntQuantizer, bounds: tuple[float, float]) -> tuple[float, float, float]:
+    """What ``then``'s rounding reads from a range: its step, zero point (0 without one)
+    and largest magnitude (per-node widths)."""
+    scale, zp = then.tensor_scale(*bounds)
+    return scale, zp or 0.0, max(abs(bounds[0]), abs(bounds[1]))
+
+
+def _moved(then: IntQuantizer, bounds: tuple[float, float], settled: tuple[float, float]
+           ) -> bool:
+    """Whether the range settled from ``bounds`` moves ``then``'s codes by more than
+    :data:`TIE_TOLERANCE` steps anywhere (or moves its zero point)."""
+    (s0, z0, m0), (s1, z1, m1) = _steps(then, bounds), _steps(then, settled)
+    qmin, qmax = then.code_range
+    tiny = torch.finfo(torch.float32).tiny
+    change = max(abs(s1 - s0) / max(s0, tiny), abs(m1 - m0) / max(m0, tiny))
+    return z0 != z1 or change * (qmax - qmin + 2) > TIE_TOLERANCE
+
+
+def _near_ties(before: Tensor, toward_zero: bool, tolerance: float = TIE_TOLERANCE
+               ) -> Tensor:
+    """Where ``before`` (values in units of the step, before rounding) lies within
+    ``tolerance`` of a rounding boundary: a half for rounding to nearest, an integer for
+    truncation (from either side)."""
+    rounded = torch.trunc(before) if toward_zero else torch.round(before)
+    gap = rounded.sub_(before).abs_()  # distance to the nearest integer (truncated: below)
+    if toward_zero:
+        return beyond(gap, tolerance, 1 - tolerance)
+    return beyond(gap, None, 0.5 - tolerance)
+
+
+def beyond(flat: Tensor, below: float | None = None, above: float | None = None) -> Tensor:
+    """The indices (ascending) of the elements of ``flat`` (1-D) at or below ``below`` or
+    at or above ``above``. Blocks of :data:`BLOCK` elements whose least and largest value
+    cannot qualify are skipped: on the CPU a reduction over long rows costs a fraction of
+    a comparison of every element, and few elements qualify (NaN never does)."""
+    n = flat.numel()
+    if below is None and above is None:
+        return torch.zeros(0, dtype=torch.long, device=flat.device)
+
+    def qualifies(x: Tensor) -> Tensor:
+        if above is None:
+            return x <= float(below)  # type: ignore[arg-type]
+        return x >= above if below is None else (x >= above) | (x <= below)
+
+    body = n - n % BLOCK if n >= _BLOCKED_FROM else 0
+    parts = []
+    if body:
+        blocks = flat[:body].view(-1, BLOCK)
+        # (a block holding a NaN has a NaN extreme: looked at element by element)
+        extreme = blocks.amax(1) if above is not None else None
+        hit = None if extreme is None else (extreme >= float(above)) | extreme.isnan()  # type: ignore[arg-type]
+        if below is not None:
+            least = blocks.amin(1)
+            low = (least <= below) | least.isnan()
+            hit = low if hit is None else hit | low
+        assert hit is not None
+        found = hit.nonzero().view(-1)
+        if found.numel():
+            positions = (found.view(-1, 1) * BLOCK + torch.arange(
+                BLOCK, device=flat.device)).view(-1)
+            parts.append(positions[qualifies(flat.index_select(0, positions))])
+    if body < n:
+        parts.append(qualifies(flat[body:]).nonzero().view(-1) + body)
+    if not parts:
+        return torch.zeros(0, dtype=torch.long, device=flat.device)
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def _reads_magnitude(point: IntQuantizer) -> bool:
@@ -517,45 +648,54 @@ def _reads_magnitude(point: IntQuantizer) -> bool:
 
 
 def _near_extremes(point: IntQuantizer, flat: Tensor, bounds: tuple[float, float]) -> Tensor:
-    """Where ``flat`` lies within :data:`EXTREME_TOLERANCE` of the part of its range
-    ``point``'s step is taken from."""
+    """The indices of ``flat`` (1-D) within :data:`EXTREME_TOLERANCE` of the part of its
+    range ``point``'s step is taken from."""
     lo, hi = bounds
     margin = EXTREME_TOLERANCE * max(abs(lo), abs(hi))
     if point.grid.asymmetric:
-        return (flat <= lo + margin) | (flat >= hi - margin)
+        return beyond(flat, lo + margin, hi - margin)
     if _reads_magnitude(point):
-        return flat.abs() >= max(abs(lo), abs(hi)) - margin
-    return flat >= hi - margin
+        top = max(abs(lo), abs(hi)) - margin
+        return beyond(flat, -top if lo <= -top else None, top if hi >= top else None)
+    return beyond(flat, None, hi - margin)
 
 
 def extreme_rows(point: IntQuantizer, v: Tensor) -> Tensor:
-    """The rows of ``v`` (ids) holding the range ``point`` takes its step from (within
-    :data:`EXTREME_TOLERANCE`), where it takes it from the min and max of the values."""
+    """The rows of ``v`` (ids, ascending) holding the range ``point`` takes its step from
+    (within :data:`EXTREME_TOLERANCE`), where it takes it from the min and max of the
+    values."""
     if point.spec.step_kind != "batch" or not v.numel():
         return torch.zeros(0, dtype=torch.long, device=v.device)
-    rows = v.reshape(v.shape[0], -1)
-    return _near_extremes(point, rows, tensor_range(v)).any(1).nonzero().view(-1)
+    flat = v.reshape(-1)
+    elements = _near_extremes(point, flat, tensor_range(v))
+    return torch.unique(torch.div(elements, flat.numel() // v.shape[0], rounding_mode="floor"))
 
 
 def _settle_extremes(then: IntQuantizer, flat: Tensor, bounds: tuple[float, float],
                      replay: Callable[[Tensor], Tensor]) -> tuple[float, float]:
-    """The range of the sums as the simulation has it: the sums at (or within
-    :data:`EXTREME_TOLERANCE` of) the extremes summed again its way, written into
-    ``flat``; their extremes are the range's."""
-    lo, _ = bounds
-    grid = then.grid
-    elements = _near_extremes(then, flat, bounds).nonzero().view(-1)
+    """The range of ``flat`` as the simulation has it: the values at (or within
+    :data:`EXTREME_TOLERANCE` of) the extremes computed again its way (``replay``),
+    written into ``flat``; their extremes are the range's."""
+    elements = _near_extremes(then, flat, bounds)
     if not elements.numel():
         return bounds
-    sums = replay(elements)
-    flat[elements] = sums
-    lo_s, hi_s = (float(b) for b in torch.aminmax(sums))
-    if grid.asymmetric:  # (both extremes were summed again)
+    values = replay(elements)
+    flat[elements] = values
+    return _settled_bounds(then, bounds, values)
+
+
+def _settled_bounds(then: IntQuantizer, bounds: tuple[float, float] | None, values: Tensor
+                    ) -> tuple[float, float]:
+    """The range ``then`` reads, from ``values`` (the simulation's values at every element
+    near the extremes of ``bounds``)."""
+    assert bounds is not None
+    lo_s, hi_s = (float(b) for b in torch.aminmax(values))
+    if then.grid.asymmetric:  # (both extremes were computed again)
         return lo_s, hi_s
     if _reads_magnitude(then):  # only the largest magnitude counts
         top = max(abs(lo_s), abs(hi_s))
         return -top, top
-    return lo, hi_s  # an unsigned grid reads the largest value only
+    return bounds[0], hi_s  # an unsigned grid reads the largest value only
 
 
 def _settle_row_extremes(then: IntQuantizer, rows: Tensor,

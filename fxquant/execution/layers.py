@@ -172,6 +172,16 @@ class WeightCodes(nn.Module):
         self.__dict__["_unpacked"] = (key, q)
         return q
 
+    def values(self) -> Tensor:
+        """The weight's float32 values (kept with the unpacked codes)."""
+        q = self.qtensor()
+        cached = self.__dict__.get("_values")
+        if cached is not None and cached[0] is q:
+            return cached[1]
+        values = q.dequantize()
+        self.__dict__["_values"] = (q, values)
+        return values
+
     def _unpack(self) -> QTensor:
         m = self.meta
         scale = self.scale if self.scale.dim() else float(self.scale)
@@ -306,15 +316,14 @@ class IntLayer(nn.Module):
 
     @staticmethod
     def _simulate_rows(rows: Tensor, n: int, simulate: Callable[[Tensor], Tensor]) -> Tensor:
-        """``simulate(rows)``, over at least :data:`_EXACT_ROWS` rows (torch's CPU
-        product of very few rows may add in another order than the whole matrix's)."""
+        """``simulate(rows)``, over at least :data:`_EXACT_ROWS` rows (of the ``n`` rows
+        the simulation multiplies: torch's CPU product of very few rows may add in another
+        order than the whole matrix's), the rows repeated where they are fewer."""
         count = rows.numel()
-        if count >= min(_EXACT_ROWS, n):
+        least = min(_EXACT_ROWS, n)
+        if count >= least or not count:
             return simulate(rows)
-        others = torch.ones(n, dtype=torch.bool, device=rows.device)
-        others[rows] = False
-        padded = torch.cat([rows, others.nonzero().view(-1)[:_EXACT_ROWS - count]])
-        return simulate(padded)[:count]
+        return simulate(rows.view(1, -1).expand(-(-least // count), count).reshape(-1))[:count]
 
     def _projected(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context
                    ) -> tuple[Tensor, Callable[[Tensor], Tensor], IntQuantizer | None]:
@@ -322,9 +331,11 @@ class IntLayer(nn.Module):
         rounded by its ``linear.lin`` point where it has one; with ``simulate(rows)``, those
         rows as the simulation computes them, and that point."""
         h = self._mm(x, weight, fallback, ctx)
+        n = h.shape[0]
 
         def simulate(rows: Tensor) -> Tensor:  # (rows of x @ W.T as the simulation has them)
-            return F.linear(_rows_float(x, rows), _dequantized(weight, fallback))
+            return self._simulate_rows(rows, n, lambda r: F.linear(
+                _rows_float(x, r), _dequantized(weight, fallback)))
 
         linear = self.point("linear.lin")
         if linear is not None:
@@ -342,7 +353,7 @@ class IntLayer(nn.Module):
                               _bits(x), _bits(weight) if weight is not None else 32.0))
         if isinstance(x, QTensor) and weight is not None:
             return int_matmul(x, weight.qtensor())
-        w = weight.qtensor().dequantize() if weight is not None else fallback
+        w = weight.values() if weight is not None else fallback
         return _float_linear(x, w.to(torch.float32))
 
     def record(self, point: IntQuantizer, q: QTensor) -> QTensor:
@@ -393,7 +404,7 @@ def _rows_float(v: Value, rows: Tensor) -> Tensor:
 
 def _dequantized(weight: WeightCodes | None, fallback: Tensor) -> Tensor:
     """A weight as the simulation multiplies by it: its point's values, else float32."""
-    return weight.qtensor().dequantize() if weight is not None else fallback
+    return weight.values() if weight is not None else fallback
 
 
 def _bits(v: Value | WeightCodes | None) -> float:
@@ -836,9 +847,9 @@ class IntGATConv(IntLayer):
         H, C = self.heads, self.channels
         h, simulate, linear = self._projected(x, self.weight, self.lin_weight, ctx)
         h = h.view(-1, H, C)
-        att_src = self.att_src_codes.qtensor().dequantize() if self.att_src_codes is not None \
+        att_src = self.att_src_codes.values() if self.att_src_codes is not None \
             else self.att_src
-        att_dst = self.att_dst_codes.qtensor().dequantize() if self.att_dst_codes is not None \
+        att_dst = self.att_dst_codes.values() if self.att_dst_codes is not None \
             else self.att_dst
         a_src = (h * att_src).sum(-1)
         a_dst = (h * att_dst).sum(-1)

@@ -210,3 +210,90 @@ def test_converted_layers_follow_the_simulation(kind, config, graph):
     assert all(p.max_diff <= 2 for p in result.points), str(result)
     total = sum(p.elements for p in result.points)
     assert sum(p.equal for p in result.points) >= 0.95 * total, str(result)
+
+
+@FAST
+@given(n=st.sampled_from([0, 1, 7, 1000, 65535, 65536, 65536 + 300, 200_000]),
+       seed=st.integers(0, 2**31 - 1), below=st.sampled_from([None, -3.0, -1.0, 0.0]),
+       above=st.sampled_from([None, 0.0, 1.0, 3.0]), nan=st.booleans())
+def test_beyond_finds_what_a_comparison_finds(n, seed, below, above, nan):
+    """The elements at or past a threshold, looked for block by block on large tensors,
+    are those a comparison of every element finds (NaN never qualifies)."""
+    from fxquant.execution.aggregate import beyond
+
+    g = torch.Generator().manual_seed(seed)
+    flat = torch.randn(n, generator=g)
+    if nan and n:
+        flat[torch.randint(0, n, (max(1, n // 100),), generator=g)] = float("nan")
+    mask = torch.zeros(n, dtype=torch.bool)
+    if above is not None:
+        mask |= flat >= above
+    if below is not None:
+        mask |= flat <= below
+    assert torch.equal(beyond(flat, below, above), mask.nonzero().view(-1))
+
+
+def test_ties_of_truncation_are_looked_for_on_both_sides():
+    """Truncation's boundaries are the integers: a value just below one is as near as a
+    value just above it."""
+    from fxquant.execution.aggregate import _near_ties
+
+    before = torch.tensor([2.99999, 3.00001, 2.5, 0.2, -1.99999, 7.0])
+    assert _near_ties(before, toward_zero=True).tolist() == [0, 1, 4, 5]
+    assert _near_ties(torch.tensor([2.49999, 2.5, 3.0, -0.50001]), toward_zero=False
+                      ).tolist() == [0, 1, 3]
+
+
+@pytest.mark.parametrize("count", [1, 2, 5, 16, 40])
+def test_rows_recomputed_the_simulations_way_are_the_whole_products_rows(count):
+    """A few rows of a product recomputed as the simulation computes them (the extremes a
+    step is taken from) are the rows of the whole matrix's product, bit for bit: torch's
+    CPU product of very few rows may add in another order, so they are repeated up to a
+    block."""
+    from fxquant.execution.layers import IntLayer
+
+    g = torch.Generator().manual_seed(count)
+    x = (torch.rand(2708, 1433, generator=g) < 0.02) * torch.rand(2708, 1433, generator=g)
+    w = torch.randn(16, 1433, generator=g) * 0.05
+    rows = torch.randperm(2708, generator=g)[:count]
+    got = IntLayer._simulate_rows(rows, 2708, lambda r: torch.nn.functional.linear(x[r], w))
+    assert torch.equal(got, torch.nn.functional.linear(x, w)[rows])
+
+
+@pytest.mark.parametrize("layout", ["padded", "pairs"])
+@FAST
+@given(graph=GRAPHS, hub=st.booleans(), mean=st.booleans())
+def test_replayed_sums_add_in_edge_order_in_float32(layout, graph, hub, mean):
+    """The sums summed again the simulation's way are each node's messages, rounded by the
+    message point, added one by one in edge order in float32 (a hub of high in-degree
+    included), in either layout."""
+    from fxquant.execution import aggregate as agg
+
+    n, e, seed = graph
+    if not n:
+        return
+    data = random_graph(n, e, 3, seed)
+    edge_index = data.edge_index
+    if hub:  # every node sends to node 0 too
+        edge_index = torch.cat([edge_index, torch.stack([torch.arange(n), torch.zeros(
+            n, dtype=torch.long)])], 1)
+    g = torch.Generator().manual_seed(seed)
+    point = QuantPoint(fxquant.QuantConfig("int8", scale="tensor"), "layer", "message")
+    quantizer = IntQuantizer(read_point("p", point))
+    order = agg.EdgeOrder(edge_index[0], edge_index[1], n)
+    coef = torch.rand(edge_index.shape[1], generator=g)
+    messages = agg.Messages(data.x, order, coef)
+    plan = quantizer.plan(messages.bounds(), num_nodes=n)
+    elements = torch.randint(0, n * 3, (min(9, n * 3),), generator=g)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(agg, "_PADDED_EXTRA", 1 << 30 if layout == "padded" else -(1 << 30))
+        got = agg._replay_sums(plan, messages, order, 3, mean, elements)
+    values = plan.codes(messages.floats(), row_nodes=order.dst).dequantize()
+    for i, element in enumerate(elements.tolist()):
+        node, column = divmod(element, 3)
+        total = torch.zeros((), dtype=torch.float32)
+        for edge in (order.dst == node).nonzero().view(-1).tolist():
+            total = total + values[edge, column]
+        if mean:
+            total = total / max(int((order.dst == node).sum()), 1)
+        assert torch.equal(got[i], total), (element, got[i].item(), total.item())
