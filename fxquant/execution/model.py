@@ -11,6 +11,7 @@ loads without the Python class of the model it came from.
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -159,7 +160,17 @@ class ConvertedModel(nn.Module):
         return env
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Inference: no autograd graph is recorded (the model is not trained further)."""
+        """Inference: no autograd graph is recorded (the model is not trained further).
+        Under ``torch.compile`` the model runs eager, with a warning: its steps are read
+        from each forward's values as Python numbers."""
+        if torch.compiler.is_compiling():
+            warnings.warn("fxquant: a converted model runs eager under torch.compile (each "
+                          "step's range is read from the values as a Python number); call it "
+                          "without compiling", UserWarning, stacklevel=2)
+        return self._eager(args, kwargs)
+
+    @torch.compiler.disable(reason="fxquant's converted models run eager")
+    def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with torch.no_grad():
             return self._run(args, kwargs)
 

@@ -197,3 +197,15 @@ def test_conversion_options():
         fxquant.convert(gm, accumulate="float64")
     with pytest.raises(fxquant.FxquantError, match="ties='up'"):
         fxquant.convert(gm, ties="up")
+
+
+def test_torch_compile_runs_a_converted_model_eager_with_a_warning():
+    """torch.compile of a converted model gives its eager results (its steps are read from
+    the values as Python numbers each forward), and says that it runs eager."""
+    data = _graph()
+    model = fxquant.convert(_int8())
+    expected = model(data.x, data.edge_index)
+    compiled = torch.compile(model)
+    with pytest.warns(UserWarning, match="runs eager under torch.compile"):
+        got = compiled(data.x, data.edge_index)
+    assert torch.equal(got, expected)
