@@ -78,15 +78,6 @@ class QTensor:
         """The grid's own codes (``qmin..qmax``; int16 so that 8-bit unsigned codes fit)."""
         return self.codes.to(torch.int16) + self.bias
 
-    def transposed_codes(self) -> Tensor:
-        """``codes.t()``, contiguous (kept with these codes: the layout ``torch._int_mm``
-        multiplies fastest by, made once for a weight's codes)."""
-        cached = self.__dict__.get("_transposed")
-        if cached is None or cached[0] is not self.codes:
-            cached = (self.codes, self.codes.t().contiguous())
-            self.__dict__["_transposed"] = cached
-        return cached[1]
-
     def with_codes(self, codes: Tensor) -> QTensor:
         return QTensor(codes, self.scale, self.shift, self.bias, self.qmin, self.qmax,
                        self.bits, self.scale_per_row)
@@ -187,7 +178,7 @@ def int_matmul(x: QTensor, w: QTensor) -> Tensor:
     k = x.codes.shape[-1]
     lead = x.codes.shape[:-1]
     a = x.codes.reshape(lead.numel(), k)
-    acc = int_mm(a, w.transposed_codes()).to(torch.float32)
+    acc = int_mm(a, w.codes.t()).to(torch.float32)
     sx = x.shift.reshape(-1, 1) if per_row(x.shift) else number(x.shift)  # type: ignore[union-attr]
     sw = w.shift.reshape(1, -1) if per_row(w.shift) else number(w.shift)  # type: ignore[union-attr]
     if _nonzero(sx):

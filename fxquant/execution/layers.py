@@ -173,14 +173,9 @@ class WeightCodes(nn.Module):
         return q
 
     def values(self) -> Tensor:
-        """The weight's float32 values (kept with the unpacked codes)."""
-        q = self.qtensor()
-        cached = self.__dict__.get("_values")
-        if cached is not None and cached[0] is q:
-            return cached[1]
-        values = q.dequantize()
-        self.__dict__["_values"] = (q, values)
-        return values
+        """The weight's float32 values, row by row as the simulation's weight is laid out
+        (a product adds in the order its operands' layout gives)."""
+        return self.qtensor().dequantize().contiguous()
 
     def _unpack(self) -> QTensor:
         m = self.meta
@@ -189,6 +184,8 @@ class WeightCodes(nn.Module):
         like = QTensor(torch.empty(0, dtype=torch.int8), scale, shift, m["bias"],
                        m["qmin"], m["qmax"], m["bits"], m["per_row"])
         codes = unpack(PackedCodes({m["slot"]: self.data}, torch.Size(m["shape"]), None), like)
+        if codes.dim() == 2:  # (kept column by column: the layout torch._int_mm reads fastest)
+            codes = codes.t().contiguous().t()
         return like.with_codes(codes)
 
     @property
