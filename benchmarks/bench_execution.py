@@ -13,8 +13,9 @@ on the machine hits them alike), on one thread and on all threads:
   the forward), and the converted INT4 and per-node models; GCN, GIN and GraphSAGE on Cora
   and on a planted-community graph of 1,000,000 nodes and 10,000,000 edges. The first
   call, which prepares each graph once (normalization, the edge order), is timed apart;
-- ONNX Runtime (CPU provider) on the exported integer graph against the same graph in
-  float32 (``export_onnx(..., float32=True)``);
+- ONNX Runtime (CPU provider) on the exported integer graph, taking float32 features
+  (rounded in the graph) or the codes they are stored as (``stored_input=True``), against
+  the same graph in float32 (``export_onnx(..., float32=True)``);
 - stored bytes of the values between points (features, hidden states, aggregates; the
   messages apart: the converted model streams them) and of the weights, per-tensor scales
   included and per-row scales counted apart, with the peak memory of a forward;
@@ -52,7 +53,7 @@ from torch_geometric.nn.models import GIN, GraphSAGE
 
 import fxquant
 from fxquant.datasets import load_planetoid
-from fxquant.execution import bit_operations, export_onnx, storage
+from fxquant.execution import bit_operations, export_onnx, onnx_inputs, storage
 
 SITES = ("input", "weight", "message", "aggregate", "output")
 MODELS = ("gcn", "gin", "sage")
@@ -294,18 +295,23 @@ def onnx_runtime(data: Data, classes: int, args: argparse.Namespace) -> list[dic
     folder = tempfile.mkdtemp()
     for kind in args.models:
         model = converted(make_model(kind, data.num_features, classes), "int8", data)
-        paths = {}
-        for label, as_float in (("onnxruntime int8", False), ("onnxruntime float32", True)):
-            paths[label] = os.path.join(folder, f"{kind}_{as_float}.onnx")
-            export_onnx(model, paths[label], feature_dim=data.num_features, float32=as_float)
-        feed = {"x": data.x.numpy(), "edge_index": data.edge_index.numpy()}
+        stored = model.quantize_input(data.x)
+        paths, feeds = {}, {}
+        for i, (label, kwargs) in enumerate((
+                ("onnxruntime int8", {}),
+                ("onnxruntime int8, stored int8 features", {"stored_input": True}),
+                ("onnxruntime float32", {"float32": True}))):
+            paths[label] = os.path.join(folder, f"{kind}_{i}.onnx")
+            export_onnx(model, paths[label], feature_dim=data.num_features, **kwargs)
+            feeds[label] = onnx_inputs(stored if "stored" in label else data.x,
+                                       data.edge_index)
         for threads in args.threads:
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
             sessions = {k: ort.InferenceSession(p, options, providers=["CPUExecutionProvider"])
                         for k, p in paths.items()}
             cases: dict[str, Callable[[], Any]] = {
-                k: partial(s.run, None, feed) for k, s in sessions.items()}
+                k: partial(s.run, None, feeds[k]) for k, s in sessions.items()}
             for case, result in alternate(cases, args.rounds, args.min_time,
                                           "onnxruntime float32").items():
                 rows.append({"model": kind, "threads": threads, "case": case, **result})

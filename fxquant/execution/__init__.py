@@ -9,7 +9,7 @@
 
 from fxquant.execution.check import Comparison, PointComparison, compare
 from fxquant.execution.conversion import ConversionError, convert
-from fxquant.execution.export import export_onnx
+from fxquant.execution.export import export_onnx, onnx_inputs
 from fxquant.execution.kernels import QTensor
 from fxquant.execution.layers import Placement
 from fxquant.execution.measure import BitOps, Storage, StorageRow, bit_operations, storage
@@ -32,6 +32,7 @@ __all__ = [
            "convert",
            "export_onnx",
            "load",
+           "onnx_inputs",
            "save",
            "storage",
 ]

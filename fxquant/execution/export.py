@@ -16,17 +16,19 @@ onnxscript).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from fxquant.errors import FxquantImportError, FxquantTypeError, FxquantValueError
+from fxquant.execution.kernels import QTensor
 from fxquant.execution.layers import IntGCNConv, IntGINConv, IntLayer, IntSAGEConv, WeightCodes
 from fxquant.execution.model import ConvertedModel
 from fxquant.execution.quantizer import IntQuantizer
 
-__all__ = ["OPSET", "export_onnx"]
+__all__ = ["OPSET", "export_onnx", "onnx_inputs"]
 
 #: the ONNX opset written (ScatterElements with reduction, Reduce* with axes as inputs)
 OPSET = 18
@@ -48,7 +50,8 @@ def _onnx() -> Any:
 
 
 def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
-                feature_dim: int | None = None, float32: bool = False) -> None:
+                feature_dim: int | None = None, float32: bool = False,
+                stored_input: bool = False) -> None:
     """Write ``model`` to ``path`` as an ONNX model (opset :data:`OPSET`).
 
     Args:
@@ -62,6 +65,12 @@ def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
         float32 (bool, optional): write the same graph without any rounding, on the float32
             weights the model was converted from: the float32 reference that ONNX Runtime
             runs beside the integer graph. (default: :obj:`False`)
+        stored_input (bool, optional): take the features as the codes they are stored as
+            (``model.quantize_input(x)``): inputs ``x`` (the codes + 128 as uint8, the
+            operand type ONNX Runtime's integer products are fastest on), ``x_scale`` and
+            ``x_shift`` (float32, shape ``[1, 1]``, or ``[nodes, 1]`` for a scale per
+            row), which :func:`onnx_inputs` makes from the stored codes; else ``x`` is
+            float32 and rounded in the graph. (default: :obj:`False`)
 
     Example:
         >>> import os, tempfile, torch, fxquant
@@ -83,8 +92,16 @@ def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
     """
     if not isinstance(model, ConvertedModel):
         raise FxquantTypeError(f"export_onnx expects a ConvertedModel, got {type(model).__name__}")
+    if stored_input and float32:
+        raise ExportError("export_onnx: float32=True writes the graph of float32 features "
+                          "(the reference); stored_input=True applies to the integer graph, "
+                          "please pass one of them")
+    if stored_input and model.input_point is None:
+        raise ExportError("export_onnx: stored_input=True takes the features as the codes "
+                          "of the point on the model's first input, and this model has none; "
+                          "please export it with float32 features (stored_input=False)")
     onnx = _onnx()
-    builder = _Builder(onnx, model, float32)
+    builder = _Builder(onnx, model, float32, stored_input)
     graph_model = builder.build(feature_dim)
     onnx.checker.check_model(graph_model)
     onnx.save(graph_model, os.fspath(path))
@@ -94,16 +111,59 @@ class _Q:
     """Codes in the graph: the int8 tensor's name, and the names of its scale and shift
     (each ``[]`` or ``[rows, 1]``); ``floats``: the same codes as float32 (where the
     rounding made them), from which a product takes them as ``uint8`` (the operand type
-    ONNX Runtime's integer products are fastest on)."""
+    ONNX Runtime's integer products are fastest on); ``unsigned``: the codes + 128 as
+    ``uint8`` where the graph takes them so (stored features), and ``codes`` then made
+    from them where a step needs them (``make_codes``)."""
 
-    def __init__(self, codes: str, scale: str, shift: str, floats: str | None = None) -> None:
-        self.codes, self.scale, self.shift, self.floats = codes, scale, shift, floats
+    def __init__(self, codes: str | None, scale: str, shift: str, floats: str | None = None,
+                 unsigned: str | None = None,
+                 make_codes: Callable[[], str] | None = None) -> None:
+        self._codes, self.scale, self.shift, self.floats = codes, scale, shift, floats
+        self.unsigned, self._make_codes = unsigned, make_codes
+
+    @property
+    def codes(self) -> str:
+        if self._codes is None:
+            assert self._make_codes is not None
+            self._codes = self._make_codes()
+        return self._codes
+
+
+def onnx_inputs(x: Tensor | QTensor, edge_index: Tensor, node_ids: Tensor | None = None
+                ) -> dict[str, Any]:
+    """The inputs of a graph :func:`export_onnx` wrote, as NumPy arrays for ONNX Runtime's
+    ``session.run(None, inputs)``: float32 features ``x``, or the codes features are
+    stored as (``model.quantize_input(x)``, for a graph written with
+    ``stored_input=True``), the graph, and the nodes' global ids where a point has
+    per-node widths.
+
+    Example:
+        >>> import torch
+        >>> from fxquant.execution import onnx_inputs
+        >>> feed = onnx_inputs(torch.ones(3, 2), torch.tensor([[0, 1], [1, 2]]))
+        >>> sorted(feed), feed["x"].dtype
+        (['edge_index', 'x'], dtype('float32'))
+    """
+    feed: dict[str, Any] = {"edge_index": edge_index.detach().cpu().to(torch.int64).numpy()}
+    if isinstance(x, QTensor):
+        def column(v: Tensor | float) -> Any:
+            return torch.as_tensor(v, dtype=torch.float32).detach().cpu().reshape(-1, 1).numpy()
+        # (the codes + 128 as uint8: their bytes with the top bit flipped)
+        unsigned = (x.codes.detach().cpu().view(torch.uint8) ^ 128).numpy()
+        feed.update(x=unsigned, x_scale=column(x.scale), x_shift=column(x.shift))
+    else:
+        feed["x"] = x.detach().cpu().to(torch.float32).numpy()
+    if node_ids is not None:
+        feed["node_ids"] = node_ids.detach().cpu().to(torch.int64).numpy()
+    return feed
 
 
 class _Builder:
-    def __init__(self, onnx: Any, model: ConvertedModel, float32: bool = False) -> None:
+    def __init__(self, onnx: Any, model: ConvertedModel, float32: bool = False,
+                 stored_input: bool = False) -> None:
         self.onnx = onnx
         self.float32 = float32
+        self.stored_input = stored_input
         self.h = onnx.helper
         self.model = model
         self.nodes: list[Any] = []
@@ -143,9 +203,14 @@ class _Builder:
     def build(self, feature_dim: int | None) -> Any:
         model = self.model
         tp = self.onnx.TensorProto
-        inputs = [self.h.make_tensor_value_info("x", tp.FLOAT, ["nodes", feature_dim
-                                                               or "features"]),
-                  self.h.make_tensor_value_info("edge_index", tp.INT64, [2, "edges"])]
+        features = ["nodes", feature_dim or "features"]
+        if self.stored_input:
+            inputs = [self.h.make_tensor_value_info("x", tp.UINT8, features),
+                      self.h.make_tensor_value_info("x_scale", tp.FLOAT, ["scale_rows", 1]),
+                      self.h.make_tensor_value_info("x_shift", tp.FLOAT, ["shift_rows", 1])]
+        else:
+            inputs = [self.h.make_tensor_value_info("x", tp.FLOAT, features)]
+        inputs.append(self.h.make_tensor_value_info("edge_index", tp.INT64, [2, "edges"]))
         if self.needs_ids:
             inputs.append(self.h.make_tensor_value_info("node_ids", tp.INT64, ["nodes"]))
         env: dict[str, Any] = {}
@@ -153,13 +218,20 @@ class _Builder:
         if len(names) < 2:
             raise ExportError("export_onnx: the model takes fewer than two inputs (x, "
                               "edge_index)")
-        env[names[0]], env[names[1]] = "x", "edge_index"
+        stored = _Q(None, "x_scale", "x_shift", unsigned="x", make_codes=lambda: self.cast(
+            self.op("Sub", [self.cast("x", self.FLOAT), self.const(128.0)]),
+            tp.INT8)) if self.stored_input else None
+        env[names[0]], env[names[1]] = stored or "x", "edge_index"
         for name in names[2:]:
             env[name] = None
         output = None
         for step in model.steps:
             args = [env.get(a) if isinstance(a, str) else None for a in step.args]
             if step.op == "point":
+                if stored is not None and args[0] is stored \
+                        and step.target == model.input_point:
+                    env[step.out] = stored  # the features, stored as this point's codes
+                    continue
                 env[step.out] = self.quantize(self.model.point(step.target),
                                               self.as_float(args[0]))
             elif step.op == "layer":
@@ -334,9 +406,11 @@ class _Builder:
             w = None
         if isinstance(x, _Q) and w is not None:
             wq = self.weight(w)
-            floats = x.floats if x.floats is not None else self.cast(x.codes, self.FLOAT)
-            unsigned = self.cast(self.op("Add", [floats, self.const(128.0)]),
-                                 self.onnx.TensorProto.UINT8)
+            unsigned = x.unsigned
+            if unsigned is None:  # the codes + 128 as uint8
+                floats = x.floats if x.floats is not None else self.cast(x.codes, self.FLOAT)
+                unsigned = self.cast(self.op("Add", [floats, self.const(128.0)]),
+                                     self.onnx.TensorProto.UINT8)
             acc = self.cast(self.op("MatMulInteger", [
                 unsigned, wq.codes, self.const(128, torch.uint8)]), self.FLOAT)
             q = w.qtensor()

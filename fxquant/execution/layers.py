@@ -313,14 +313,17 @@ class IntLayer(nn.Module):
 
     @staticmethod
     def _simulate_rows(rows: Tensor, n: int, simulate: Callable[[Tensor], Tensor]) -> Tensor:
-        """``simulate(rows)``, over at least :data:`_EXACT_ROWS` rows (of the ``n`` rows
-        the simulation multiplies: torch's CPU product of very few rows may add in another
-        order than the whole matrix's), the rows repeated where they are fewer."""
+        """``simulate(rows)``, over at least :data:`_EXACT_ROWS` rows, the rows repeated to
+        fill (torch's CPU product of very few rows may add in another order than the whole
+        matrix's); of a matrix of at most that many rows, its whole product (where a row
+        is in a small product matters too)."""
         count = rows.numel()
-        least = min(_EXACT_ROWS, n)
-        if count >= least or not count:
+        if n <= _EXACT_ROWS and count:  # the whole product, each row where it was
+            return simulate(torch.arange(n, device=rows.device)).index_select(0, rows)
+        if count >= _EXACT_ROWS or not count:
             return simulate(rows)
-        return simulate(rows.view(1, -1).expand(-(-least // count), count).reshape(-1))[:count]
+        padded = rows.view(1, -1).expand(-(-_EXACT_ROWS // count), count).reshape(-1)
+        return simulate(padded[:_EXACT_ROWS])[:count]
 
     def _projected(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context
                    ) -> tuple[Tensor, Callable[[Tensor], Tensor], IntQuantizer | None]:

@@ -29,6 +29,9 @@ def test_bench_execution_quick(tmp_path):
     assert configs["int8"]["values_ratio"] > 3.9 and configs["int4-lsq-p"]["values_ratio"] > 7.5
     assert configs["recommended"]["values_ratio"] > 12
     assert payload["memory"] == saved["memory"]
+    if saved["onnx"]:
+        assert {r["case"] for r in saved["onnx"]} == {
+            "onnxruntime int8", "onnxruntime int8, stored int8 features", "onnxruntime float32"}
 
 
 @needs_data

@@ -244,8 +244,9 @@ def test_ties_of_truncation_are_looked_for_on_both_sides():
                       ).tolist() == [0, 1, 3]
 
 
-@pytest.mark.parametrize("count", [1, 2, 5, 16, 40])
-def test_rows_recomputed_the_simulations_way_are_the_whole_products_rows(count):
+@pytest.mark.parametrize("n, count", [(2708, 1), (2708, 2), (2708, 5), (2708, 16), (2708, 40),
+                                      (7, 1), (7, 3), (7, 7)])
+def test_rows_recomputed_the_simulations_way_are_the_whole_products_rows(n, count):
     """A few rows of a product recomputed as the simulation computes them (the extremes a
     step is taken from) are the rows of the whole matrix's product, bit for bit: torch's
     CPU product of very few rows may add in another order, so they are repeated up to a
@@ -253,10 +254,10 @@ def test_rows_recomputed_the_simulations_way_are_the_whole_products_rows(count):
     from fxquant.execution.layers import IntLayer
 
     g = torch.Generator().manual_seed(count)
-    x = (torch.rand(2708, 1433, generator=g) < 0.02) * torch.rand(2708, 1433, generator=g)
+    x = (torch.rand(n, 1433, generator=g) < 0.02) * torch.rand(n, 1433, generator=g)
     w = torch.randn(16, 1433, generator=g) * 0.05
-    rows = torch.randperm(2708, generator=g)[:count]
-    got = IntLayer._simulate_rows(rows, 2708, lambda r: torch.nn.functional.linear(x[r], w))
+    rows = torch.randperm(n, generator=g)[:count]
+    got = IntLayer._simulate_rows(rows, n, lambda r: torch.nn.functional.linear(x[r], w))
     assert torch.equal(got, torch.nn.functional.linear(x, w)[rows])
 
 

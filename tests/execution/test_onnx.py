@@ -12,7 +12,7 @@ import torch_geometric.transforms as T
 
 import fxquant
 from fxquant.datasets import load_planetoid
-from fxquant.execution import export_onnx
+from fxquant.execution import export_onnx, onnx_inputs
 from fxquant.execution.export import ExportError
 from tests.support.data import needs_data
 from tests.support.execution import random_graph, train, transformed
@@ -24,12 +24,11 @@ def _runtime():
     return onnxruntime
 
 
-def _run(path, data, node_ids: bool):
+def _run(path, data, node_ids: bool, x=None):
     ort = _runtime()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feed = {"x": data.x.numpy(), "edge_index": data.edge_index.numpy()}
-    if node_ids:
-        feed["node_ids"] = torch.arange(data.num_nodes).numpy()
+    feed = onnx_inputs(data.x if x is None else x, data.edge_index,
+                       torch.arange(data.num_nodes) if node_ids else None)
     return torch.from_numpy(session.run(None, feed)[0])
 
 
@@ -69,6 +68,54 @@ def test_onnx_runs_the_integer_model(tmp_path, kind, config):
     agree = (out.argmax(1) == expected.argmax(1)).float().mean()
     assert agree >= 0.95, float(agree)
     torch.testing.assert_close(out, expected, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage", "gin"])
+@pytest.mark.parametrize("config", ["int8", "int4-lsq-p", "recommended"])
+def test_onnx_takes_the_features_as_their_stored_codes(tmp_path, kind, config):
+    """stored_input=True: the graph takes the int8 codes features are stored as (with
+    their scale and shift: per row for the recipe's input) and computes what the graph of
+    float32 features computes from them."""
+    _runtime()
+    data = random_graph(40, 160, 6, seed=5)
+    data.x = (data.x > 0.8).float()
+    gm, _ = transformed(kind, config, data, 3)
+    gm.train()
+    gm(data.x, data.edge_index)
+    gm.eval()
+    model = fxquant.convert(gm, strict=False)
+    stored, rounded = tmp_path / "stored.onnx", tmp_path / "rounded.onnx"
+    export_onnx(model, stored, stored_input=True)
+    export_onnx(model, rounded)
+    import onnx
+
+    inputs = {i.name: i.type.tensor_type.elem_type for i in onnx.load(str(stored)).graph.input}
+    assert inputs["x"] == onnx.TensorProto.UINT8 and {"x_scale", "x_shift"} <= inputs.keys()
+    codes = model.quantize_input(data.x, torch.arange(data.num_nodes)
+                                 if _uses_nodes(model) else None)
+    out = _run(stored, data, _uses_nodes(model), x=codes)
+    torch.testing.assert_close(out, _run(rounded, data, _uses_nodes(model)))
+    agree = (out.argmax(1) == model(codes, data.edge_index).argmax(1)).float().mean()
+    assert agree >= 0.95, float(agree)
+
+
+def test_stored_input_needs_an_input_point_and_the_integer_graph(tmp_path):
+    """stored_input=True is refused, saying why, with float32=True and for a model whose
+    features no point rounds."""
+    _runtime()
+    model = fxquant.convert(fxquant.transform(_two_layers(), _int8_but_input(),
+                                              lint="off").eval(), strict=False)
+    with pytest.raises(ExportError, match="has none"):
+        export_onnx(model, tmp_path / "m.onnx", stored_input=True)
+    with pytest.raises(ExportError, match="float32=True"):
+        export_onnx(model, tmp_path / "m.onnx", stored_input=True, float32=True)
+
+
+def _int8_but_input() -> fxquant.QuantMapping:
+    m = fxquant.QuantMapping()
+    for site in ("weight", "message", "aggregate", "output"):
+        m = m.set_global(fxquant.QuantConfig("int8", scale="tensor"), site=site)
+    return m
 
 
 def test_export_refuses_what_it_cannot_write(tmp_path):
