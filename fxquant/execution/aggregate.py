@@ -371,6 +371,7 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
             sums = torch.zeros((n, levels.shape[1]), dtype=torch.int32, device=values.device)
             sums.index_add_(0, order.sorted_dst, levels.to(torch.int32).index_select(
                 0, order.sorted_src))
+        del levels  # (a float32 copy of the values: freed before the sums are rescaled)
         sums = sums.view(n, *row_shape)
     else:
         sums = torch.zeros((n, *row_shape), dtype=exact, device=values.device)
@@ -398,16 +399,15 @@ def _sum_values(plan: RoundPlan, sums: Tensor, order: EdgeOrder, shape: tuple[in
                 mean: bool) -> Tensor:
     """The float32 values of the sums of codes: ``(sum + count x (offset - zero point)) x
     step`` (the step per target node with per-node widths over a range), divided by the
-    count for a mean."""
-    levels = sums.to(torch.float32)
+    count for a mean; ``sums`` (float32) is written in place."""
+    total = sums.to(torch.float32)  # (written in place: the sums are the caller's own)
     shift = plan.q.grid.offset - (plan.zero_point or 0.0)
     if shift:
-        levels = levels + (order.count * shift).view(shape)
+        total.add_((order.count * shift).view(shape))
     # one step (with per-node widths: a learned one), else the step of each target's rows
-    step = plan.scale if plan.scale is not None else _node_steps(plan, order.n).view(shape)
-    total = levels * step
+    total.mul_(plan.scale if plan.scale is not None else _node_steps(plan, order.n).view(shape))
     if mean:
-        total = total / order.count.clamp(min=1).view(shape)
+        total.div_(order.count.clamp(min=1).view(shape))
     return total
 
 
@@ -558,6 +558,7 @@ def round_sums(then: IntQuantizer, v: Tensor, replay: Callable[[Tensor], Tensor]
                     then, settled) != _steps(then, bounds):
                 # the step moved: everything is rounded again with it
                 moved = _moved(then, bounds, settled)
+                del levels  # (freed before the codes are taken again)
                 plan, t, levels = rounded(settled, before if moved else None)
                 if moved:  # (by more than the margin above: ties looked for again)
                     again = _near_ties(before.view(-1), toward_zero)
@@ -593,14 +594,13 @@ def _moved(then: IntQuantizer, bounds: tuple[float, float], settled: tuple[float
 
 def _near_ties(before: Tensor, toward_zero: bool, tolerance: float = TIE_TOLERANCE
                ) -> Tensor:
-    """Where ``before`` (values in units of the step, before rounding) lies within
-    ``tolerance`` of a rounding boundary: a half for rounding to nearest, an integer for
-    truncation (from either side)."""
-    rounded = torch.trunc(before) if toward_zero else torch.round(before)
-    gap = rounded.sub_(before).abs_()  # distance to the nearest integer (truncated: below)
+    """Where ``before`` (values in units of the step, before rounding; overwritten) lies
+    within ``tolerance`` of a rounding boundary: a half for rounding to nearest, an
+    integer for truncation (from either side)."""
+    frac = before.frac_().abs_()  # (in place: no second tensor of the sums' size)
     if toward_zero:
-        return beyond(gap, tolerance, 1 - tolerance)
-    return beyond(gap, None, 0.5 - tolerance)
+        return beyond(frac, tolerance, 1 - tolerance)
+    return beyond(frac.sub_(0.5).abs_(), tolerance, None)
 
 
 def beyond(flat: Tensor, below: float | None = None, above: float | None = None) -> Tensor:

@@ -72,7 +72,7 @@ class QTensor:
 
     def dequantize(self) -> Tensor:
         """The values, float32."""
-        return self.levels() * self._rows(self.scale)
+        return self.levels().mul_(self._rows(self.scale))  # (levels() is a new tensor)
 
     def grid_codes(self) -> Tensor:
         """The grid's own codes (``qmin..qmax``; int16 so that 8-bit unsigned codes fit)."""
