@@ -554,10 +554,11 @@ def round_sums(then: IntQuantizer, v: Tensor, replay: Callable[[Tensor], Tensor]
             settled = bounds
             if extremes.numel() and bounds is not None:
                 settled = _settled_bounds(then, bounds, sums[:extremes.numel()])
-            if settled is not None and bounds is not None and settled != bounds and _steps(
-                    then, settled) != _steps(then, bounds):
+            steps = None if bounds is None or settled is None or settled == bounds \
+                else (_steps(then, bounds), _steps(then, settled))
+            if steps is not None and steps[0] != steps[1]:
                 # the step moved: everything is rounded again with it
-                moved = _moved(then, bounds, settled)
+                moved = _moved(then, *steps)
                 del levels  # (freed before the codes are taken again)
                 plan, t, levels = rounded(settled, before if moved else None)
                 if moved:  # (by more than the margin above: ties looked for again)
@@ -581,11 +582,12 @@ def _steps(then: IntQuantizer, bounds: tuple[float, float]) -> tuple[float, floa
     return scale, zp or 0.0, max(abs(bounds[0]), abs(bounds[1]))
 
 
-def _moved(then: IntQuantizer, bounds: tuple[float, float], settled: tuple[float, float]
-           ) -> bool:
-    """Whether the range settled from ``bounds`` moves ``then``'s codes by more than
-    :data:`TIE_TOLERANCE` steps anywhere (or moves its zero point)."""
-    (s0, z0, m0), (s1, z1, m1) = _steps(then, bounds), _steps(then, settled)
+def _moved(then: IntQuantizer, before: tuple[float, float, float],
+           after: tuple[float, float, float]) -> bool:
+    """Whether the steps of a settled range (``after``, as :func:`_steps` gives them) move
+    ``then``'s codes by more than :data:`TIE_TOLERANCE` steps anywhere from ``before``
+    (or move its zero point)."""
+    (s0, z0, m0), (s1, z1, m1) = before, after
     qmin, qmax = then.code_range
     tiny = torch.finfo(torch.float32).tiny
     change = max(abs(s1 - s0) / max(s0, tiny), abs(m1 - m0) / max(m0, tiny))
@@ -684,11 +686,10 @@ def _settle_extremes(then: IntQuantizer, flat: Tensor, bounds: tuple[float, floa
     return _settled_bounds(then, bounds, values)
 
 
-def _settled_bounds(then: IntQuantizer, bounds: tuple[float, float] | None, values: Tensor
+def _settled_bounds(then: IntQuantizer, bounds: tuple[float, float], values: Tensor
                     ) -> tuple[float, float]:
     """The range ``then`` reads, from ``values`` (the simulation's values at every element
     near the extremes of ``bounds``)."""
-    assert bounds is not None
     lo_s, hi_s = (float(b) for b in torch.aminmax(values))
     if then.grid.asymmetric:  # (both extremes were computed again)
         return lo_s, hi_s
