@@ -301,7 +301,20 @@ class Messages:
         senders = self.order.sorted_src.index_select(0, edges)
         self.values[senders] = self.settle(senders).to(self.values.dtype)
         self.__dict__.pop("_extremes", None)
+        self.__dict__["_settled"] = senders
         return self.elements(edges, positions - edges * width)
+
+    def resettle(self, whole: Tensor) -> None:
+        """Every message of ``whole`` (the messages in target order, computed before
+        :meth:`settled`) whose sender :meth:`settled` recomputed, computed again from the
+        sender's recomputed row: the extreme's sender sends other messages, whose values
+        may be the extreme's simple fractions (a ratio of two normalization coefficients)
+        and lie on a rounding boundary of the step taken from it."""
+        senders = self.__dict__.pop("_settled", None)
+        if senders is None or not whole.numel():
+            return
+        positions = torch.isin(self.order.sorted_src, senders).nonzero().view(-1)
+        whole[positions] = self.rows(positions)
 
     def target_range(self, n: int) -> Tensor:
         """Each target node's largest ``|message|`` (0 without messages)."""
@@ -349,6 +362,7 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
             if ties and point.spec.step_kind == "batch" and messages.settle is not None \
                     and whole.numel():
                 bounds = _settle_extremes(point, whole.view(-1), bounds, messages.settled)
+                messages.resettle(whole)
     plan = point.plan(bounds, ids=ids, num_nodes=n,
                       node_range=lambda: messages.target_range(n))
     if record is not None:

@@ -203,15 +203,12 @@ class ConvertedModel(nn.Module):
             elif step.op == "identity":
                 out = args_v[0]
             elif step.op == "guard":
-                self.kept[step.target](*args_v)
+                self.kept[step.target](*_floats(args_v))
                 out = None
-            elif step.op == "float":
-                module = self.kept[step.target]
-                out = module(*[as_float(a) if isinstance(a, QTensor) else a for a in args_v],
-                             **kwargs_v)
+            elif step.op == "float":  # (codes in lists too: torch.cat's tensors)
+                out = self.kept[step.target](*_floats(args_v), **_floats(kwargs_v))
             elif step.op == "output":
-                out = as_float(args_v[0]) if isinstance(args_v[0], QTensor) else args_v[0]
-                return out
+                return _floats(args_v[0])  # (a tuple or dict of outputs too)
             else:  # pragma: no cover (steps are built by convert)
                 raise FxquantValueError(f"unknown step {step.op!r}")
             env[step.out] = out
@@ -293,3 +290,15 @@ class ConvertedModel(nn.Module):
 
 def layer_modules(model: ConvertedModel) -> dict[str, IntLayer]:
     return {k: v for k, v in model.layers.items() if isinstance(v, IntLayer)}
+
+
+def _floats(value: Any) -> Any:
+    """``value`` with every :class:`QTensor` in it (in lists, tuples and dicts too) as its
+    float32 values: what a part kept in float32 takes."""
+    if isinstance(value, QTensor):
+        return as_float(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_floats(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _floats(v) for k, v in value.items()}
+    return value

@@ -112,6 +112,22 @@ def test_unknown_layer_is_refused_or_kept():
     torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
 
 
+def test_kept_parts_take_codes_inside_lists():
+    """Parts kept in float32 take the values of codes passed in a list: PyG's
+    ``GraphSAGE(jk="cat")`` concatenates its layers' outputs with ``torch.cat``."""
+    from torch_geometric.nn.models import GraphSAGE
+
+    data = _graph()
+    torch.manual_seed(0)
+    gm = _int8(GraphSAGE(4, 8, 2, 3, jk="cat"))
+    with pytest.raises(ConversionError, match="function cat"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    assert "function cat" in [p.where for p in model.report.float32]
+    with torch.no_grad():
+        torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+
+
 def test_no_points_and_wrong_arguments():
     with pytest.raises(fxquant.FxquantError, match="no quantization points"):
         fxquant.convert(fxquant.trace(TwoLayers()))
