@@ -160,7 +160,9 @@ class _Converter:
                 raise FxquantValueError(f"fxquant.convert: {arg.format_node()} uses a value "
                                         "the converted model does not have")
             return self.names[arg]
-        if isinstance(arg, (tuple, list)):
+        if isinstance(arg, tuple):  # (kept a tuple: a dict key, a bipartite pair)
+            return {"tuple": [self._ref(a) for a in arg]}
+        if isinstance(arg, list):
             return [self._ref(a) for a in arg]
         if arg is None or isinstance(arg, (bool, int, float, str)):
             return {"const": arg}
@@ -271,9 +273,11 @@ class _Converter:
     def _output(self, node: Node) -> None:
         arg = node.args[0]
         if not isinstance(arg, Node):
-            raise FxquantValueError("fxquant.convert: the model returns "
-                                    f"{type(arg).__name__}; the converted model returns one "
-                                    "tensor")
+            kind = "dict" if isinstance(arg, dict) else type(arg).__name__
+            raise FxquantValueError(f"fxquant.convert: the model returns a {kind}; the "
+                                    "converted model returns one tensor: please convert a "
+                                    "model whose forward returns one (of a heterogeneous "
+                                    "model, one node type's output, e.g. out['paper'])")
         self.steps.append(Step("output", "", [self._ref(arg)]))
         if self._is_integer(arg):
             self.placements.append(Placement("output", RESCALE, "codes read with their scale "
@@ -310,6 +314,10 @@ class _Converter:
         elif refused:
             name, spec = next(iter(refused.items()))
             why = f"its quantization point {name!r} ({spec.label}): {'; '.join(spec.problems)}"
+        elif node.args and isinstance(node.args[0], (tuple, list)):
+            why = ("it is called on a bipartite pair of features (x_src, x_dst), as "
+                   "heterogeneous models call it; the converted layers take one node type's "
+                   "features")
         layer: IntLayer | None = None
         if not why:
             assert cls is not None

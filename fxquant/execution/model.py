@@ -45,7 +45,8 @@ class Step:
     the converted layer ``target``), ``"relu"``, ``"identity"``, ``"guard"`` (the traced
     model's fixed-argument check), ``"float"`` (a module or function kept in float32:
     ``target`` names the kept module) or ``"output"``. ``args`` and ``kwargs`` name earlier
-    values (strings) or hold constants (``{"const": value}``).
+    values (strings) or hold constants (``{"const": value}``); lists hold either, and
+    ``{"tuple": [...]}`` a tuple of them.
     """
 
     op: str
@@ -218,6 +219,8 @@ class ConvertedModel(nn.Module):
     def _read(env: dict[str, Any], ref: Any) -> Any:
         if isinstance(ref, dict) and "const" in ref:
             return ref["const"]
+        if isinstance(ref, dict) and "tuple" in ref:
+            return tuple(ConvertedModel._read(env, r) for r in ref["tuple"])
         if isinstance(ref, str):
             return env[ref]
         if isinstance(ref, list):

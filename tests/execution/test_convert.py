@@ -128,6 +128,40 @@ def test_kept_parts_take_codes_inside_lists():
         torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
 
 
+def test_heterogeneous_model_keeps_its_bipartite_layers_in_float32():
+    """``to_hetero`` calls each edge type's layer on a pair (source, target features) and
+    reads the dicts with tuple keys: those layers are refused naming the pair, or kept in
+    float32; the layer within one node type runs on integers; the outputs are the
+    simulation's."""
+    from tests.fx.hetero_models import hetero_graph, inputs, to_hetero_sage
+
+    class PaperLogits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x_dict, edge_index_dict):
+            return self.model(x_dict, edge_index_dict)["paper"]
+
+    data = hetero_graph()
+    whole = fxquant.transform(to_hetero_sage(data), mapping("int8"), lint="off").eval()
+    with pytest.raises(fxquant.FxquantError, match=r"returns a dict.*one node type's output"):
+        fxquant.convert(whole, strict=False)
+    gm = fxquant.transform(PaperLogits(to_hetero_sage(data)), mapping("int8"), lint="off")
+    gm.train()
+    gm(*inputs(data))
+    gm.eval()
+    with pytest.raises(ConversionError, match=r"'model.conv1.author__writes__paper'.*bipartite"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    kept = [p.where for p in model.report.float32]
+    assert "layer 'model.conv1.author__writes__paper' (SAGEConv)" in kept
+    assert not any("paper__cites__paper" in where for where in kept)
+    with torch.no_grad():
+        torch.testing.assert_close(model(*inputs(data)), gm(*inputs(data)))
+    assert compare(gm, model, *inputs(data)).ok(codes=1.0, predictions=1.0)
+
+
 def test_no_points_and_wrong_arguments():
     with pytest.raises(fxquant.FxquantError, match="no quantization points"):
         fxquant.convert(fxquant.trace(TwoLayers()))
