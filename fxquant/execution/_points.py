@@ -261,7 +261,7 @@ def _nearest_seen(spec: PointSpec, node_range: Tensor | None, table: Tensor, n: 
     seen = spec.seen_range
     if seen is None or node_range is None:
         if not table.numel():
-            return torch.full((n,), float(spec.max_bits))
+            return torch.full((n,), float(spec.max_bits), device=table.device)
         return table.mean().expand(n)
     order = torch.sort(seen)
     count = torch.isfinite(seen).sum()
