@@ -107,6 +107,13 @@ def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
     onnx.save(graph_model, os.fspath(path))
 
 
+class _Unexported:
+    """A model input the exported graph does not take (its name)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 class _Q:
     """Codes in the graph: the int8 tensor's name, and the names of its scale and shift
     (each ``[]`` or ``[rows, 1]``); ``floats``: the same codes as float32 (where the
@@ -222,11 +229,25 @@ class _Builder:
             self.op("Sub", [self.cast("x", self.FLOAT), self.const(128.0)]),
             tp.INT8)) if self.stored_input else None
         env[names[0]], env[names[1]] = stored or "x", "edge_index"
-        for name in names[2:]:
-            env[name] = None
+        # (an input left at its default None is None in the graph; node_ids is an input
+        # of the graph where widths read it)
+        for name, default in model.signature[2:]:
+            env[name] = None if name == "node_ids" or default is None else _Unexported(name)
         output = None
         for step in model.steps:
             args = [env.get(a) if isinstance(a, str) else None for a in step.args]
+            kwargs = {k: env.get(v) if isinstance(v, str) else None
+                      for k, v in step.kwargs.items()}
+            unexported = [a.name for a in (*args, *kwargs.values())
+                          if isinstance(a, _Unexported)]
+            if unexported and step.op != "guard":
+                what = f"layer {model.layers[step.target].name!r}" if step.op == "layer" \
+                    else repr(step.out)
+                raise ExportError(f"export_onnx: the model's input {unexported[0]!r} is used "
+                                  f"by {what}; the exported graph takes x and edge_index (and "
+                                  "node_ids) only: please export a model whose forward uses "
+                                  "no other input (edge weights and edge features are not "
+                                  "exported)")
             if step.op == "point":
                 if stored is not None and args[0] is stored \
                         and step.target == model.input_point:

@@ -601,9 +601,10 @@ class IntGINConv(IntLayer):
         if steps is None:
             raise Unconvertible(f"{name}: GINConv's nn {type(conv.nn).__name__} is not an MLP of "
                              "linears and ReLUs")
-        super().__init__(name, points, {"cls": "GINConv", "eps": float(conv.eps),
+        eps = float(conv.eps.detach())  # (a parameter where train_eps=True)
+        super().__init__(name, points, {"cls": "GINConv", "eps": eps,
                                         "flow": conv.flow, "nn": _mlp_layout(conv.nn)})
-        self.eps = float(conv.eps)
+        self.eps = eps
         self.flow = conv.flow
         self.steps = steps
         linears = [s for s in steps if s[0] == "linear"]

@@ -162,6 +162,31 @@ def test_heterogeneous_model_keeps_its_bipartite_layers_in_float32():
     assert compare(gm, model, *inputs(data)).ok(codes=1.0, predictions=1.0)
 
 
+def test_gin_with_a_trained_eps_converts_quietly():
+    """GINConv(train_eps=True): its eps is a parameter, read without a warning."""
+    import warnings
+
+    from torch_geometric.nn import GINConv
+
+    class Gin(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GINConv(torch.nn.Sequential(torch.nn.Linear(4, 3)), train_eps=True)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    gm = _int8(Gin())
+    with torch.no_grad():
+        gm.conv.eps.fill_(0.25)
+    data = _graph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = fxquant.convert(gm)
+    with torch.no_grad():
+        torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+
+
 def test_no_points_and_wrong_arguments():
     with pytest.raises(fxquant.FxquantError, match="no quantization points"):
         fxquant.convert(fxquant.trace(TwoLayers()))

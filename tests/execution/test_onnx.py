@@ -15,7 +15,7 @@ from fxquant.datasets import load_planetoid
 from fxquant.execution import export_onnx, onnx_inputs
 from fxquant.execution.export import ExportError
 from tests.support.data import needs_data
-from tests.support.execution import random_graph, train, transformed
+from tests.support.execution import mapping, random_graph, train, transformed
 from tests.support.extras import require
 
 
@@ -130,6 +130,30 @@ def test_export_refuses_what_it_cannot_write(tmp_path):
     model = fxquant.convert(gm.eval(), strict=False)
     with pytest.raises(ExportError, match=r"'conv1_quant'.*Python code"):
         export_onnx(model, tmp_path / "top.onnx")
+
+
+@pytest.mark.parametrize("keyword", [False, True])
+def test_export_refuses_a_model_input_the_graph_does_not_take(tmp_path, keyword):
+    """Edge weights passed to the model (positionally or by keyword) are refused, naming
+    the input: the graph takes x and edge_index, and would compute without them."""
+    from torch_geometric.nn import GCNConv
+
+    class Weighted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
+
+        def forward(self, x, edge_index, weight):
+            if keyword:
+                h = self.conv1(x, edge_index, edge_weight=weight).relu()
+                return self.conv2(h, edge_index, edge_weight=weight)
+            return self.conv2(self.conv1(x, edge_index, weight).relu(), edge_index, weight)
+
+    _runtime()
+    gm = fxquant.transform(Weighted(), mapping("int8"), lint="off").eval()
+    model = fxquant.convert(gm)
+    with pytest.raises(ExportError, match=r"input 'weight' is used by layer 'conv1'"):
+        export_onnx(model, tmp_path / "w.onnx")
 
 
 def _two_layers():
