@@ -28,7 +28,7 @@ from torch_geometric.nn.dense.linear import Linear as PygLinear
 from torch_geometric.nn.models import MLP
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
-from fxquant.errors import FxquantValueError
+from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.execution.aggregate import (
     EdgeOrder,
     GraphCache,
@@ -97,10 +97,30 @@ class Context:
         self.graphs = graphs if graphs is not None else GraphCache()
 
     def graph(self, key: Any, edge_index: Tensor, extra: Tensor | None, n: int,
-              build: Any) -> Any:
+              build: Any, layer: str = "") -> Any:
         """``build()``, or what it returned for this ``edge_index`` (and ``extra``) and
-        ``key`` before."""
+        ``key`` before; ``edge_index`` checked first (``layer``: the layer that takes it)."""
+        _check_edges(layer, edge_index, n)
         return self.graphs.get(key, edge_index, extra, n, build)
+
+
+def _check_edges(layer: str, edge_index: Any, n: int) -> None:
+    """A converted layer takes the graph as a ``[2, num_edges]`` tensor of node ids."""
+    where = f"the converted layer {layer!r}" if layer else "a converted layer"
+    if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
+        got = type(edge_index).__name__ if not isinstance(edge_index, Tensor) \
+            else f"a tensor of layout {edge_index.layout}"
+        raise FxquantTypeError(
+            f"{where} takes edge_index as a [2, num_edges] tensor of node ids, got {got} "
+            "(a sparse adjacency); please pass the plain edge_index (of PyG's transposed "
+            "adj_t, whose rows are the targets: adj_t.to_sparse_coo().coalesce().indices()"
+            ".flip(0))")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2 or edge_index.is_floating_point() \
+            or edge_index.dtype == torch.bool:
+        raise FxquantValueError(
+            f"{where} takes edge_index as a [2, num_edges] integer tensor of node ids, got "
+            f"shape {tuple(edge_index.shape)} of {edge_index.dtype}; please pass it in PyG's "
+            "layout (edge_index.t() if it is [num_edges, 2])")
 
 
 #: float32 values a product of codes and float32 weights dequantizes at once
@@ -456,7 +476,8 @@ class IntGCNConv(IntLayer):
         n = h.shape[0]
         key = ("gcn", self.normalize, self.improved, self.add_loops, self.flow)
         ew, sorted_ew, order = ctx.graph(key, edge_index, edge_weight, n,
-                                         lambda: self._prepare(edge_index, edge_weight, n))
+                                         lambda: self._prepare(edge_index, edge_weight, n),
+                                         self.name)
         if ew is not None and self.point("edge") is not None:
             ew = as_float(self._round("edge", ew, ctx, row_nodes=order.dst, num_nodes=n))
             sorted_ew = None
@@ -543,7 +564,7 @@ class IntSAGEConv(IntLayer):
         _no_size(self.name, size)
         n = x.shape[0]
         order = ctx.graph(("order", self.flow), edge_index, None, n,
-                          lambda: _order(edge_index, self.flow, n))
+                          lambda: _order(edge_index, self.flow, n), self.name)
         a = _node_messages(self, x, order, ctx, self.aggr)
         y = self._mm(a, self.weight_l, self.wl, ctx, "product aggregate W_l")
         if self.bl is not None:
@@ -661,7 +682,7 @@ class IntGINConv(IntLayer):
         _no_size(self.name, size)
         n = x.shape[0]
         order = ctx.graph(("order", self.flow), edge_index, None, n,
-                          lambda: _order(edge_index, self.flow, n))
+                          lambda: _order(edge_index, self.flow, n), self.name)
         a = _node_messages(self, x, order, ctx, "sum")
         h: Value | None = None
         j = 0
@@ -856,7 +877,7 @@ class IntGATConv(IntLayer):
         a_dst = (h * att_dst).sum(-1)
         n = h.shape[0]
         order = ctx.graph(("gat", self.add_loops, self.flow), edge_index, None, n,
-                          lambda: self._prepare(edge_index, n))
+                          lambda: self._prepare(edge_index, n), self.name)
         src, dst = order.src, order.dst
         alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
         alpha = F.leaky_relu(alpha, self.negative_slope)

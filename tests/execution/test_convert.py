@@ -187,6 +187,22 @@ def test_gin_with_a_trained_eps_converts_quietly():
         torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
 
 
+@pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
+def test_a_sparse_or_transposed_edge_index_is_refused_naming_the_layer():
+    """A sparse adjacency, or edges as rows, is refused with what to pass instead."""
+    from torch_geometric.utils import to_torch_csr_tensor
+
+    data = _graph()
+    model = fxquant.convert(_int8())
+    adj_t = to_torch_csr_tensor(data.edge_index.flip(0), size=(12, 12))
+    with pytest.raises(TypeError, match=r"'conv1'.*sparse_csr.*coalesce\(\)\.indices\(\)"):
+        model(data.x, adj_t)
+    with pytest.raises(ValueError, match=r"'conv1'.*shape \(40, 2\).*edge_index\.t\(\)"):
+        model(data.x, data.edge_index.t())
+    with pytest.raises(ValueError, match=r"'conv1'.*torch.float32"):
+        model(data.x, data.edge_index.float())
+
+
 def test_no_points_and_wrong_arguments():
     with pytest.raises(fxquant.FxquantError, match="no quantization points"):
         fxquant.convert(fxquant.trace(TwoLayers()))
