@@ -291,29 +291,37 @@ class Messages:
         self.__dict__.pop("_extremes", None)
         return self.bounds()
 
-    def settled(self, positions: Tensor) -> Tensor:
-        """The messages at ``positions`` (flat indices of the messages in target order) as
-        the simulation computes them: their senders' rows recomputed its way (``settle``)
-        and kept in ``values``."""
+    def settled(self, positions: Tensor) -> bool:
+        """Recompute the senders of the messages at ``positions`` (flat indices of the
+        messages in target order) as the simulation computes them (``settle``), kept in
+        ``values``; whether any of their rows changed (see :meth:`resettle`)."""
         assert self.settle is not None
-        width = max(1, self.width)
-        edges = torch.div(positions, width, rounding_mode="floor")
+        edges = torch.div(positions, max(1, self.width), rounding_mode="floor")
         senders = self.order.sorted_src.index_select(0, edges)
-        self.values[senders] = self.settle(senders).to(self.values.dtype)
+        rows = self.settle(senders).to(self.values.dtype)
+        changed = (rows != self.values.index_select(0, senders)).reshape(
+            rows.shape[0], -1).any(1)
+        if not bool(changed.any()):
+            return False
+        self.values[senders] = rows
         self.__dict__.pop("_extremes", None)
-        self.__dict__["_settled"] = senders
-        return self.elements(edges, positions - edges * width)
+        self.__dict__["_settled"] = senders[changed]
+        return True
 
     def resettle(self, whole: Tensor) -> None:
         """Every message of ``whole`` (the messages in target order, computed before
-        :meth:`settled`) whose sender :meth:`settled` recomputed, computed again from the
-        sender's recomputed row: the extreme's sender sends other messages, whose values
+        :meth:`settled`) whose sender's row :meth:`settled` changed, computed again from
+        that row: the extreme's sender sends other messages, whose values
         may be the extreme's simple fractions (a ratio of two normalization coefficients)
         and lie on a rounding boundary of the step taken from it."""
         senders = self.__dict__.pop("_settled", None)
         if senders is None or not whole.numel():
             return
-        positions = torch.isin(self.order.sorted_src, senders).nonzero().view(-1)
+        src = self.order.sorted_src
+        # (a few senders: compared one by one, far faster than torch.isin's sort)
+        sent = (src.view(-1, 1) == senders.view(1, -1)).any(1) if senders.numel() <= 8 \
+            else torch.isin(src, senders)
+        positions = sent.nonzero().view(-1)
         whole[positions] = self.rows(positions)
 
     def target_range(self, n: int) -> Tensor:
@@ -361,8 +369,7 @@ def aggregate(point: IntQuantizer, messages: Messages, order: EdgeOrder, ids: Te
             bounds = tensor_range(whole)
             if ties and point.spec.step_kind == "batch" and messages.settle is not None \
                     and whole.numel():
-                bounds = _settle_extremes(point, whole.view(-1), bounds, messages.settled)
-                messages.resettle(whole)
+                bounds = _settle_message_extremes(point, messages, whole, bounds)
     plan = point.plan(bounds, ids=ids, num_nodes=n,
                       node_range=lambda: messages.target_range(n))
     if record is not None:
@@ -485,26 +492,25 @@ def _replay_sums(plan: RoundPlan, messages: Messages, order: EdgeOrder, width: i
     in-degree among them (adding 0 leaves a float32 sum as it is)."""
     count = elements.shape[0]
     nodes = torch.div(elements, width, rounding_mode="floor")
-    columns = elements - nodes * width
+    columns = torch.remainder(elements, width)
     degree = order.degree.index_select(0, nodes)
     slots = int(degree.max()) if count else 0
     if not slots:
         return torch.zeros(count, device=elements.device)
-    pairs = int(degree.sum())
     valid: Tensor | None = None
-    if count * slots <= 2 * pairs + _PADDED_EXTRA:  # one row per element, padded
+    if count * slots <= _PADDED_EXTRA or count * slots <= 2 * int(degree.sum()) + _PADDED_EXTRA:
+        # one row per element, padded
         slot = torch.arange(slots, device=elements.device)
-        valid = (slot.view(1, -1) < degree.view(-1, 1)).view(-1)
+        valid = (slot < degree.view(-1, 1)).view(-1)
         positions = (order.ptr.index_select(0, nodes).view(-1, 1) + slot).view(-1).clamp_(
             max=order.edges - 1)
-        columns = columns.view(-1, 1).expand(count, slots).reshape(-1)
-        owner = torch.arange(count, device=elements.device).view(-1, 1).expand(
-            count, slots).reshape(-1)
+        columns = columns.repeat_interleave(slots)
+        owner = torch.arange(count, device=elements.device).repeat_interleave(slots)
     else:  # (a few nodes of far larger in-degree) each (element, message) pair once
         owner = torch.repeat_interleave(degree)
         first = torch.cumsum(degree, 0) - degree
         positions = order.ptr.index_select(0, nodes).index_select(0, owner) + torch.arange(
-            pairs, device=elements.device) - first.index_select(0, owner)
+            owner.shape[0], device=elements.device) - first.index_select(0, owner)
         columns = columns.index_select(0, owner)
     targets = order.sorted_dst.index_select(0, positions) if plan.node_bits is not None \
         else None
@@ -520,10 +526,10 @@ def _replay_sums(plan: RoundPlan, messages: Messages, order: EdgeOrder, width: i
         t = plan.terms(m, targets)
         vals = plan.values(round_levels(m, t, toward_zero), t)
     if valid is not None:
-        vals = torch.where(valid, vals, 0.0)
+        vals.masked_fill_(~valid, 0.0)
     sums = torch.zeros(count, device=elements.device).scatter_add_(0, owner, vals)
     if mean:
-        sums = sums / order.count.index_select(0, nodes).clamp(min=1)
+        sums.div_(order.count.index_select(0, nodes).clamp_(min=1))
     return sums
 
 
@@ -633,7 +639,9 @@ def beyond(flat: Tensor, below: float | None = None, above: float | None = None)
             return x <= float(below)  # type: ignore[arg-type]
         return x >= above if below is None else (x >= above) | (x <= below)
 
-    body = n - n % BLOCK if n >= _BLOCKED_FROM else 0
+    if n < _BLOCKED_FROM:  # (few: each one)
+        return qualifies(flat).nonzero().view(-1)
+    body = n - n % BLOCK
     parts = []
     if body:
         blocks = flat[:body].view(-1, BLOCK)
@@ -687,17 +695,18 @@ def extreme_rows(point: IntQuantizer, v: Tensor) -> Tensor:
     return torch.unique(torch.div(elements, flat.numel() // v.shape[0], rounding_mode="floor"))
 
 
-def _settle_extremes(then: IntQuantizer, flat: Tensor, bounds: tuple[float, float],
-                     replay: Callable[[Tensor], Tensor]) -> tuple[float, float]:
-    """The range of ``flat`` as the simulation has it: the values at (or within
-    :data:`EXTREME_TOLERANCE` of) the extremes computed again its way (``replay``),
-    written into ``flat``; their extremes are the range's."""
-    elements = _near_extremes(then, flat, bounds)
-    if not elements.numel():
+def _settle_message_extremes(point: IntQuantizer, messages: Messages, whole: Tensor,
+                             bounds: tuple[float, float]) -> tuple[float, float]:
+    """The range of the messages ``whole`` (in target order) as the simulation has it: the
+    senders of the messages at (or within :data:`EXTREME_TOLERANCE` of) the extremes
+    recomputed its way (:meth:`Messages.settled`), every message of those whose rows
+    changed computed again in ``whole``; the extremes of those near them are the range's."""
+    flat = whole.view(-1)
+    elements = _near_extremes(point, flat, bounds)
+    if not elements.numel() or not messages.settled(elements):
         return bounds
-    values = replay(elements)
-    flat[elements] = values
-    return _settled_bounds(then, bounds, values)
+    messages.resettle(whole)
+    return _settled_bounds(point, bounds, flat.index_select(0, elements))
 
 
 def _settled_bounds(then: IntQuantizer, bounds: tuple[float, float], values: Tensor
@@ -715,7 +724,9 @@ def _settled_bounds(then: IntQuantizer, bounds: tuple[float, float], values: Ten
 
 def _settle_row_extremes(then: IntQuantizer, rows: Tensor,
                          replay: Callable[[Tensor], Tensor]) -> None:
-    """:func:`_settle_extremes` for a range per row (each row's own step)."""
+    """The values of ``rows`` at (or within :data:`EXTREME_TOLERANCE` of) each row's
+    extremes computed again the simulation's way (``replay``, flat indices), in place: a
+    range per row (each row's own step)."""
     lo, hi = torch.aminmax(rows, dim=1)
     margin = (EXTREME_TOLERANCE * torch.maximum(lo.abs(), hi.abs())).view(-1, 1)
     near = (rows <= lo.view(-1, 1) + margin) | (rows >= hi.view(-1, 1) - margin)
