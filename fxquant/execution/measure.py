@@ -77,6 +77,9 @@ class Storage:
                                        "scale bytes", "row-scale bytes", "float32 bytes",
                                        "smaller"], tablefmt=tablefmt)
 
+    def __str__(self) -> str:
+        return self.table()
+
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [asdict(r) for r in self.rows],
                 "width_table_bytes": self.width_table_bytes,
@@ -185,6 +188,9 @@ class BitOps:
     @property
     def float32_bitops(self) -> float:
         return sum(r["float32_bitops"] for r in self.rows)
+
+    def __str__(self) -> str:
+        return self.table()
 
     def table(self, tablefmt: str = "simple") -> str:
         rows = [[r["what"], r["kind"], r["operations"], r["bits"], f"{r['bitops']:.3g}",
