@@ -41,7 +41,7 @@ from fxquant.execution.quantizer import IntQuantizer, RoundPlan, round_levels, t
 from fxquant.quant.observers import percentile_bounds
 
 __all__ = ["EXACT_FLOAT", "TIE_TOLERANCE", "EdgeOrder", "GraphCache", "Messages",
-           "accumulator", "aggregate", "extreme_rows", "round_sums"]
+           "accumulator", "aggregate", "extreme_rows", "round_sums", "tie_rows"]
 
 #: message values per chunk (per-edge messages on a large graph)
 CHUNK = 1 << 18
@@ -189,9 +189,9 @@ class Messages:
     def sorted_floats(self, start: int, stop: int) -> Tensor:
         """The float32 messages of the edges ``start:stop`` in the order of the targets."""
         m = self.values.index_select(0, self.order.sorted_src[start:stop])
-        if self.sorted_coef is not None:
+        if self.sorted_coef is not None:  # (in place: a product is the same either way)
             c = self.sorted_coef[start:stop]
-            m = c.view(c.shape + (1,) * (m.dim() - c.dim())) * m
+            m.mul_(c.view(c.shape + (1,) * (m.dim() - c.dim())))
         return m
 
     def floats(self, edges: Tensor | None = None) -> Tensor:
@@ -320,7 +320,8 @@ class Messages:
         src = self.order.sorted_src
         # (a few senders: compared one by one, far faster than torch.isin's sort)
         sent = (src.view(-1, 1) == senders.view(1, -1)).any(1) if senders.numel() <= 8 \
-            else torch.isin(src, senders)
+            else torch.zeros(self.order.n, dtype=torch.bool, device=src.device).index_fill_(
+                0, senders, True).index_select(0, src)
         positions = sent.nonzero().view(-1)
         whole[positions] = self.rows(positions)
 
@@ -693,6 +694,24 @@ def extreme_rows(point: IntQuantizer, v: Tensor) -> Tensor:
     flat = v.reshape(-1)
     elements = _near_extremes(point, flat, tensor_range(v))
     return torch.unique(torch.div(elements, flat.numel() // v.shape[0], rounding_mode="floor"))
+
+
+def tie_rows(point: IntQuantizer, v: Tensor, ids: Tensor | None = None) -> Tensor:
+    """The rows of ``v`` (ids, ascending) holding a value within :data:`TIE_TOLERANCE`
+    steps of a rounding boundary of ``point`` (rows of nodes, ``ids`` their global ids):
+    products of codes are multiples of one scale, so a value is often exactly a simple
+    fraction of another (half the extreme a step is taken from), and there the
+    simulation's float32 product picks the code."""
+    if not v.numel():
+        return torch.zeros(0, dtype=torch.long, device=v.device)
+    n = v.shape[0]
+    bounds = point.range_of(v) if point.needs_range else None
+    plan = point.plan(bounds, ids=ids, num_nodes=n, node_range=lambda: _magnitudes(v))
+    toward_zero = point.spec.rounding == "toward_zero"
+    before = torch.empty_like(v)
+    round_levels(v, plan.terms(v), toward_zero, keep=before)
+    ties = _near_ties(before.view(-1), toward_zero)
+    return torch.unique(torch.div(ties, v.numel() // n, rounding_mode="floor"))
 
 
 def _settle_message_extremes(point: IntQuantizer, messages: Messages, whole: Tensor,

@@ -273,7 +273,8 @@ class _Converter:
     def _output(self, node: Node) -> None:
         arg = node.args[0]
         if not isinstance(arg, Node):
-            kind = "dict" if isinstance(arg, dict) else type(arg).__name__
+            kind = "dict" if isinstance(arg, dict) else "constant" if arg is None or \
+                isinstance(arg, (bool, int, float, str)) else type(arg).__name__
             raise FxquantValueError(f"fxquant.convert: the model returns a {kind}; the "
                                     "converted model returns one tensor: please convert a "
                                     "model whose forward returns one (of a heterogeneous "
@@ -314,7 +315,7 @@ class _Converter:
         elif refused:
             name, spec = next(iter(refused.items()))
             why = f"its quantization point {name!r} ({spec.label}): {'; '.join(spec.problems)}"
-        elif node.args and isinstance(node.args[0], (tuple, list)):
+        elif isinstance(node.args[0] if node.args else node.kwargs.get("x"), (tuple, list)):
             why = ("it is called on a bipartite pair of features (x_src, x_dst), as "
                    "heterogeneous models call it; the converted layers take one node type's "
                    "features")

@@ -35,6 +35,7 @@ from fxquant.execution.aggregate import (
     Messages,
     aggregate,
     extreme_rows,
+    tie_rows,
 )
 from fxquant.execution.kernels import QTensor, int_matmul, number, per_row
 from fxquant.execution.packing import PackedCodes, pack, unpack
@@ -100,11 +101,11 @@ class Context:
               build: Any, layer: str = "") -> Any:
         """``build()``, or what it returned for this ``edge_index`` (and ``extra``) and
         ``key`` before; ``edge_index`` checked first (``layer``: the layer that takes it)."""
-        _check_edges(layer, edge_index, n)
+        _check_edges(layer, edge_index)
         return self.graphs.get(key, edge_index, extra, n, build)
 
 
-def _check_edges(layer: str, edge_index: Any, n: int) -> None:
+def _check_edges(layer: str, edge_index: Any) -> None:
     """A converted layer takes the graph as a ``[2, num_edges]`` tensor of node ids."""
     where = f"the converted layer {layer!r}" if layer else "a converted layer"
     if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
@@ -114,7 +115,8 @@ def _check_edges(layer: str, edge_index: Any, n: int) -> None:
             f"{where} takes edge_index as a [2, num_edges] tensor of node ids, got {got} "
             "(a sparse adjacency); please pass the plain edge_index (of PyG's transposed "
             "adj_t, whose rows are the targets: adj_t.to_sparse_coo().coalesce().indices()"
-            ".flip(0))")
+            ".flip(0) for a torch sparse tensor, torch.stack(adj_t.coo()[:2]).flip(0) "
+            "for a torch_sparse SparseTensor)")
     if edge_index.dim() != 2 or edge_index.shape[0] != 2 or edge_index.is_floating_point() \
             or edge_index.dtype == torch.bool:
         raise FxquantValueError(
@@ -314,15 +316,19 @@ class IntLayer(nn.Module):
         return self.__dict__.get("then")
 
     def _settle(self, point: IntQuantizer | None, y: Tensor,
-                simulate: Callable[[Tensor], Tensor]) -> Tensor:
+                simulate: Callable[[Tensor], Tensor], ids: Tensor | None = None) -> Tensor:
         """``y`` (computed on integers, rescaled to float32), with the rows holding the
         range ``point`` takes its step from computed as the simulation computes them
         (``simulate(rows)``, its float32 products), so that the step is the simulation's
-        to the bit: every code after it is read with that step, and a value the
-        simulation puts exactly on a rounding boundary stays there."""
+        to the bit: every code after it is read with that step; then the rows holding a
+        value on a rounding boundary of that step (``ids``: the rows' global node ids,
+        for per-node widths), where the simulation's float32 product picks the code."""
         if point is None or not self._exact_ties:
             return y
         rows = extreme_rows(point, y)
+        if rows.numel():
+            y[rows] = self._simulate_rows(rows, y.shape[0], simulate).to(y.dtype)
+        rows = tie_rows(point, y, ids)
         if rows.numel():
             y[rows] = self._simulate_rows(rows, y.shape[0], simulate).to(y.dtype)
         return y
@@ -359,7 +365,8 @@ class IntLayer(nn.Module):
 
         linear = self.point("linear.lin")
         if linear is not None:
-            h = as_float(self._round("linear.lin", self._settle(linear, h, simulate), ctx))
+            h = as_float(self._round("linear.lin", self._settle(linear, h, simulate, ctx.ids),
+                                     ctx))
         return h, simulate, linear
 
     def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
@@ -586,7 +593,7 @@ class IntSAGEConv(IntLayer):
                                      self.br)
             return out
 
-        return self._settle(self.then, y, simulate)
+        return self._settle(self.then, y, simulate, ctx.ids)
 
 
 def _order(edge_index: Tensor, flow: str, n: int) -> EdgeOrder:
@@ -725,7 +732,7 @@ class IntGINConv(IntLayer):
                     j += 1
             return out
 
-        return self._settle(self.then, as_float(h), simulate)
+        return self._settle(self.then, as_float(h), simulate, ctx.ids)
 
 
 def _mlp_steps(module: nn.Module) -> list[tuple[str, str]] | None:

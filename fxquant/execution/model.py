@@ -300,6 +300,8 @@ def _floats(value: Any) -> Any:
     float32 values: what a part kept in float32 takes."""
     if isinstance(value, QTensor):
         return as_float(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_floats(v) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(_floats(v) for v in value)
     if isinstance(value, dict):
