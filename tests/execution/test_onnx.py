@@ -1,5 +1,5 @@
 """ONNX export: the converted model as an ONNX graph that ONNX Runtime's CPU provider runs
-on integers (MatMulInteger, ScatterElements into int32), predicting as the converted model
+on integers (MatMulInteger, ScatterND into int32), predicting as the converted model
 does. Without the ``export`` extra the tests skip, except under CI=true, where they fail."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_onnx_runs_the_integer_model(tmp_path, kind, config):
     path = tmp_path / "model.onnx"
     export_onnx(model, path)
     ops = _ops(path)
-    assert {"ScatterElements"} <= ops
+    assert {"ScatterND"} <= ops
     if config != "recommended":
         assert "MatMulInteger" in ops
     out = _run(path, data, _uses_nodes(model))
