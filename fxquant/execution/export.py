@@ -2,12 +2,16 @@
 runs on integers.
 
 The graph is written node by node from the converted model's program (not traced), so it
-holds exactly the integer computation: codes as ``int8`` tensors, products as
-``MatMulInteger`` (``int8 x int8 -> int32``), aggregation as ``ScatterND`` with
-``reduction="add"`` into ``int32`` (whole rows added), and the float32 rescaling between them; steps taken
-from the values (min/max) are computed in the graph. Inputs: ``x`` (float32 features),
-``edge_index`` (int64), and ``node_ids`` (int64, one global id per row) where a point has
-per-node widths. Output: the logits (float32).
+holds exactly the integer computation: products as ``MatMulInteger`` (the codes + 128 as
+``uint8`` x ``int8`` weights -> ``int32``), aggregation as ``ScatterND`` with
+``reduction="add"`` into ``int32`` (whole rows added), and the float32 rescaling between
+them; between steps the codes are held as the rounding makes them (whole numbers in
+float32) and cast where an integer operator reads them. Messages that are their sender's
+values (GIN, GraphSAGE) are rounded once per node and their codes gathered per edge; steps
+taken from the values (min/max) are computed in the graph. Inputs: ``x`` (float32
+features, or the uint8 codes they are stored as), ``edge_index`` (int64), and
+``node_ids`` (int64, one global id per row) where a point has per-node widths. Output: the
+logits (float32).
 
 Needs the ``export`` extra: ``pip install "fxquant[export]"`` (onnx, onnxruntime,
 onnxscript).
@@ -280,23 +284,41 @@ class _Builder:
         return self.h.make_model(graph, opset_imports=[self.h.make_opsetid("", OPSET)],
                                  producer_name="fxquant", ir_version=IR_VERSION)
 
+    def code_floats(self, v: _Q) -> str:
+        """``v``'s codes as float32 (made once: from the rounding, from the stored uint8
+        codes, else cast)."""
+        if v.floats is None:
+            if v.unsigned is not None:
+                v.floats = self.op("Sub", [self.cast(v.unsigned, self.FLOAT),
+                                           self.const(128.0)])
+            else:
+                v.floats = self.cast(v.codes, self.FLOAT)
+        return v.floats
+
     def as_float(self, v: Any) -> str:
         if isinstance(v, _Q):
-            levels = self.op("Add", [self.cast(v.codes, self.FLOAT), v.shift])
+            if v.floats is None and v.unsigned is not None:  # (the 128 in the shift)
+                levels = self.op("Add", [self.cast(v.unsigned, self.FLOAT), self.op(
+                    "Sub", [v.shift, self.const(128.0)])])
+            else:
+                levels = self.op("Add", [self.code_floats(v), v.shift])
             return self.op("Mul", [levels, v.scale])
         return v
 
     def relu(self, v: Any) -> Any:
         if isinstance(v, _Q):  # zero is the code -shift where the shift is a whole number
-            return _Q(self.cast(self.op("Max", [
-                self.cast(v.codes, self.FLOAT), self.op("Neg", [v.shift])]),
-                self.onnx.TensorProto.INT8), v.scale, v.shift)
+            floats = self.op("Max", [self.code_floats(v), self.op("Neg", [v.shift])])
+            return _Q(None, v.scale, v.shift, floats, make_codes=lambda: self.cast(
+                floats, self.onnx.TensorProto.INT8))
         return self.op("Relu", [v])
 
     # -- rounding -------------------------------------------------------------------------
 
-    def quantize(self, q: IntQuantizer, x: str, row_nodes: str | None = None) -> _Q:
-        """``x`` (float32) rounded to ``q``'s codes (as :class:`RoundPlan` does)."""
+    def quantize(self, q: IntQuantizer, x: str, row_nodes: str | None = None,
+                 bounds: tuple[str, str] | None = None) -> _Q:
+        """``x`` (float32) rounded to ``q``'s codes (as :class:`RoundPlan` does); a step
+        taken from the values' range reads it from ``bounds`` (the names of its least and
+        largest value, shape ``[]``) where given, else from ``x``."""
         if self.float32:
             return x  # type: ignore[return-value]
         spec, grid = q.spec, q.grid
@@ -321,10 +343,12 @@ class _Builder:
             divide = spec.step_kind == "learned"
         else:
             per_row = spec.step_kind == "batch-row"
-            lo = self.op("ReduceMin", [x, self.const([1] if per_row else [0, 1], torch.int64)],
-                         keepdims=1 if per_row else 0)
-            hi = self.op("ReduceMax", [x, self.const([1] if per_row else [0, 1], torch.int64)],
-                         keepdims=1 if per_row else 0)
+            if bounds is not None and not per_row:
+                lo, hi = bounds
+            else:
+                axes = self.const([1] if per_row else [0, 1], torch.int64)
+                lo = self.op("ReduceMin", [x, axes], keepdims=1 if per_row else 0)
+                hi = self.op("ReduceMax", [x, axes], keepdims=1 if per_row else 0)
             scale, zp = self.int_scale(q, lo, hi)
             divide = False
         y = self.op("Div", [x, scale]) if divide else \
@@ -341,7 +365,7 @@ class _Builder:
         shift = self.const(float(q.bias + off))
         if zp is not None:
             shift = self.op("Sub", [shift, zp])
-        return _Q(self.cast(n, self.onnx.TensorProto.INT8), scale, shift, n)
+        return self.rounded(n, scale, shift)
 
     def int_scale(self, q: IntQuantizer, lo: str, hi: str) -> tuple[str, str | None]:
         """``fxquant.quantize``'s ``int_scale`` in the graph."""
@@ -409,8 +433,13 @@ class _Builder:
         n = self.op("Min", [self.op("Max", [self.op("Round", [y]), qmin]), qmax])
         if q.bias:
             n = self.op("Sub", [n, self.const(float(q.bias))])
-        return _Q(self.cast(n, self.onnx.TensorProto.INT8), step,
-                  self.const(float(q.bias + off)), n)
+        return self.rounded(n, step, self.const(float(q.bias + off)))
+
+    def rounded(self, n: str, scale: str, shift: str) -> _Q:
+        """Codes a rounding made (``n``: float32), cast to int8 only where a step reads
+        them so."""
+        return _Q(None, scale, shift, n, make_codes=lambda: self.cast(
+            n, self.onnx.TensorProto.INT8))
 
     # -- products and sums ----------------------------------------------------------------
 
@@ -429,7 +458,7 @@ class _Builder:
             wq = self.weight(w)
             unsigned = x.unsigned
             if unsigned is None:  # the codes + 128 as uint8
-                floats = x.floats if x.floats is not None else self.cast(x.codes, self.FLOAT)
+                floats = self.code_floats(x)
                 unsigned = self.cast(self.op("Add", [floats, self.const(128.0)]),
                                      self.onnx.TensorProto.UINT8)
             acc = self.cast(self.op("MatMulInteger", [
@@ -438,7 +467,7 @@ class _Builder:
             colsum = self.const(q.codes.sum(1, dtype=torch.int32).float().view(1, -1))
             acc = self.op("Add", [acc, self.op("Mul", [x.shift, colsum])])
             if bool((torch.as_tensor(q.shift) != 0).any()):
-                rowsum = self.op("ReduceSum", [self.cast(x.codes, self.FLOAT), self.const(
+                rowsum = self.op("ReduceSum", [self.code_floats(x), self.const(
                     [1], torch.int64)], keepdims=1)
                 k = float(q.codes.shape[1])
                 acc = self.op("Add", [acc, self.op("Mul", [rowsum, wq.shift])])
@@ -466,11 +495,15 @@ class _Builder:
                   like: str, mean: bool) -> str:
         """Each node's sum (mean) of its messages ``coef * values[src]``: rounded to the
         message point's codes and summed into int32 by ``ScatterND`` (rows added)."""
-        m = self.op("Gather", [values, src], axis=0)
-        if coef is not None:
-            m = self.op("Mul", [m, self.op("Unsqueeze", [coef, self.const([1], torch.int64)])])
+        def messages() -> str:
+            m = self.op("Gather", [values, src], axis=0)
+            if coef is not None:
+                m = self.op("Mul", [m, self.op("Unsqueeze", [
+                    coef, self.const([1], torch.int64)])])
+            return m
+
         point = None if self.float32 else layer.point("message")
-        width = self.op("Slice", [self.op("Shape", [m]), self.const([1], torch.int64),
+        width = self.op("Slice", [self.op("Shape", [values]), self.const([1], torch.int64),
                                   self.const([2], torch.int64)])
         # (whole rows by ScatterND: ScatterElements reads an int64 index per value, ~25x
         # slower on Cora's 1,433-wide rows)
@@ -478,13 +511,21 @@ class _Builder:
         count = self.count_of(dst, like)
         if point is None:
             total = self.op("ScatterND", [self.zeros_like_nodes(
-                like, width, self.FLOAT), index, m], reduction="add")
+                like, width, self.FLOAT), index, messages()], reduction="add")
         else:
-            q = self.quantize(point, m, row_nodes=dst)
             if point.widths is None and point.spec.step_kind == "batch-row":
                 raise ExportError(f"export_onnx: the messages of {layer.name!r} have a scale "
                                   "per message, whose sum is not integer; not exported")
-            codes = self.cast(q.codes, self.onnx.TensorProto.INT32)
+            if coef is None and point.widths is None:
+                # each message is its sender's row: every node's row rounded once and its
+                # codes gathered per edge (the range is the senders' rows')
+                q = self.quantize(point, values, bounds=self.sender_range(values, src)
+                                  if point.spec.step_kind == "batch" else None)
+                codes = self.op("Gather", [self.cast(
+                    self.code_floats(q), self.onnx.TensorProto.INT32), src], axis=0)
+            else:
+                q = self.quantize(point, messages(), row_nodes=dst)
+                codes = self.cast(self.code_floats(q), self.onnx.TensorProto.INT32)
             total_i = self.op("ScatterND", [self.zeros_like_nodes(
                 like, width, self.onnx.TensorProto.INT32), index, codes], reduction="add")
             levels = self.op("Add", [self.cast(total_i, self.FLOAT),
@@ -500,6 +541,15 @@ class _Builder:
         if mean:
             total = self.op("Div", [total, self.op("Max", [count, self.const(1.0)])])
         return total
+
+    def sender_range(self, values: str, src: str) -> tuple[str, str]:
+        """The least and largest value of the rows of ``values`` that ``src`` names (the
+        messages' range, without gathering the messages): each row's extremes, gathered."""
+        axes = self.const([1], torch.int64)
+        lo = self.op("Gather", [self.op("ReduceMin", [values, axes], keepdims=0), src], axis=0)
+        hi = self.op("Gather", [self.op("ReduceMax", [values, axes], keepdims=0), src], axis=0)
+        return (self.op("ReduceMin", [lo, self.const([0], torch.int64)], keepdims=0),
+                self.op("ReduceMax", [hi, self.const([0], torch.int64)], keepdims=0))
 
     def count_of(self, dst: str, like: str) -> str:
         ones = self.op("ConstantOfShape", [self.op("Shape", [dst])], value=self.h.make_tensor(

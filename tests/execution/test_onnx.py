@@ -72,6 +72,32 @@ def test_onnx_runs_the_integer_model(tmp_path, kind, config):
 
 @pytest.mark.parametrize("kind", ["gcn", "sage", "gin"])
 @pytest.mark.parametrize("config", ["int8", "int4-lsq-p", "recommended"])
+def test_onnx_computes_the_integer_models_values(tmp_path, kind, config):
+    """Signed features (the messages' range set by its negative end) on a graph where the
+    nodes of the largest values send nothing: ONNX Runtime's logits equal, to float32
+    rounding, those of the model converted with ``ties="nearest"`` (the same exact integer
+    computation, ties rounded as they are)."""
+    _runtime()
+    data = random_graph(40, 160, 6, seed=3)
+    data.x = torch.randn(data.x.shape, generator=torch.Generator().manual_seed(0)) - 1.0
+    # nodes 0-3 send nothing, and hold the largest magnitudes (outside the messages' range)
+    data.edge_index = data.edge_index[:, data.edge_index[0] >= 4]
+    data.x[:4] *= 3.0
+    if config == "recommended":
+        data.x = (data.x > 0.8).float()  # (exact on the recipe's uint1 input grid)
+    gm, _ = transformed(kind, config, data, 3)
+    gm.train()
+    gm(data.x, data.edge_index)
+    gm.eval()
+    model = fxquant.convert(gm, strict=False, ties="nearest")
+    path = tmp_path / "model.onnx"
+    export_onnx(model, path)
+    out = _run(path, data, _uses_nodes(model))
+    torch.testing.assert_close(out, model(data.x, data.edge_index), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage", "gin"])
+@pytest.mark.parametrize("config", ["int8", "int4-lsq-p", "recommended"])
 def test_onnx_takes_the_features_as_their_stored_codes(tmp_path, kind, config):
     """stored_input=True: the graph takes the int8 codes features are stored as (with
     their scale and shift: per row for the recipe's input) and computes what the graph of
