@@ -37,7 +37,13 @@ import torch
 from torch import Tensor
 
 from fxquant.execution.kernels import QTensor
-from fxquant.execution.quantizer import IntQuantizer, RoundPlan, round_levels, tensor_range
+from fxquant.execution.quantizer import (
+    IntQuantizer,
+    RoundPlan,
+    finite_row_magnitudes,
+    round_levels,
+    tensor_range,
+)
 from fxquant.quant.observers import percentile_bounds
 
 __all__ = ["EXACT_FLOAT", "TIE_TOLERANCE", "EdgeOrder", "GraphCache", "Messages",
@@ -555,7 +561,7 @@ def round_sums(then: IntQuantizer, v: Tensor, replay: Callable[[Tensor], Tensor]
 
     def rounded(bounds: tuple[float, float] | None, before: Tensor | None
                 ) -> tuple[RoundPlan, dict[str, Any], Tensor]:
-        plan = then.plan(bounds, ids=ids, num_nodes=n, node_range=lambda: _magnitudes(v))
+        plan = then.plan(bounds, ids=ids, num_nodes=n, node_range=lambda: finite_row_magnitudes(v))
         t = plan.terms(v)
         return plan, t, round_levels(v, t, toward_zero, keep=before)
 
@@ -706,7 +712,7 @@ def tie_rows(point: IntQuantizer, v: Tensor, ids: Tensor | None = None) -> Tenso
         return torch.zeros(0, dtype=torch.long, device=v.device)
     n = v.shape[0]
     bounds = point.range_of(v) if point.needs_range else None
-    plan = point.plan(bounds, ids=ids, num_nodes=n, node_range=lambda: _magnitudes(v))
+    plan = point.plan(bounds, ids=ids, num_nodes=n, node_range=lambda: finite_row_magnitudes(v))
     toward_zero = point.spec.rounding == "toward_zero"
     before = torch.empty_like(v)
     round_levels(v, plan.terms(v), toward_zero, keep=before)
@@ -763,9 +769,3 @@ def _terms_at(t: dict[str, Any], rows: Tensor) -> dict[str, Any]:
             out[key] = value.reshape(-1).index_select(0, rows)
     return out
 
-
-def _magnitudes(v: Tensor) -> Tensor:
-    flat = v.reshape(v.shape[0], -1)
-    if not flat.shape[1]:
-        return flat.new_zeros(flat.shape[0])
-    return flat.abs().nan_to_num(nan=0.0, posinf=0.0).amax(1)

@@ -33,7 +33,7 @@ from fxquant.execution._points import (
 from fxquant.execution.kernels import QTensor, codes_of, f32
 from fxquant.quant.observers import percentile_bounds
 
-__all__ = ["IntQuantizer", "RoundPlan", "tensor_range"]
+__all__ = ["IntQuantizer", "RoundPlan", "finite_row_magnitudes", "tensor_range"]
 
 #: the fields of a :class:`PointSpec` that are plain values (saved as JSON)
 _META = ("module", "label", "layer", "site", "tensor", "rounding", "step_kind", "pow2",
@@ -97,7 +97,7 @@ class IntQuantizer(nn.Module):
         n = num_nodes if num_nodes is not None else (v.shape[0] if v.dim() else 1)
 
         def node_range() -> Tensor:
-            rows = _row_magnitudes(v)
+            rows = finite_row_magnitudes(v)
             if row_nodes is None:
                 return rows
             out = torch.zeros(n, dtype=rows.dtype, device=v.device)
@@ -257,7 +257,7 @@ class RoundPlan:
             if self.scale is not None:  # a learned step
                 step: float | Tensor = self.scale
             else:
-                amax = self.amax if self.amax is not None else _row_magnitudes(v).clamp(min=0)
+                amax = self.amax if self.amax is not None else finite_row_magnitudes(v).clamp(min=0)
                 step = (amax.reshape(-1) / (qmax_t.to(torch.float32) + off)).clamp(min=_TINY)
             return {"factor": step, "divide": True, "offset": off, "zero_point": None,
                     "qmin": qmin_t, "qmax": qmax_t, "scale": step, "bits": bits}
@@ -402,7 +402,7 @@ def _row_bounds(v: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(found, lo, 0.0), torch.where(found, hi, 0.0)
 
 
-def _row_magnitudes(x: Tensor) -> Tensor:
+def finite_row_magnitudes(x: Tensor) -> Tensor:
     """``max |value|`` of each row's finite values (0 for an empty row)."""
     if x.dim() == 0:
         return x.abs().reshape(1)
