@@ -28,7 +28,14 @@ from torch import Tensor
 
 from fxquant.errors import FxquantImportError, FxquantTypeError, FxquantValueError
 from fxquant.execution.kernels import QTensor
-from fxquant.execution.layers import IntGCNConv, IntGINConv, IntLayer, IntSAGEConv, WeightCodes
+from fxquant.execution.layers import (
+    IntGCNConv,
+    IntGINConv,
+    IntLayer,
+    IntSAGEConv,
+    WeightCodes,
+    nn_path,
+)
 from fxquant.execution.model import ConvertedModel
 from fxquant.execution.quantizer import IntQuantizer
 
@@ -671,7 +678,7 @@ class _Builder:
                 y = self.matmul(h, w, w_float)
             if b is not None:
                 y = self.op("Add", [y, self.const(b)])
-            h = self.round_at(layer, f"linear.nn.{child}", y)
+            h = self.round_at(layer, f"linear.{nn_path(child)}", y)
             j += 1
         return self.as_float(h)
 

@@ -54,6 +54,7 @@ __all__ = [
     "as_float",
     "conv_from",
     "layer_classes",
+    "nn_path",
     "relu_codes",
 ]
 
@@ -619,7 +620,8 @@ def _node_messages(layer: IntLayer, x: Value, order: EdgeOrder, ctx: Context,
 
 
 class IntGINConv(IntLayer):
-    """``GINConv`` whose ``nn`` is PyG's ``MLP`` or a ``Sequential`` of linears and ReLUs."""
+    """``GINConv`` whose ``nn`` is PyG's ``MLP``, a ``Sequential`` of linears and ReLUs, or
+    one linear."""
 
     kind = "GINConv"
 
@@ -628,7 +630,7 @@ class IntGINConv(IntLayer):
         steps = _mlp_steps(conv.nn)
         if steps is None:
             raise Unconvertible(f"{name}: GINConv's nn {type(conv.nn).__name__} is not an MLP of "
-                             "linears and ReLUs")
+                             "linears and ReLUs (PyG's MLP, a Sequential, or one Linear)")
         eps = float(conv.eps.detach())  # (a parameter where train_eps=True)
         super().__init__(name, points, {"cls": "GINConv", "eps": eps,
                                         "flow": conv.flow, "nn": _mlp_layout(conv.nn)})
@@ -644,7 +646,7 @@ class IntGINConv(IntLayer):
             self.register_buffer(f"w{i}", module.weight.detach().clone())
             self.register_buffer(f"b{i}", None if module.bias is None
                                  else module.bias.detach().clone())
-            wc = self._weight(module.weight, f"weight.nn.{child}.weight")
+            wc = self._weight(module.weight, f"weight.{nn_path(child)}.weight")
             self.has_weight.append(wc is not None)
             if wc is not None:
                 self.weights.append(wc)
@@ -666,9 +668,9 @@ class IntGINConv(IntLayer):
             if kind != "linear":
                 continue
             weight = self.weight_of(self.lin_names.index(child))
-            rounded = self.point(f"linear.nn.{child}") is not None
-            self._place_product(f"MLP {child} product", current, weight,
-                          f"round nn.{child}'s weight (site='weight')")
+            rounded = self.point(f"linear.{nn_path(child)}") is not None
+            self._place_product(f"MLP {child or 'linear'} product", current, weight,
+                          f"round {nn_path(child)}'s weight (site='weight')")
             if not current and i:
                 self.placements[-1] = Placement(
                     f"{name}: MLP {child} product", FLOAT,
@@ -714,10 +716,11 @@ class IntGINConv(IntLayer):
                 y = self._mm(h, w, w_float, ctx, f"MLP {child}")
             if b is not None:
                 y = y + b
-            h = self._round(f"linear.nn.{child}", y, ctx)
+            h = self._round(f"linear.{nn_path(child)}", y, ctx)
             j += 1
         assert h is not None
-        if any(self.point(f"linear.nn.{c}") is not None for _, c in self.steps if c):
+        if any(self.point(f"linear.{nn_path(c)}") is not None for kind, c in self.steps
+               if kind == "linear"):
             return as_float(h)
 
         def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
@@ -735,10 +738,18 @@ class IntGINConv(IntLayer):
         return self._settle(self.then, as_float(h), simulate, ctx.ids)
 
 
+def nn_path(child: str) -> str:
+    """The path of a GIN layer's MLP child ``child`` in its point keys (``""``: the MLP is
+    one linear, ``nn`` itself)."""
+    return f"nn.{child}" if child else "nn"
+
+
 def _mlp_steps(module: nn.Module) -> list[tuple[str, str]] | None:
     """The MLP as ``("linear", child name)``, ``("relu", "")`` steps (evaluation: dropout
     and identity norms are no-ops); None where it is something else."""
     linears = (nn.Linear, PygLinear)
+    if isinstance(module, linears):  # (one linear: the module itself)
+        return [("linear", "")]
     if isinstance(module, MLP):
         if module.act is not None and not isinstance(module.act, nn.ReLU):
             return None
@@ -772,13 +783,18 @@ def _mlp_layout(module: nn.Module) -> dict[str, Any]:
         return {"kind": "mlp", "channels": list(module.channel_list),
                 "bias": module.lins[0].bias is not None, "plain_last": module.plain_last,
                 "act": module.act is not None}
+    def linear(child: nn.Module) -> list[Any]:
+        if isinstance(child, PygLinear):
+            return ["linear", child.in_channels, child.out_channels, child.bias is not None]
+        assert isinstance(child, nn.Linear)
+        return ["linear", child.in_features, child.out_features, child.bias is not None]
+
+    if isinstance(module, (nn.Linear, PygLinear)):
+        return {"kind": "linear", "layer": linear(module)}
     layers: list[Any] = []
     for _, child in module.named_children():
         if isinstance(child, (nn.Linear, PygLinear)):
-            layers.append(["linear", child.in_channels if isinstance(child, PygLinear)
-                           else child.in_features, child.out_channels
-                           if isinstance(child, PygLinear) else child.out_features,
-                           child.bias is not None])
+            layers.append(linear(child))
         elif isinstance(child, nn.ReLU):
             layers.append(["relu"])
         else:
@@ -799,8 +815,11 @@ def conv_from(rebuild: dict[str, Any]) -> nn.Module:
         return GATConv(**args)
     if kind == "GINConv":
         layout = rebuild["nn"]
-        if layout["kind"] == "mlp":
-            mlp: nn.Module = MLP(layout["channels"], act="relu" if layout["act"] else None,
+        if layout["kind"] == "linear":
+            _, fan_in, fan_out, bias = layout["layer"]
+            mlp: nn.Module = nn.Linear(fan_in, fan_out, bias=bias)
+        elif layout["kind"] == "mlp":
+            mlp = MLP(layout["channels"], act="relu" if layout["act"] else None,
                                  norm=None, bias=layout["bias"], plain_last=layout["plain_last"])
         else:
             parts: list[nn.Module] = []

@@ -223,6 +223,41 @@ def test_stored_features_are_the_first_points_codes():
                                rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("site_linear", [False, True])
+def test_gin_whose_nn_is_one_linear_converts(tmp_path, site_linear):
+    """GINConv(nn.Linear(...)): the MLP is the linear itself; converted on integers (its
+    weight and, with site='linear', its output point found), the simulation's codes, and
+    saved and loaded."""
+    from torch_geometric.nn import GINConv
+
+    class Gin(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = GINConv(torch.nn.Linear(4, 8), eps=0.5)
+            self.conv2 = GINConv(torch.nn.Linear(8, 3))
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+    qmap = mapping("int8")
+    if site_linear:
+        qmap = qmap.set_global(fxquant.QuantConfig("int8", scale="tensor"), site="linear")
+    gm = fxquant.transform(Gin(), qmap, lint="off").eval()
+    data = _graph()
+    model = fxquant.convert(gm)
+    assert model.report.float32 == []
+    runs = {p.where: p.runs for p in model.report.placements}
+    assert runs["conv1: MLP linear product"] == "integer"
+    result = compare(gm, model, data.x, data.edge_index)
+    assert result.ok(codes=1.0), str(result)
+    points = {p.point for p in result.points}
+    assert ("conv1_linear_nn_quant" in points) == site_linear, points
+    path = tmp_path / "gin.pt"
+    save(model, path)
+    torch.testing.assert_close(load(path)(data.x, data.edge_index),
+                               model(data.x, data.edge_index), rtol=0, atol=0)
+
+
 def test_save_and_load_round_trip(tmp_path):
     """Saved without pickled code (weights_only), loaded without the model's class: the
     same outputs, the same report, and weights stored packed."""
