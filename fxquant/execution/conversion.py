@@ -326,9 +326,7 @@ class _Converter:
             try:
                 integer = self._is_integer(node.args[0] if node.args else None)
                 layer = cls(target, module, quantizers, integer)  # type: ignore[call-arg]
-                layer.rebuild["input_integer"] = integer
-                layer.rebuild["accumulate"] = self.accumulate
-                layer.rebuild["ties"] = self.ties
+                layer.configure(integer, self.accumulate, self.ties)
             except Unconvertible as e:
                 why = str(e).split(": ", 1)[-1]
         if layer is None:

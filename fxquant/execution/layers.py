@@ -267,6 +267,10 @@ class IntLayer(nn.Module):
     def place(self, what: str, runs: str, how: str, why: str = "") -> None:
         self.placements.append(Placement(f"{self.name}: {what}", runs, how, why))
 
+    def configure(self, input_integer: bool, accumulate: str, ties: str) -> None:
+        """Set the conversion's options (kept in ``rebuild``, which :func:`save` writes)."""
+        self.rebuild.update(input_integer=input_integer, accumulate=accumulate, ties=ties)
+
     # -- shared steps ---------------------------------------------------------------------
 
     def _place_product(self, what: str, x_integer: bool, weight: WeightCodes | None,
@@ -371,15 +375,16 @@ class IntLayer(nn.Module):
         return h, simulate, linear
 
     def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
-            what: str = "product") -> Tensor:
-        """``x @ W.T``: on codes where both are codes, else in float32; counted in
-        ``ctx.meter`` (rows x inner x outer multiply-accumulates at the operands' bits)."""
+            what: str = "product", simulated: bool = False) -> Tensor:
+        """``x @ W.T``: on codes where both are codes (``simulated``: in float32 on their
+        values, as the simulation computes it), else in float32; counted in ``ctx.meter``
+        (rows x inner x outer multiply-accumulates at the operands' bits)."""
         if ctx.meter is not None:
             rows = x.codes.shape[0] if isinstance(x, QTensor) else x.shape[0]
             inner = x.codes.shape[-1] if isinstance(x, QTensor) else x.shape[-1]
             ctx.meter.append(("product", f"{self.name}: {what}", rows * inner * fallback.shape[0],
                               _bits(x), _bits(weight) if weight is not None else 32.0))
-        if isinstance(x, QTensor) and weight is not None:
+        if isinstance(x, QTensor) and weight is not None and not simulated:
             return int_matmul(x, weight.qtensor())
         w = weight.values() if weight is not None else fallback
         return _float_linear(x, w.to(torch.float32))
@@ -893,7 +898,12 @@ class IntGATConv(IntLayer):
             raise FxquantValueError(f"the converted layer {self.name!r} takes no edge features "
                                     "(edge_attr); its GATConv was built without edge_dim")
         H, C = self.heads, self.channels
-        h, simulate, linear = self._projected(x, self.weight, self.lin_weight, ctx)
+        if self._simulated_product:
+            # the attention reads the product's values: the simulation's float32 product,
+            # so that the coefficients and the messages are the simulation's to the bit
+            h = self._mm(x, self.weight, self.lin_weight, ctx, simulated=True)
+        else:
+            h, _, _ = self._projected(x, self.weight, self.lin_weight, ctx)
         h = h.view(-1, H, C)
         att_src = self.att_src_codes.values() if self.att_src_codes is not None \
             else self.att_src
@@ -908,13 +918,29 @@ class IntGATConv(IntLayer):
         alpha = a_src.index_select(0, src) + a_dst.index_select(0, dst)
         alpha = F.leaky_relu(alpha, self.negative_slope)
         alpha = softmax(alpha, dst, None, n)
-        settle = (lambda rows: simulate(rows).view(-1, H, C)) \
-            if linear is None and self._exact_ties else None
-        out = as_float(self._aggregate(Messages(h, order, alpha, settle=settle), order, ctx))
+        out = as_float(self._aggregate(Messages(h, order, alpha), order, ctx))
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    @property
+    def _simulated_product(self) -> bool:
+        """Whether the product runs as the simulation's (``ties="simulation"`` without a
+        point rounding it)."""
+        return self._exact_ties and self.point("linear.lin") is None
+
+    def configure(self, input_integer: bool, accumulate: str, ties: str) -> None:
+        super().configure(input_integer, accumulate, ties)
+        if self._simulated_product and self.weight is not None and input_integer:
+            where = f"{self.name}: product x W"
+            self.placements = [Placement(
+                where, FLOAT, "float32 product of the codes' values, as the simulation "
+                "computes it", "GAT's attention coefficients (a float32 softmax) and its "
+                "messages read the product's values, which the integer product gives an ulp "
+                "apart: round its output (site='linear'), or convert with ties='nearest' to "
+                "run it on integers")
+                if p.where == where else p for p in self.placements]
 
     def _prepare(self, edge_index: Tensor, n: int) -> EdgeOrder:
         """Self-loops as the layer adds them, and the edge order, once per graph."""

@@ -90,6 +90,13 @@ def test_gat_softmax_is_float32_and_listed():
     model = fxquant.convert(gm, strict=False)
     assert any("attention" in p.where for p in model.report.float32)
     assert compare(gm, model, data.x, data.edge_index).agreement == 1.0
+    # the attention reads the product's values: the simulation's float32 product by
+    # default, integers with ties="nearest"
+    product = {p.where: p for p in model.report.placements}["convs.0: product x W"]
+    assert product.runs == "float32" and "ties='nearest'" in product.why
+    nearest = fxquant.convert(gm, strict=False, ties="nearest")
+    assert {p.where: p.runs for p in nearest.report.placements}[
+        "convs.0: product x W"] == "integer"
 
 
 def test_unknown_layer_is_refused_or_kept():
