@@ -14,7 +14,6 @@ and each layer lists what runs where in :attr:`IntLayer.placements`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -128,29 +127,54 @@ def _check_edges(layer: str, edge_index: Any) -> None:
 
 #: float32 values a product of codes and float32 weights dequantizes at once
 _PRODUCT_VALUES = 1 << 18
-#: the fewest rows of such a block (see :data:`_EXACT_ROWS`)
+#: the fewest rows of such a block
 _PRODUCT_ROWS = 128
+#: the rows torch's CPU float32 product kernels block a matrix by divide this number (on
+#: x86, 4 rows for a product of few columns): a row's sum depends on its place in its block
+#: and on whether it lies in the final partial block, so a row recomputed alone, or at
+#: another place modulo the block, can be added in another order than in the whole matrix
+_ROW_BLOCK = 48
+
+
+def _aligned_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The rows of an ``n``-row matrix to compute so that ``rows`` come out as in the whole
+    product (``layout``), and where each of ``rows`` is in it (``positions``): the blocks
+    of :data:`_ROW_BLOCK` rows that hold them, each row at its place modulo the block, the
+    final partial block last (after at least one whole block)."""
+    block = _ROW_BLOCK
+    tail_start = n - n % block
+    ids = torch.div(rows, block, rounding_mode="floor")
+    blocks = torch.unique(ids)
+    whole = blocks[blocks * block < tail_start]
+    in_tail = rows >= tail_start
+    tail = bool(in_tail.any())
+    if tail and not whole.numel():
+        whole = blocks.new_zeros(1)
+    span = torch.arange(block, device=rows.device)
+    parts = [(whole.view(-1, 1) * block + span).view(-1)]
+    if tail:
+        parts.append(torch.arange(tail_start, n, device=rows.device))
+    positions = torch.searchsorted(whole, ids) * block + rows - ids * block
+    positions = torch.where(in_tail, whole.numel() * block + rows - tail_start, positions)
+    return torch.cat(parts), positions
 
 
 def _float_linear(x: Value, w: Tensor) -> Tensor:
     """``x @ w.T`` in float32; codes are dequantized a block of rows at a time, so that a
     product of wide rows of codes never holds all of them as float32 (each row's result
-    is the product over the whole matrix's: blocks of at least :data:`_PRODUCT_ROWS`)."""
+    is the whole matrix's product's: blocks of at least :data:`_PRODUCT_ROWS` rows,
+    starting at multiples of :data:`_ROW_BLOCK`, the last one holding the final rows)."""
     if not isinstance(x, QTensor) or x.codes.dim() != 2:
         return F.linear(as_float(x), w)
     n, inner = x.codes.shape
-    blocks = math.ceil(n / max(_PRODUCT_ROWS, _PRODUCT_VALUES // max(inner, 1)))
-    if blocks <= 1:
+    size = max(_PRODUCT_ROWS, _PRODUCT_VALUES // max(inner, 1))
+    size = -(-size // _ROW_BLOCK) * _ROW_BLOCK
+    if n < 2 * size:
         return F.linear(x.dequantize(), w)
-    # blocks of n // blocks or one more rows (at least half the least, 64 rows: torch's
-    # CPU product of very few rows adds in another order than the whole matrix's)
-    base, extra = divmod(n, blocks)
     out = torch.empty((n, w.shape[0]), dtype=torch.float32, device=x.codes.device)
-    start = 0
-    for b in range(blocks):
-        stop = start + base + (1 if b < extra else 0)
+    starts = list(range(0, n - size, size))  # (the last block: size to 2 x size rows)
+    for start, stop in zip(starts, [*starts[1:], n], strict=True):
         out[start:stop] = F.linear(x.slice_rows(start, stop).dequantize(), w)
-        start = stop
     return out
 
 
@@ -223,9 +247,6 @@ class WeightCodes(nn.Module):
 
 
 #: how the converted layers sum message codes (:func:`~fxquant.execution.aggregate.accumulator`)
-#: rows a float32 product is recomputed over at least (on this x86 CPU, torch's product
-#: of fewer than 4 rows added in another order than the whole matrix's)
-_EXACT_ROWS = 16
 
 SUM_HOW = ("exact integer sums of the message codes: float32 sparse product where in-degree "
            "x largest code <= 2**24, else int32 index_add_ (accumulate='int32': always)")
@@ -344,17 +365,16 @@ class IntLayer(nn.Module):
 
     @staticmethod
     def _simulate_rows(rows: Tensor, n: int, simulate: Callable[[Tensor], Tensor]) -> Tensor:
-        """``simulate(rows)``, over at least :data:`_EXACT_ROWS` rows, the rows repeated to
-        fill (torch's CPU product of very few rows may add in another order than the whole
-        matrix's); of a matrix of at most that many rows, its whole product (where a row
-        is in a small product matters too)."""
-        count = rows.numel()
-        if n <= _EXACT_ROWS and count:  # the whole product, each row where it was
-            return simulate(torch.arange(n, device=rows.device)).index_select(0, rows)
-        if count >= _EXACT_ROWS or not count:
+        """``simulate(rows)`` as those rows come out of the whole ``n``-row product: computed
+        within the blocks of :data:`_ROW_BLOCK` rows that hold them, each at its place
+        (:func:`_aligned_rows`); of a matrix of at most twice that many rows, its whole
+        product."""
+        if not rows.numel():
             return simulate(rows)
-        padded = rows.view(1, -1).expand(-(-_EXACT_ROWS // count), count).reshape(-1)
-        return simulate(padded[:_EXACT_ROWS])[:count]
+        if n <= 2 * _ROW_BLOCK:  # the whole product, each row where it was
+            return simulate(torch.arange(n, device=rows.device)).index_select(0, rows)
+        layout, positions = _aligned_rows(rows, n)
+        return simulate(layout).index_select(0, positions)
 
     def _projected(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context
                    ) -> tuple[Tensor, Callable[[Tensor], Tensor], IntQuantizer | None]:
