@@ -78,7 +78,8 @@ def compare(gm: GraphModule, converted: ConvertedModel, *args: Any,
             mask: Tensor | None = None, **kwargs: Any) -> Comparison:
     """Run ``gm`` (evaluation mode) and ``converted`` on the same inputs and compare, at
     every point ``converted`` rounds, its codes with the simulation's, and their
-    predictions on the nodes of ``mask`` (all nodes without one).
+    predictions on the nodes of ``mask`` (all nodes without one; of a model that returns
+    several tensors, the first one's).
 
     Args:
         gm (GraphModule): the transformed model ``converted`` was converted from.
@@ -129,6 +130,8 @@ def compare(gm: GraphModule, converted: ConvertedModel, *args: Any,
         rows.append(PointComparison(name, quantizer.spec.label, diff.numel(),
                                     int((diff == 0).sum()),
                                     int(diff.max()) if diff.numel() else 0))
+    if isinstance(sim, (tuple, list)):  # (several outputs: the first one's predictions)
+        sim, out = sim[0], out[0]
     pred_sim, pred = sim.argmax(-1), out.argmax(-1)
     if mask is not None:
         pred_sim, pred = pred_sim[mask], pred[mask]

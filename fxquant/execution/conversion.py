@@ -272,15 +272,17 @@ class _Converter:
 
     def _output(self, node: Node) -> None:
         arg = node.args[0]
-        if not isinstance(arg, Node):
+        outputs = list(arg) if isinstance(arg, (tuple, list)) else [arg]
+        if not outputs or not all(isinstance(a, Node) for a in outputs):
             kind = "dict" if isinstance(arg, dict) else "constant" if arg is None or \
                 isinstance(arg, (bool, int, float, str)) else type(arg).__name__
             raise FxquantValueError(f"fxquant.convert: the model returns a {kind}; the "
-                                    "converted model returns one tensor: please convert a "
-                                    "model whose forward returns one (of a heterogeneous "
-                                    "model, one node type's output, e.g. out['paper'])")
+                                    "converted model returns tensors (one, or a tuple or "
+                                    "list of them): please convert a model whose forward "
+                                    "returns them (of a heterogeneous model, one node type's "
+                                    "output, e.g. out['paper'])")
         self.steps.append(Step("output", "", [self._ref(arg)]))
-        if self._is_integer(arg):
+        if any(self._is_integer(a) for a in outputs):
             self.placements.append(Placement("output", RESCALE, "codes read with their scale "
                                              "(float32)"))
 

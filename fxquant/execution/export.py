@@ -275,6 +275,10 @@ class _Builder:
             elif step.op == "guard":
                 continue
             elif step.op == "output":
+                if not isinstance(step.args[0], str):
+                    raise ExportError("export_onnx: the model returns several tensors; the "
+                                      "exported graph has one output (the logits): please "
+                                      "export a model whose forward returns one")
                 output = self.as_float(args[0])
             else:
                 raise ExportError(f"export_onnx: the step {step.out!r} runs "

@@ -265,6 +265,41 @@ def test_gin_whose_nn_is_one_linear_converts(tmp_path, site_linear):
                                model(data.x, data.edge_index), rtol=0, atol=0)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
+def test_a_model_returning_several_tensors_converts(tmp_path):
+    """``return logits, hidden``: the converted model returns both (a tuple, the hidden
+    codes read as float32), as the simulation does; compare reads the first one's
+    predictions; save and load keep it."""
+
+    class Both(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
+
+        def forward(self, x, edge_index):
+            h = self.conv1(x, edge_index).relu()
+            return self.conv2(h, edge_index), h
+
+    data = _graph()
+    gm = _int8(Both())
+    model = fxquant.convert(gm)
+    out = model(data.x, data.edge_index)
+    with torch.no_grad():
+        expected = gm(data.x, data.edge_index)
+    assert isinstance(out, tuple) and len(out) == 2
+    for got, want in zip(out, expected, strict=True):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want)
+    result = compare(gm, model, data.x, data.edge_index)
+    assert result.ok(codes=1.0) and result.nodes == data.num_nodes, str(result)
+    path = tmp_path / "both.pt"
+    save(model, path)
+    again = load(path)(data.x, data.edge_index)
+    assert isinstance(again, tuple)
+    for got, want in zip(again, out, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_save_and_load_round_trip(tmp_path):
     """Saved without pickled code (weights_only), loaded without the model's class: the
     same outputs, the same report, and weights stored packed."""

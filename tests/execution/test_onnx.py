@@ -144,6 +144,25 @@ def _int8_but_input() -> fxquant.QuantMapping:
     return m
 
 
+def test_export_refuses_a_model_returning_several_tensors(tmp_path):
+    """The graph has one output: a model returning ``(logits, hidden)`` is refused."""
+    _runtime()
+    from torch_geometric.nn import GCNConv
+
+    class Both(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
+
+        def forward(self, x, edge_index):
+            h = self.conv1(x, edge_index).relu()
+            return self.conv2(h, edge_index), h
+
+    gm = fxquant.transform(Both(), mapping("int8"), lint="off").eval()
+    with pytest.raises(ExportError, match="several tensors"):
+        export_onnx(fxquant.convert(gm), tmp_path / "both.onnx")
+
+
 def test_export_refuses_what_it_cannot_write(tmp_path):
     """A GAT layer, a point kept in float32: refused, naming the part."""
     _runtime()
