@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx import GraphModule, Node
 from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from fxquant.errors import FxquantTypeError, FxquantValueError
 from fxquant.execution._points import PointSpec, read_point
@@ -35,6 +36,8 @@ __all__ = ["ConversionError", "convert"]
 _RELU_FUNCTIONS = (F.relu, torch.relu)
 _DROPOUT_FUNCTIONS = (F.dropout,)
 _IDENTITY_MODULES = (nn.Dropout, nn.Identity)
+#: linear layers called on their own, converted as layers
+_LINEARS = (nn.Linear, PygLinear)
 
 
 class ConversionError(FxquantValueError):
@@ -55,8 +58,9 @@ def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto",
     (up to float32 rounding of the rescaling: :func:`fxquant.execution.compare` counts).
 
     Converted layers: PyG's ``GCNConv``, ``SAGEConv``, ``GINConv`` (an MLP of linears and
-    ReLUs) and ``GATConv`` (its attention softmax in float32); between them ReLU, dropout
-    (off in evaluation) and identities. Points: integer formats of at most 8 bits
+    ReLUs, or one linear), ``GATConv`` (its attention softmax in float32) and linear layers
+    called on their own (``torch.nn.Linear``, PyG's ``Linear``: a classifier head);
+    between them ReLU, dropout (off in evaluation) and identities. Points: integer formats of at most 8 bits
     (symmetric, unsigned, asymmetric, mid-rise), rounding to nearest or toward zero, a
     learned step, a running or widest range, or the min/max or percentile of the values
     themselves, per tensor or per row, and per-node bit-widths.
@@ -265,7 +269,7 @@ class _Converter:
             self._emit(node, "relu", "", [self._ref(node.args[0])],
                        integer=self._is_integer(node.args[0]))
             self._place_relu(node)
-        elif isinstance(module, MessagePassing):
+        elif isinstance(module, (MessagePassing, *_LINEARS)):
             self._layer(node, target, module)
         else:
             self._float(node, f"module {target!r} ({type(module).__name__})", module)

@@ -32,6 +32,7 @@ from fxquant.execution.layers import (
     IntGCNConv,
     IntGINConv,
     IntLayer,
+    IntLinear,
     IntSAGEConv,
     WeightCodes,
     nn_path,
@@ -584,8 +585,11 @@ class _Builder:
             return self.sage(layer, args[0])
         if isinstance(layer, IntGINConv):
             return self.gin(layer, args[0])
+        if isinstance(layer, IntLinear):
+            y = self.matmul(args[0], layer.weight, layer.w)
+            return y if layer.b is None else self.op("Add", [y, self.const(layer.b)])
         raise ExportError(f"export_onnx: layer {layer.name!r} ({layer.kind}) has no ONNX form "
-                          "here (exported: GCNConv, SAGEConv, GINConv)")
+                          "here (exported: GCNConv, SAGEConv, GINConv, Linear)")
 
     def gcn(self, layer: IntGCNConv, x: Any, edge_weight: Any) -> str:
         if edge_weight is not None:

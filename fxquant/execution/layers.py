@@ -46,6 +46,7 @@ __all__ = [
     "RESCALE",
     "Context",
     "IntLayer",
+    "IntLinear",
     "Placement",
     "Unconvertible",
     "Value",
@@ -622,6 +623,47 @@ class IntSAGEConv(IntLayer):
         return self._settle(self.then, y, simulate, ctx.ids)
 
 
+class IntLinear(IntLayer):
+    """A linear layer called on its own (``torch.nn.Linear``, PyG's ``Linear``: a head
+    after pooling, a classifier after the graph layers): its product on codes where its
+    input and weight are rounded."""
+
+    kind = "Linear"
+    w: Tensor
+    b: Tensor | None
+
+    def __init__(self, name: str, conv: nn.Module, points: dict[str, IntQuantizer],
+                 input_integer: bool) -> None:
+        weight = getattr(conv, "weight", None)
+        if not isinstance(weight, Tensor) or isinstance(weight, nn.parameter.UninitializedParameter):
+            raise Unconvertible(f"{name}: its weight is not initialized (a lazy Linear): run "
+                                "the model once before converting it")
+        bias = getattr(conv, "bias", None)
+        super().__init__(name, points, {"cls": "Linear", "in_channels": int(weight.shape[1]),
+                                        "out_channels": int(weight.shape[0]),
+                                        "bias": bias is not None})
+        self.register_buffer("w", weight.detach().clone())
+        self.register_buffer("b", None if bias is None else bias.detach().clone())
+        self.weight = self._weight(weight, "weight.weight")
+        self._place_product("product x W", input_integer, self.weight,
+                            "round it (site='weight') to run the product on integers")
+        if self.b is not None:
+            self.place("bias", RESCALE, "float32 bias added to the product's values")
+
+    def forward(self, x: Value, *, ctx: Context) -> Tensor:
+        if len(x.shape) != 2:
+            raise FxquantValueError(f"the converted layer {self.name!r} takes rows of "
+                                    f"features (2 dimensions), got shape {tuple(x.shape)}")
+        y = self._mm(x, self.weight, self.w, ctx)
+        if self.b is not None:
+            y = y + self.b
+
+        def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
+            return F.linear(_rows_float(x, rows), _dequantized(self.weight, self.w), self.b)
+
+        return self._settle(self.then, y, simulate, ctx.ids)
+
+
 def _order(edge_index: Tensor, flow: str, n: int) -> EdgeOrder:
     src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" \
         else (edge_index[1], edge_index[0])
@@ -832,6 +874,8 @@ def conv_from(rebuild: dict[str, Any]) -> nn.Module:
     args = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rebuild.items()
             if k not in ("cls", "nn", "eps", "input_integer", "accumulate", "ties")}
     kind = rebuild["cls"]
+    if kind == "Linear":
+        return nn.Linear(rebuild["in_channels"], rebuild["out_channels"], bias=rebuild["bias"])
     if kind == "GCNConv":
         return GCNConv(**args)
     if kind == "SAGEConv":
@@ -979,4 +1023,4 @@ def _no_size(layer: str, size: Any) -> None:
 def layer_classes() -> dict[type[nn.Module], type[IntLayer]]:
     """The PyG layers converted, and their integer form."""
     return {GCNConv: IntGCNConv, SAGEConv: IntSAGEConv, GINConv: IntGINConv,
-            GATConv: IntGATConv}
+            GATConv: IntGATConv, nn.Linear: IntLinear, PygLinear: IntLinear}

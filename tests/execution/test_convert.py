@@ -300,6 +300,59 @@ def test_a_model_returning_several_tensors_converts(tmp_path):
         assert torch.equal(got, want)
 
 
+class WithHead(torch.nn.Module):
+    """GCN layers and a linear classifier after them."""
+
+    def __init__(self, linear: torch.nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 8)
+        self.head = linear if linear is not None else torch.nn.Linear(8, 3)
+
+    def forward(self, x, edge_index):
+        h = self.conv2(self.conv1(x, edge_index).relu(), edge_index).relu()
+        return self.head(h)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
+def test_a_linear_layer_called_on_its_own_converts(tmp_path):
+    """A classifier ``torch.nn.Linear`` (or PyG's ``Linear``) after the graph layers, its
+    input and weight rounded: its product on integers, every code the simulation's,
+    saved and loaded; without a weight point, refused under strict naming the fix, and
+    its product kept in float32 otherwise."""
+    from torch_geometric.nn.dense.linear import Linear as PygLinear
+
+    data = random_graph(150, 600, 4, seed=2)
+    qmap = mapping("int8")
+    for site in ("weight", "output"):
+        qmap = qmap.set_name("head", fxquant.QuantConfig("int8", scale="tensor"), site=site)
+    for head in (torch.nn.Linear(8, 3), PygLinear(-1, 3)):
+        torch.manual_seed(0)
+        model = WithHead(head)
+        model(data.x, data.edge_index)  # (PyG's lazy Linear takes its shape)
+        gm = fxquant.transform(model, qmap, lint="off")
+        gm.train()
+        gm(data.x, data.edge_index)
+        gm.eval()
+        model = fxquant.convert(gm)
+        runs = {p.where: p.runs for p in model.report.placements}
+        assert runs["head: product x W"] == "integer", model.report
+        result = compare(gm, model, data.x, data.edge_index)
+        assert result.ok(codes=1.0), str(result)
+        assert "head_quant" in {p.point for p in result.points}
+        path = tmp_path / "head.pt"
+        save(model, path)
+        torch.testing.assert_close(load(path)(data.x, data.edge_index),
+                                   model(data.x, data.edge_index), rtol=0, atol=0)
+    gm = fxquant.transform(WithHead(), mapping("int8").set_name(
+        "head", fxquant.QuantConfig("int8", scale="tensor"), site="output"), lint="off").eval()
+    with pytest.raises(ConversionError, match=r"'head: product x W'.*site='weight'"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    assert "head: product x W" in [p.where for p in model.report.float32]
+    with torch.no_grad():
+        torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+
+
 def test_save_and_load_round_trip(tmp_path):
     """Saved without pickled code (weights_only), loaded without the model's class: the
     same outputs, the same report, and weights stored packed."""

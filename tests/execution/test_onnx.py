@@ -144,6 +144,41 @@ def _int8_but_input() -> fxquant.QuantMapping:
     return m
 
 
+def test_onnx_runs_a_linear_classifier_on_integers(tmp_path):
+    """GCN layers and a ``torch.nn.Linear`` classifier, every part rounded: the head is a
+    ``MatMulInteger`` too, and ONNX Runtime computes the ``ties="nearest"`` model's logits."""
+    _runtime()
+    from torch_geometric.nn import GCNConv
+
+    class WithHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = GCNConv(6, 8), GCNConv(8, 8)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, x, edge_index):
+            return self.head(self.conv2(self.conv1(x, edge_index).relu(), edge_index).relu())
+
+    data = random_graph(60, 240, 6, seed=4)
+    qmap = mapping("int8")
+    for site in ("weight", "output"):
+        qmap = qmap.set_name("head", fxquant.QuantConfig("int8", scale="tensor"), site=site)
+    torch.manual_seed(0)
+    gm = fxquant.transform(WithHead(), qmap, lint="off")
+    gm.train()
+    gm(data.x, data.edge_index)
+    gm.eval()
+    model = fxquant.convert(gm, ties="nearest")
+    path = tmp_path / "head.onnx"
+    export_onnx(model, path)
+    import onnx
+
+    products = [n for n in onnx.load(str(path)).graph.node if n.op_type == "MatMulInteger"]
+    assert len(products) == 3
+    torch.testing.assert_close(_run(path, data, False), model(data.x, data.edge_index),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_export_refuses_a_model_returning_several_tensors(tmp_path):
     """The graph has one output: a model returning ``(logits, hidden)`` is refused."""
     _runtime()
