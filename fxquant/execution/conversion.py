@@ -60,10 +60,10 @@ def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto",
     Converted layers: PyG's ``GCNConv``, ``SAGEConv``, ``GINConv`` (an MLP of linears and
     ReLUs, or one linear), ``GATConv`` (its attention softmax in float32) and linear layers
     called on their own (``torch.nn.Linear``, PyG's ``Linear``: a classifier head);
-    between them ReLU, dropout (off in evaluation) and identities. Points: integer formats of at most 8 bits
-    (symmetric, unsigned, asymmetric, mid-rise), rounding to nearest or toward zero, a
-    learned step, a running or widest range, or the min/max or percentile of the values
-    themselves, per tensor or per row, and per-node bit-widths.
+    between them ReLU, dropout (off in evaluation) and identities. Points: integer formats
+    of at most 8 bits (symmetric, unsigned, asymmetric, mid-rise), rounding to nearest or
+    toward zero, a learned step, a running or widest range, or the min/max or percentile
+    of the values themselves, per tensor or per row, and per-node bit-widths.
 
     Args:
         gm (GraphModule): a model returned by :func:`fxquant.transform` (or a recipe's

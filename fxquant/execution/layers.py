@@ -248,7 +248,6 @@ class WeightCodes(nn.Module):
 
 
 #: how the converted layers sum message codes (:func:`~fxquant.execution.aggregate.accumulator`)
-
 SUM_HOW = ("exact integer sums of the message codes: float32 sparse product where in-degree "
            "x largest code <= 2**24, else int32 index_add_ (accumulate='int32': always)")
 
@@ -850,6 +849,7 @@ def _mlp_layout(module: nn.Module) -> dict[str, Any]:
         return {"kind": "mlp", "channels": list(module.channel_list),
                 "bias": module.lins[0].bias is not None, "plain_last": module.plain_last,
                 "act": module.act is not None}
+
     def linear(child: nn.Module) -> list[Any]:
         if isinstance(child, PygLinear):
             return ["linear", child.in_channels, child.out_channels, child.bias is not None]
@@ -889,7 +889,7 @@ def conv_from(rebuild: dict[str, Any]) -> nn.Module:
             mlp: nn.Module = nn.Linear(fan_in, fan_out, bias=bias)
         elif layout["kind"] == "mlp":
             mlp = MLP(layout["channels"], act="relu" if layout["act"] else None,
-                                 norm=None, bias=layout["bias"], plain_last=layout["plain_last"])
+                      norm=None, bias=layout["bias"], plain_last=layout["plain_last"])
         else:
             parts: list[nn.Module] = []
             for entry in layout["layers"]:
