@@ -317,7 +317,7 @@ class _Converter:
         why = ""
         if cls is None:
             why = (f"its class {type(module).__name__} has no integer form (converted: "
-                   f"{', '.join(c.__name__ for c in layer_classes())})")
+                   f"{', '.join(dict.fromkeys(c.__name__ for c in layer_classes()))})")
         elif refused:
             name, spec = next(iter(refused.items()))
             why = f"its quantization point {name!r} ({spec.label}): {'; '.join(spec.problems)}"
