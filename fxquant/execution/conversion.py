@@ -278,8 +278,13 @@ class _Converter:
         arg = node.args[0]
         outputs = list(arg) if isinstance(arg, (tuple, list)) else [arg]
         if not outputs or not all(isinstance(a, Node) for a in outputs):
-            kind = "dict" if isinstance(arg, dict) else "constant" if arg is None or \
-                isinstance(arg, (bool, int, float, str)) else type(arg).__name__
+            def kind_of(v: Any) -> str:
+                return "dict" if isinstance(v, dict) else "constant" if v is None or \
+                    isinstance(v, (bool, int, float, str)) else type(v).__name__
+            kind = kind_of(arg)
+            if isinstance(arg, (tuple, list)):
+                kind += " holding " + (f"a {kind_of(next(a for a in outputs if not isinstance(a, Node)))}"
+                                       if outputs else "nothing")
             raise FxquantValueError(f"fxquant.convert: the model returns a {kind}; the "
                                     "converted model returns tensors (one, or a tuple or "
                                     "list of them): please convert a model whose forward "

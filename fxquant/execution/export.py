@@ -68,7 +68,7 @@ def export_onnx(model: ConvertedModel, path: str | os.PathLike[str], *,
 
     Args:
         model (ConvertedModel): :func:`fxquant.convert`'s result, of ``GCNConv``,
-            ``SAGEConv`` and ``GINConv`` layers with every point integer (a part kept in
+            ``SAGEConv``, ``GINConv`` and linear layers with every point integer (a part kept in
             float32, a GAT layer, a learned per-node width table with nodes it never saw,
             are refused, naming the part).
         path (str or Path): the ``.onnx`` file.
@@ -277,9 +277,10 @@ class _Builder:
                 continue
             elif step.op == "output":
                 if not isinstance(step.args[0], str):
-                    raise ExportError("export_onnx: the model returns several tensors; the "
-                                      "exported graph has one output (the logits): please "
-                                      "export a model whose forward returns one")
+                    raise ExportError("export_onnx: the model returns a tuple or list of "
+                                      "tensors; the exported graph has one output (the "
+                                      "logits): please export a model whose forward returns "
+                                      "one tensor")
                 output = self.as_float(args[0])
             else:
                 raise ExportError(f"export_onnx: the step {step.out!r} runs "

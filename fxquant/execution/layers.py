@@ -1,5 +1,6 @@
-"""Converted GNN layers: PyG's ``GCNConv``, ``SAGEConv``, ``GINConv`` and ``GATConv`` as
-their transformed copies compute them in evaluation, on integer codes.
+"""Converted GNN layers: PyG's ``GCNConv``, ``SAGEConv``, ``GINConv`` and ``GATConv``, and
+linear layers called on their own, as their transformed copies compute them in
+evaluation, on integer codes.
 
 Each layer takes its input as a :class:`~fxquant.execution.kernels.QTensor` (the codes an
 input point rounded it to) or as float32 values, and returns float32 values (the top-level
@@ -160,22 +161,23 @@ def _aligned_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return torch.cat(parts), positions
 
 
-def _float_linear(x: Value, w: Tensor) -> Tensor:
-    """``x @ w.T`` in float32; codes are dequantized a block of rows at a time, so that a
+def _float_linear(x: Value, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ w.T (+ bias)`` in float32 (``F.linear``, the bias added as the simulation's
+    linear layer adds it); codes are dequantized a block of rows at a time, so that a
     product of wide rows of codes never holds all of them as float32 (each row's result
     is the whole matrix's product's: blocks of at least :data:`_PRODUCT_ROWS` rows,
     starting at multiples of :data:`_ROW_BLOCK`, the last one holding the final rows)."""
     if not isinstance(x, QTensor) or x.codes.dim() != 2:
-        return F.linear(as_float(x), w)
+        return F.linear(as_float(x), w, bias)
     n, inner = x.codes.shape
     size = max(_PRODUCT_ROWS, _PRODUCT_VALUES // max(inner, 1))
     size = -(-size // _ROW_BLOCK) * _ROW_BLOCK
     if n < 2 * size:
-        return F.linear(x.dequantize(), w)
+        return F.linear(x.dequantize(), w, bias)
     out = torch.empty((n, w.shape[0]), dtype=torch.float32, device=x.codes.device)
     starts = list(range(0, n - size, size))  # (the last block: size to 2 x size rows)
     for start, stop in zip(starts, [*starts[1:], n], strict=True):
-        out[start:stop] = F.linear(x.slice_rows(start, stop).dequantize(), w)
+        out[start:stop] = F.linear(x.slice_rows(start, stop).dequantize(), w, bias)
     return out
 
 
@@ -395,19 +397,26 @@ class IntLayer(nn.Module):
         return h, simulate, linear
 
     def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
-            what: str = "product", simulated: bool = False) -> Tensor:
-        """``x @ W.T``: on codes where both are codes (``simulated``: in float32 on their
-        values, as the simulation computes it), else in float32; counted in ``ctx.meter``
-        (rows x inner x outer multiply-accumulates at the operands' bits)."""
+            what: str = "product", simulated: bool = False, bias: Tensor | None = None
+            ) -> Tensor:
+        """``x @ W.T (+ bias)``: on codes where both are codes (``simulated``: in float32 on
+        their values, as the simulation computes it), else in float32 (the bias added as
+        the simulation's linear layer adds it); counted in ``ctx.meter`` (rows x inner x
+        outer multiply-accumulates at the bits of the operands, 32 x 32 in float32)."""
+        integer = isinstance(x, QTensor) and weight is not None and not simulated
         if ctx.meter is not None:
-            rows = x.codes.shape[0] if isinstance(x, QTensor) else x.shape[0]
-            inner = x.codes.shape[-1] if isinstance(x, QTensor) else x.shape[-1]
-            ctx.meter.append(("product", f"{self.name}: {what}", rows * inner * fallback.shape[0],
-                              _bits(x), _bits(weight) if weight is not None else 32.0))
-        if isinstance(x, QTensor) and weight is not None and not simulated:
-            return int_matmul(x, weight.qtensor())
+            shape = x.codes.shape if isinstance(x, QTensor) else x.shape
+            rows = int(torch.Size(shape[:-1]).numel()) if len(shape) > 1 else 1
+            bits = (32.0, 32.0) if simulated else \
+                (_bits(x), _bits(weight) if weight is not None else 32.0)
+            ctx.meter.append(("product", f"{self.name}: {what}",
+                              rows * shape[-1] * fallback.shape[0], *bits))
+        if integer:
+            assert isinstance(x, QTensor) and weight is not None
+            y = int_matmul(x, weight.qtensor())
+            return y if bias is None else y + bias
         w = weight.values() if weight is not None else fallback
-        return _float_linear(x, w.to(torch.float32))
+        return _float_linear(x, w.to(torch.float32), bias)
 
     def record(self, point: IntQuantizer, q: QTensor) -> QTensor:
         """``q``, kept as ``point``'s codes while :meth:`ConvertedModel.record` runs."""
@@ -599,15 +608,10 @@ class IntSAGEConv(IntLayer):
         order = ctx.graph(("order", self.flow), edge_index, None, n,
                           lambda: _order(edge_index, self.flow, n), self.name)
         a = _node_messages(self, x, order, ctx, self.aggr)
-        y = self._mm(a, self.weight_l, self.wl, ctx, "product aggregate W_l")
-        if self.bl is not None:
-            y = y + self.bl
+        y = self._mm(a, self.weight_l, self.wl, ctx, "product aggregate W_l", bias=self.bl)
         if self.root:
             assert self.wr is not None
-            r = self._mm(x, self.weight_r, self.wr, ctx, "product x W_r")
-            if self.br is not None:
-                r = r + self.br
-            y = y + r
+            y = y + self._mm(x, self.weight_r, self.wr, ctx, "product x W_r", bias=self.br)
         if self.normalize:
             return F.normalize(y, p=2.0, dim=-1)
 
@@ -646,16 +650,18 @@ class IntLinear(IntLayer):
         self.weight = self._weight(weight, "weight.weight")
         self._place_product("product x W", input_integer, self.weight,
                             "round it (site='weight') to run the product on integers")
+        last = self.placements[-1]
+        if last.runs == INTEGER:  # (an input of more dimensions: as the simulation)
+            self.placements[-1] = Placement(last.where, last.runs, last.how + "; an input of "
+                                            "more than two dimensions: float32, as the "
+                                            "simulation computes it", last.why)
         if self.b is not None:
             self.place("bias", RESCALE, "float32 bias added to the product's values")
 
     def forward(self, x: Value, *, ctx: Context) -> Tensor:
-        if len(x.shape) != 2:
-            raise FxquantValueError(f"the converted layer {self.name!r} takes rows of "
-                                    f"features (2 dimensions), got shape {tuple(x.shape)}")
-        y = self._mm(x, self.weight, self.w, ctx)
-        if self.b is not None:
-            y = y + self.b
+        if len(x.shape) != 2:  # (rows of rows: as the simulation computes them)
+            return self._mm(x, self.weight, self.w, ctx, simulated=True, bias=self.b)
+        y = self._mm(x, self.weight, self.w, ctx, bias=self.b)
 
         def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
             return F.linear(_rows_float(x, rows), _dequantized(self.weight, self.w), self.b)
@@ -770,18 +776,19 @@ class IntGINConv(IntLayer):
             w = self.weight_of(j)
             w_float: Tensor = getattr(self, f"w{j}")
             b: Tensor | None = getattr(self, f"b{j}")
+            label = f"MLP {child or 'linear'}"
             if j == 0:
                 if isinstance(a, QTensor) and isinstance(x, QTensor) and w is not None:
-                    y = self._mm(a, w, w_float, ctx, f"MLP {child}") + (1.0 + self.eps) * \
-                        self._mm(x, w, w_float, ctx, f"MLP {child}")
+                    y = self._mm(a, w, w_float, ctx, label) + (1.0 + self.eps) * \
+                        self._mm(x, w, w_float, ctx, label)
+                    if b is not None:
+                        y = y + b
                 else:
                     y = self._mm(as_float(a) + (1.0 + self.eps) * as_float(x), w, w_float,
-                                 ctx, f"MLP {child}")
+                                 ctx, label, bias=b)
             else:
                 assert h is not None
-                y = self._mm(h, w, w_float, ctx, f"MLP {child}")
-            if b is not None:
-                y = y + b
+                y = self._mm(h, w, w_float, ctx, label, bias=b)
             h = self._round(f"linear.{nn_path(child)}", y, ctx)
             j += 1
         assert h is not None

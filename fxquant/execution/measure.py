@@ -154,7 +154,7 @@ def storage(model: ConvertedModel, *args: Any, **kwargs: Any) -> Storage:
 
 def _has_codes(layer: IntLayer, buffer: str) -> bool:
     """Whether the float32 master of ``buffer`` (a weight) is stored as codes instead."""
-    names = {"lin_weight": "weight", "wl": "weight_l", "wr": "weight_r",
+    names = {"lin_weight": "weight", "w": "weight", "wl": "weight_l", "wr": "weight_r",
              "att_src": "att_src_codes", "att_dst": "att_dst_codes"}
     if buffer in names:
         return getattr(layer, names[buffer], None) is not None

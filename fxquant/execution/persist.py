@@ -112,13 +112,18 @@ def load(path: str | os.PathLike[str]) -> ConvertedModel:
         layer = classes[rebuild["cls"]](meta["name"], conv_from(rebuild), inner,  # type: ignore[call-arg, arg-type]
                                         rebuild["input_integer"])
         layer.rebuild = dict(rebuild)
+        layer.configure(rebuild["input_integer"], rebuild.get("accumulate", "auto"),
+                        rebuild.get("ties", "simulation"))
         layers[key] = layer
     kept: dict[str, nn.Module] = {k: FixedArguments(v["fixed"], v["model"], v["unused"])
                                   for k, v in program["kept"].items()}
     inputs = [(n, inspect.Parameter.empty if d == _EMPTY else d) for n, d in program["inputs"]]
+    # (a layer's parts as this version runs them, where a file from another says otherwise)
+    current = {p.where: p for layer in layers.values() if isinstance(layer, IntLayer)
+               for p in layer.placements}
+    placements = [Placement(**p) for p in program["placements"]]
     model = ConvertedModel(inputs, [Step(**s) for s in program["steps"]], dict(points), layers,
-                           kept,
-                           [Placement(**p) for p in program["placements"]])
+                           kept, [current.get(p.where, p) for p in placements])
     model.load_state_dict(state)
     return model
 

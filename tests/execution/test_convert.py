@@ -339,6 +339,11 @@ def test_a_linear_layer_called_on_its_own_converts(tmp_path):
         result = compare(gm, model, data.x, data.edge_index)
         assert result.ok(codes=1.0), str(result)
         assert "head_quant" in {p.point for p in result.points}
+        from fxquant.execution import storage
+
+        stored = storage(model, data.x, data.edge_index)  # (the head's weight as codes)
+        assert "head_weight_weight_quant" in [r.name for r in stored.rows if r.kind == "weight"]
+        assert stored.float_parameter_bytes == 4 * (8 + 8 + 3)  # (the biases only)
         path = tmp_path / "head.pt"
         save(model, path)
         torch.testing.assert_close(load(path)(data.x, data.edge_index),
@@ -351,6 +356,79 @@ def test_a_linear_layer_called_on_its_own_converts(tmp_path):
     assert "head: product x W" in [p.where for p in model.report.float32]
     with torch.no_grad():
         torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+
+
+def test_a_linear_layer_without_points_computes_as_the_simulation():
+    """A linear encoder no point rounds, before rounded GCN layers: its float32 product
+    adds the bias as the simulation's linear layer does (inside the product), so the
+    logits are the simulation's to the bit and every later code agrees; on an input of
+    more than two dimensions it runs as the simulation too."""
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = torch.nn.Linear(256, 40)
+            self.conv1, self.conv2 = GCNConv(40, 16), GCNConv(16, 4)
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(self.enc(x).relu(), edge_index).relu(), edge_index)
+
+    unequal = []
+    for seed in range(6):
+        data = random_graph(300, 1200, 256, seed=seed)
+        torch.manual_seed(seed)
+        gm = fxquant.transform(Encoder(), mapping("int8"), lint="off")
+        gm.train()
+        gm(data.x, data.edge_index)
+        gm.eval()
+        model = fxquant.convert(gm, strict=False)
+        result = compare(gm, model, data.x, data.edge_index)
+        with torch.no_grad():
+            same = torch.equal(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+        if not same or not result.ok(codes=1.0):
+            unequal.append((seed, same, str(result)))
+    assert not unequal, unequal
+
+    class Heads(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.head = GCNConv(4, 8), torch.nn.Linear(2, 3)
+
+        def forward(self, x, edge_index):
+            return self.head(self.conv1(x, edge_index).view(-1, 4, 2)).sum(1)
+
+    data = _graph()
+    qmap = mapping("int8")
+    for site in ("input", "weight"):
+        qmap = qmap.set_name("head", fxquant.QuantConfig("int8", scale="tensor"), site=site)
+    gm = fxquant.transform(Heads(), qmap, lint="off").eval()
+    model = fxquant.convert(gm, strict=False)
+    with torch.no_grad():
+        assert torch.equal(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
+def test_loading_describes_the_model_as_it_runs(tmp_path):
+    """A file whose report says otherwise than the loaded layers run (written by another
+    version: GAT's product ran on integers) loads with the layers' own placements."""
+    import json
+
+    data = _graph()
+    gm, _ = transformed("gat", "int8", data, 3)
+    gm.eval()
+    model = fxquant.convert(gm, strict=False)
+    path = tmp_path / "gat.pt"
+    save(model, path)
+    payload = torch.load(path, weights_only=True)
+    program = json.loads(payload["program"])
+    for p in program["placements"]:
+        if p["where"] == "convs.0: product x W":
+            p.update(runs="integer", how="int8 x int8 -> int32", why="")
+    payload["program"] = json.dumps(program)
+    torch.save(payload, path)
+    loaded = {p.where: p for p in load(path).report.placements}
+    assert loaded["convs.0: product x W"].runs == "float32"
+    assert loaded == {p.where: p for p in model.report.placements}
 
 
 def test_save_and_load_round_trip(tmp_path):
