@@ -9,7 +9,13 @@ from torch_geometric.nn import GCNConv
 
 import fxquant
 from fxquant.execution import ConversionError, compare, load, save
-from tests.support.execution import mapping, random_graph, transformed
+from tests.support.execution import (
+    LogitsAndHidden,
+    WithHead,
+    mapping,
+    random_graph,
+    transformed,
+)
 
 
 class TwoLayers(torch.nn.Module):
@@ -270,18 +276,8 @@ def test_a_model_returning_several_tensors_converts(tmp_path):
     """``return logits, hidden``: the converted model returns both (a tuple, the hidden
     codes read as float32), as the simulation does; compare reads the first one's
     predictions; save and load keep it."""
-
-    class Both(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
-
-        def forward(self, x, edge_index):
-            h = self.conv1(x, edge_index).relu()
-            return self.conv2(h, edge_index), h
-
     data = _graph()
-    gm = _int8(Both())
+    gm = _int8(LogitsAndHidden())
     model = fxquant.convert(gm)
     out = model(data.x, data.edge_index)
     with torch.no_grad():
@@ -300,19 +296,6 @@ def test_a_model_returning_several_tensors_converts(tmp_path):
         assert torch.equal(got, want)
 
 
-class WithHead(torch.nn.Module):
-    """GCN layers and a linear classifier after them."""
-
-    def __init__(self, linear: torch.nn.Module | None = None) -> None:
-        super().__init__()
-        self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 8)
-        self.head = linear if linear is not None else torch.nn.Linear(8, 3)
-
-    def forward(self, x, edge_index):
-        h = self.conv2(self.conv1(x, edge_index).relu(), edge_index).relu()
-        return self.head(h)
-
-
 @pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
 def test_a_linear_layer_called_on_its_own_converts(tmp_path):
     """A classifier ``torch.nn.Linear`` (or PyG's ``Linear``) after the graph layers, its
@@ -327,7 +310,7 @@ def test_a_linear_layer_called_on_its_own_converts(tmp_path):
         qmap = qmap.set_name("head", fxquant.QuantConfig("int8", scale="tensor"), site=site)
     for head in (torch.nn.Linear(8, 3), PygLinear(-1, 3)):
         torch.manual_seed(0)
-        model = WithHead(head)
+        model = WithHead(linear=head)
         model(data.x, data.edge_index)  # (PyG's lazy Linear takes its shape)
         gm = fxquant.transform(model, qmap, lint="off")
         gm.train()

@@ -15,7 +15,14 @@ from fxquant.datasets import load_planetoid
 from fxquant.execution import export_onnx, onnx_inputs
 from fxquant.execution.export import ExportError
 from tests.support.data import needs_data
-from tests.support.execution import mapping, random_graph, train, transformed
+from tests.support.execution import (
+    LogitsAndHidden,
+    WithHead,
+    mapping,
+    random_graph,
+    train,
+    transformed,
+)
 from tests.support.extras import require
 
 
@@ -148,23 +155,12 @@ def test_onnx_runs_a_linear_classifier_on_integers(tmp_path):
     """GCN layers and a ``torch.nn.Linear`` classifier, every part rounded: the head is a
     ``MatMulInteger`` too, and ONNX Runtime computes the ``ties="nearest"`` model's logits."""
     _runtime()
-    from torch_geometric.nn import GCNConv
-
-    class WithHead(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv1, self.conv2 = GCNConv(6, 8), GCNConv(8, 8)
-            self.head = torch.nn.Linear(8, 3)
-
-        def forward(self, x, edge_index):
-            return self.head(self.conv2(self.conv1(x, edge_index).relu(), edge_index).relu())
-
     data = random_graph(60, 240, 6, seed=4)
     qmap = mapping("int8")
     for site in ("weight", "output"):
         qmap = qmap.set_name("head", fxquant.QuantConfig("int8", scale="tensor"), site=site)
     torch.manual_seed(0)
-    gm = fxquant.transform(WithHead(), qmap, lint="off")
+    gm = fxquant.transform(WithHead(6), qmap, lint="off")
     gm.train()
     gm(data.x, data.edge_index)
     gm.eval()
@@ -182,18 +178,7 @@ def test_onnx_runs_a_linear_classifier_on_integers(tmp_path):
 def test_export_refuses_a_model_returning_several_tensors(tmp_path):
     """The graph has one output: a model returning ``(logits, hidden)`` is refused."""
     _runtime()
-    from torch_geometric.nn import GCNConv
-
-    class Both(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
-
-        def forward(self, x, edge_index):
-            h = self.conv1(x, edge_index).relu()
-            return self.conv2(h, edge_index), h
-
-    gm = fxquant.transform(Both(), mapping("int8"), lint="off").eval()
+    gm = fxquant.transform(LogitsAndHidden(), mapping("int8"), lint="off").eval()
     with pytest.raises(ExportError, match="returns a tuple or list of tensors"):
         export_onnx(fxquant.convert(gm), tmp_path / "both.onnx")
 

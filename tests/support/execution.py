@@ -37,6 +37,30 @@ class GCN(nn.Module):
         return self.conv2(x, edge_index)
 
 
+class WithHead(nn.Module):
+    """Two GCN layers and a linear classifier after them (``linear``: another one)."""
+
+    def __init__(self, in_channels: int = 4, linear: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(in_channels, 8), GCNConv(8, 8)
+        self.head = linear if linear is not None else nn.Linear(8, 3)
+
+    def forward(self, x, edge_index):
+        return self.head(self.conv2(self.conv1(x, edge_index).relu(), edge_index).relu())
+
+
+class LogitsAndHidden(nn.Module):
+    """Two GCN layers returning ``(logits, hidden)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(4, 8), GCNConv(8, 3)
+
+    def forward(self, x, edge_index):
+        h = self.conv1(x, edge_index).relu()
+        return self.conv2(h, edge_index), h
+
+
 def make_model(kind: str, in_channels: int, classes: int, hidden: int = 16) -> nn.Module:
     if kind == "gcn":
         return GCN(in_channels, hidden, classes)
