@@ -571,16 +571,15 @@ def round_sums(then: IntQuantizer, v: Tensor, replay: Callable[[Tensor], Tensor]
     if replaying and before is not None:
         assert replay is not None
         # (twice the tolerance: a range settled below moves the step by far less)
-        ties = _near_ties(before.view(-1), toward_zero, 2 * TIE_TOLERANCE)
-        extremes = _near_extremes(then, flat, bounds) \
-            if bounds is not None and kind == "batch" else ties[:0]
-        elements = torch.cat([extremes, ties]) if extremes.numel() else ties
+        elements, extreme = _ties_and_extremes(
+            then, flat, before.view(-1), toward_zero, 2 * TIE_TOLERANCE,
+            bounds if kind == "batch" else None)
         if elements.numel():
             sums = replay(elements)
             flat[elements] = sums
             settled = bounds
-            if extremes.numel() and bounds is not None:
-                settled = _settled_bounds(then, bounds, sums[:extremes.numel()])
+            if extreme is not None and bounds is not None and bool(extreme.any()):
+                settled = _settled_bounds(then, bounds, sums[extreme])
             steps = None if bounds is None or settled is None or settled == bounds \
                 else (_steps(then, bounds), _steps(then, settled))
             if steps is not None and steps[0] != steps[1]:
@@ -626,10 +625,37 @@ def _near_ties(before: Tensor, toward_zero: bool, tolerance: float = TIE_TOLERAN
     """Where ``before`` (values in units of the step, before rounding; overwritten) lies
     within ``tolerance`` of a rounding boundary: a half for rounding to nearest, an
     integer for truncation (from either side)."""
+    return beyond(*_tie_distance(before, toward_zero, tolerance))
+
+
+def _tie_distance(before: Tensor, toward_zero: bool, tolerance: float
+                  ) -> tuple[Tensor, float, float | None]:
+    """``before`` (overwritten) as a tensor and the limits :func:`beyond` reads for
+    :func:`_near_ties`."""
     frac = before.frac_().abs_()  # (in place: no second tensor of the sums' size)
     if toward_zero:
-        return beyond(frac, tolerance, 1 - tolerance)
-    return beyond(frac.sub_(0.5).abs_(), tolerance, None)
+        return frac, tolerance, 1 - tolerance
+    return frac.sub_(0.5).abs_(), tolerance, None
+
+
+def _ties_and_extremes(then: IntQuantizer, flat: Tensor, before: Tensor, toward_zero: bool,
+                       tolerance: float, bounds: tuple[float, float] | None
+                       ) -> tuple[Tensor, Tensor | None]:
+    """The elements of ``flat`` that :func:`_near_ties` (of ``before``, overwritten) and
+    :func:`_near_extremes` (of ``bounds``; None: none) give, and which of them are near
+    the extremes (a mask over them; None: none). Fewer than the elements :func:`beyond`
+    looks at block by block: in one pass."""
+    if bounds is None:
+        return _near_ties(before, toward_zero, tolerance), None
+    if flat.numel() >= _BLOCKED_FROM:
+        extremes = _near_extremes(then, flat, bounds)
+        ties = _near_ties(before, toward_zero, tolerance)
+        elements = torch.cat([extremes, ties])
+        return elements, torch.arange(elements.numel(), device=flat.device) < extremes.numel()
+    near = _qualifies(flat, *_extreme_limits(then, bounds))
+    elements = (_qualifies(*_tie_distance(before, toward_zero, tolerance)) | near).nonzero(
+    ).view(-1)
+    return elements, near.index_select(0, elements)
 
 
 def beyond(flat: Tensor, below: float | None = None, above: float | None = None) -> Tensor:
@@ -640,14 +666,8 @@ def beyond(flat: Tensor, below: float | None = None, above: float | None = None)
     n = flat.numel()
     if below is None and above is None:
         return torch.zeros(0, dtype=torch.long, device=flat.device)
-
-    def qualifies(x: Tensor) -> Tensor:
-        if above is None:
-            return x <= float(below)  # type: ignore[arg-type]
-        return x >= above if below is None else (x >= above) | (x <= below)
-
     if n < _BLOCKED_FROM:  # (few: each one)
-        return qualifies(flat).nonzero().view(-1)
+        return _qualifies(flat, below, above).nonzero().view(-1)
     body = n - n % BLOCK
     parts = []
     if body:
@@ -664,12 +684,20 @@ def beyond(flat: Tensor, below: float | None = None, above: float | None = None)
         if found.numel():
             positions = (found.view(-1, 1) * BLOCK + torch.arange(
                 BLOCK, device=flat.device)).view(-1)
-            parts.append(positions[qualifies(flat.index_select(0, positions))])
+            parts.append(positions[_qualifies(flat.index_select(0, positions), below, above)])
     if body < n:
-        parts.append(qualifies(flat[body:]).nonzero().view(-1) + body)
+        parts.append(_qualifies(flat[body:], below, above).nonzero().view(-1) + body)
     if not parts:
         return torch.zeros(0, dtype=torch.long, device=flat.device)
     return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _qualifies(x: Tensor, below: float | None, above: float | None) -> Tensor:
+    """Whether each element of ``x`` is at or below ``below`` or at or above ``above``
+    (neither: none)."""
+    if above is None:
+        return x <= below if below is not None else torch.zeros_like(x, dtype=torch.bool)
+    return x >= above if below is None else (x >= above) | (x <= below)
 
 
 def _reads_magnitude(point: IntQuantizer) -> bool:
@@ -681,14 +709,20 @@ def _reads_magnitude(point: IntQuantizer) -> bool:
 def _near_extremes(point: IntQuantizer, flat: Tensor, bounds: tuple[float, float]) -> Tensor:
     """The indices of ``flat`` (1-D) within :data:`EXTREME_TOLERANCE` of the part of its
     range ``point``'s step is taken from."""
+    return beyond(flat, *_extreme_limits(point, bounds))
+
+
+def _extreme_limits(point: IntQuantizer, bounds: tuple[float, float]
+                    ) -> tuple[float | None, float | None]:
+    """The limits :func:`beyond` reads for :func:`_near_extremes`."""
     lo, hi = bounds
     margin = EXTREME_TOLERANCE * max(abs(lo), abs(hi))
     if point.grid.asymmetric:
-        return beyond(flat, lo + margin, hi - margin)
+        return lo + margin, hi - margin
     if _reads_magnitude(point):
         top = max(abs(lo), abs(hi)) - margin
-        return beyond(flat, -top if lo <= -top else None, top if hi >= top else None)
-    return beyond(flat, None, hi - margin)
+        return -top if lo <= -top else None, top if hi >= top else None
+    return None, hi - margin
 
 
 def extreme_rows(point: IntQuantizer, v: Tensor) -> Tensor:

@@ -136,6 +136,8 @@ _PRODUCT_ROWS = 128
 #: and on whether it lies in the final partial block, so a row recomputed alone, or at
 #: another place modulo the block, can be added in another order than in the whole matrix
 _ROW_BLOCK = 48
+#: the most rows :func:`_aligned_rows` lays out in Python
+_FEW_ROWS = 32
 
 
 def _aligned_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -145,6 +147,8 @@ def _aligned_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
     final partial block last (after at least one whole block)."""
     block = _ROW_BLOCK
     tail_start = n - n % block
+    if rows.numel() <= _FEW_ROWS:  # (a few: in Python, far fewer tensor operations)
+        return _aligned_few(rows.tolist(), n, rows.device)
     ids = torch.div(rows, block, rounding_mode="floor")
     blocks = torch.unique(ids)
     whole = blocks[blocks * block < tail_start]
@@ -159,6 +163,24 @@ def _aligned_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
     positions = torch.searchsorted(whole, ids) * block + rows - ids * block
     positions = torch.where(in_tail, whole.numel() * block + rows - tail_start, positions)
     return torch.cat(parts), positions
+
+
+def _aligned_few(rows: list[int], n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """:func:`_aligned_rows` of a few rows, given as a list."""
+    block = _ROW_BLOCK
+    tail_start = n - n % block
+    whole = sorted({r // block for r in rows if r < tail_start})
+    tail = any(r >= tail_start for r in rows)
+    if tail and not whole:
+        whole = [0]
+    layout = [b * block + i for b in whole for i in range(block)]
+    if tail:
+        layout.extend(range(tail_start, n))
+    place = {b: k * block for k, b in enumerate(whole)}
+    positions = [len(whole) * block + r - tail_start if r >= tail_start
+                 else place[r // block] + r % block for r in rows]
+    return (torch.tensor(layout, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device))
 
 
 def _float_linear(x: Value, w: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -224,8 +246,15 @@ class WeightCodes(nn.Module):
 
     def values(self) -> Tensor:
         """The weight's float32 values, row by row as the simulation's weight is laid out
-        (a product adds in the order its operands' layout gives)."""
-        return self.qtensor().dequantize().contiguous()
+        (a product adds in the order its operands' layout gives); kept while the packed
+        bytes are unchanged."""
+        q = self.qtensor()
+        cached = self.__dict__.get("_values")
+        if cached is not None and cached[0] is q:
+            return cached[1]
+        values = q.dequantize().contiguous()
+        self.__dict__["_values"] = (q, values)
+        return values
 
     def _unpack(self) -> QTensor:
         m = self.meta
