@@ -340,10 +340,18 @@ class _Converter:
                 layer.configure(integer, self.accumulate, self.ties)
             except Unconvertible as e:
                 why = str(e).split(": ", 1)[-1]
+            unapplied = [(name, spec) for name, spec in inner.items()
+                         if layer is not None and not layer.applies(_site_key(spec))]
+            if unapplied:
+                layer = None
+                name, spec = unapplied[0]
+                why = (f"its quantization point {name!r} ({spec.label}) is not one the "
+                       f"converted {type(module).__name__} applies; please leave "
+                       f"site={spec.site!r} out of this layer's mapping entry")
         if layer is None:
             if self.strict:
-                self._refuse(f"layer {target!r}", why + "; please convert a model of "
-                             "converted layers")
+                self._refuse(f"layer {target!r}", why if "please" in why else
+                             why + "; please convert a model of converted layers")
             self._float(node, f"layer {target!r} ({type(module).__name__})", module,
                         why=why + "; it runs its simulation in float32")
             return

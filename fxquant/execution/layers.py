@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+from torch_geometric.nn import GATConv, GCNConv, GINConv, MessagePassing, SAGEConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 from torch_geometric.nn.models import MLP
@@ -287,6 +287,8 @@ class IntLayer(nn.Module):
     """Shared by the converted layers: the layer's points, its placements."""
 
     kind = ""
+    #: the points (site and tensor, as ``"weight.lin.weight"``) the converted layer applies
+    sites: tuple[str, ...] = ()
 
     def __init__(self, name: str, points: dict[str, IntQuantizer],
                  rebuild: dict[str, Any] | None = None) -> None:
@@ -311,6 +313,10 @@ class IntLayer(nn.Module):
         self.place(f"weight {point.spec.tensor}", INTEGER,
                    f"stored as {point.spec.describe()} codes ({codes.meta['slot']} bits a code)")
         return codes
+
+    def applies(self, key: str) -> bool:
+        """Whether this layer applies a point at ``key`` (``"weight.lin.weight"``)."""
+        return key in self.sites
 
     def point(self, key: str) -> IntQuantizer | None:
         key = key.replace(".", "__")
@@ -513,11 +519,13 @@ class IntGCNConv(IntLayer):
     """``GCNConv`` (normalized, self-loops as the layer adds them) on codes."""
 
     kind = "GCNConv"
+    sites = ("weight.lin.weight", "linear.lin", "edge", "message", "aggregate")
     lin_weight: Tensor
     bias: Tensor | None
 
     def __init__(self, name: str, conv: GCNConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
+        _aggregation(name, conv, ("sum",))
         super().__init__(name, points, {
             "cls": "GCNConv", "in_channels": conv.in_channels,
             "out_channels": conv.out_channels, "improved": conv.improved,
@@ -574,6 +582,7 @@ class IntSAGEConv(IntLayer):
     """``SAGEConv`` (mean, sum or max aggregation of the neighbours' codes; root weight)."""
 
     kind = "SAGEConv"
+    sites = ("weight.lin_l.weight", "weight.lin_r.weight", "message", "aggregate")
     wl: Tensor
     bl: Tensor | None
     wr: Tensor | None
@@ -583,12 +592,13 @@ class IntSAGEConv(IntLayer):
                  input_integer: bool) -> None:
         if conv.project:
             raise Unconvertible(f"{name}: SAGEConv(project=True) is not converted")
+        aggr = _aggregation(name, conv, ("sum", "mean", "max", "min"))
         super().__init__(name, points, {
             "cls": "SAGEConv", "in_channels": conv.in_channels,
-            "out_channels": conv.out_channels, "aggr": str(conv.aggr),
+            "out_channels": conv.out_channels, "aggr": aggr,
             "normalize": conv.normalize, "root_weight": conv.root_weight,
             "bias": conv.lin_l.bias is not None, "flow": conv.flow})
-        self.aggr = str(conv.aggr)
+        self.aggr = aggr
         self.flow = conv.flow
         self.root = conv.root_weight
         self.normalize = conv.normalize
@@ -622,7 +632,7 @@ class IntSAGEConv(IntLayer):
             self._place_product("product x W_r", input_integer, self.weight_r,
                           "round lin_r's weight (site='weight')")
         self.place("bias and sum", RESCALE, "float32 bias and the two rescaled products added")
-        if self.aggr not in ("mean", "sum", "add"):
+        if self.aggr not in ("mean", "sum"):
             self.placements[1] = Placement(f"{name}: {self.aggr} aggregation", FLOAT,
                                            f"float32 {self.aggr}",
                                            "only sum and mean aggregation run on integers")
@@ -661,6 +671,7 @@ class IntLinear(IntLayer):
     input and weight are rounded."""
 
     kind = "Linear"
+    sites = ("weight.weight",)
     w: Tensor
     b: Tensor | None
 
@@ -698,6 +709,22 @@ class IntLinear(IntLayer):
         return self._settle(self.then, y, simulate, ctx.ids)
 
 
+#: PyG's aggregation modules the converted layers compute, by the name they take
+_AGGREGATIONS = {"SumAggregation": "sum", "MeanAggregation": "mean", "MaxAggregation": "max",
+                 "MinAggregation": "min"}
+
+
+def _aggregation(name: str, conv: MessagePassing, computed: tuple[str, ...]) -> str:
+    """The name of ``conv``'s aggregation, one of ``computed``; else :class:`Unconvertible`."""
+    module = getattr(conv, "aggr_module", None)
+    aggr = _AGGREGATIONS.get(type(module).__name__, "")
+    if aggr not in computed:
+        raise Unconvertible(
+            f"{name}: its aggregation {conv.aggr!r} ({type(module).__name__}) is not one the "
+            f"converted {type(conv).__name__} computes ({', '.join(computed)})")
+    return aggr
+
+
 def _order(edge_index: Tensor, flow: str, n: int) -> EdgeOrder:
     src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" \
         else (edge_index[1], edge_index[0])
@@ -711,6 +738,7 @@ def _node_messages(layer: IntLayer, x: Value, order: EdgeOrder, ctx: Context,
     messages = Messages(as_float(x), order)
     if aggr in ("sum", "add", "mean"):
         return layer._aggregate(messages, order, ctx, mean=aggr == "mean")
+    assert aggr in ("max", "min"), aggr
     m = as_float(layer._round("message", messages.floats(), ctx, row_nodes=order.dst,
                               num_nodes=order.n))
     out = torch.zeros((order.n, *m.shape[1:]), device=m.device)
@@ -725,9 +753,11 @@ class IntGINConv(IntLayer):
     one linear."""
 
     kind = "GINConv"
+    sites = ("message", "aggregate")
 
     def __init__(self, name: str, conv: GINConv, points: dict[str, IntQuantizer],
                  input_integer: bool) -> None:
+        _aggregation(name, conv, ("sum",))
         steps = _mlp_steps(conv.nn)
         if steps is None:
             raise Unconvertible(f"{name}: GINConv's nn {type(conv.nn).__name__} is not an MLP of "
@@ -781,6 +811,11 @@ class IntGINConv(IntLayer):
                     "linear outputs (site='linear') to run it on integers")
             current = rounded
         self.place("MLP biases and activations", RESCALE, "float32 biases; ReLU")
+
+    def applies(self, key: str) -> bool:
+        return super().applies(key) or any(
+            key in (f"weight.{nn_path(child)}.weight", f"linear.{nn_path(child)}")
+            for child in self.lin_names)
 
     def weight_of(self, j: int) -> WeightCodes | None:
         if not self.has_weight[j]:
@@ -955,6 +990,8 @@ class IntGATConv(IntLayer):
     coefficients (a leaky ReLU and a softmax per target) are float32."""
 
     kind = "GATConv"
+    sites = ("weight.lin.weight", "weight.att_src", "weight.att_dst", "linear.lin",
+             "message", "aggregate")
     lin_weight: Tensor
     att_src: Tensor
     att_dst: Tensor
@@ -965,6 +1002,7 @@ class IntGATConv(IntLayer):
         if conv.lin is None or conv.edge_dim is not None or conv.res is not None:
             raise Unconvertible(f"{name}: GATConv with separate source and target linears, edge "
                              "features or a residual is not converted")
+        _aggregation(name, conv, ("sum",))
         super().__init__(name, points, {
             "cls": "GATConv", "in_channels": conv.in_channels,
             "out_channels": conv.out_channels, "heads": conv.heads, "concat": conv.concat,

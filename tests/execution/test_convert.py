@@ -125,6 +125,81 @@ def test_unknown_layer_is_refused_or_kept():
     torch.testing.assert_close(model(data.x, data.edge_index), gm(data.x, data.edge_index))
 
 
+class _One(torch.nn.Module):
+    def __init__(self, conv: torch.nn.Module) -> None:
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index)
+
+
+def _layer_with(kind: str, aggr):
+    from torch_geometric.nn import GATConv, GINConv, SAGEConv
+    if kind == "gcn":
+        return GCNConv(4, 3, aggr=aggr)
+    if kind == "gin":
+        return GINConv(torch.nn.Linear(4, 3), aggr=aggr)
+    if kind == "gat":
+        return GATConv(4, 3, aggr=aggr)
+    return SAGEConv(4, 3, aggr=aggr)
+
+
+@pytest.mark.parametrize("kind, aggr", [("gcn", "mean"), ("gcn", "max"), ("gin", "mean"),
+                                        ("gat", "max"), ("sage", "std"),
+                                        ("sage", ["mean", "max"])])
+def test_an_aggregation_the_layer_does_not_compute_is_refused_or_kept(kind, aggr):
+    """A layer whose aggregation the converted layer does not compute (GCN with a mean):
+    refused naming the layer and its aggregation, or run as its simulation with
+    strict=False, never summed in its place."""
+    torch.manual_seed(0)
+    gm = fxquant.transform(_One(_layer_with(kind, aggr)), mapping("int8"), lint="off").eval()
+    data = _graph()
+    if kind != "gat":  # (GAT's softmax is float32: refused under strict=True anyway)
+        with pytest.raises(ConversionError, match=r"layer 'conv'.*aggregation"):
+            fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    assert any(p.where.startswith("layer 'conv'") for p in model.report.float32)
+    assert torch.equal(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
+def test_an_aggregation_module_converts_as_its_name(tmp_path):
+    """SAGEConv(aggr=MeanAggregation()) is a mean: it converts, computes the simulation's
+    codes, saves and loads."""
+    from torch_geometric.nn import SAGEConv
+    from torch_geometric.nn.aggr import MeanAggregation
+
+    torch.manual_seed(0)
+    gm = fxquant.transform(_One(SAGEConv(4, 3, aggr=MeanAggregation())), mapping("int8"),
+                           lint="off").eval()
+    data = _graph()
+    model = fxquant.convert(gm)
+    assert model.report.float32 == []
+    out = model(data.x, data.edge_index)
+    assert torch.equal(out, gm(data.x, data.edge_index))
+    save(model, tmp_path / "m.pt")
+    assert torch.equal(load(tmp_path / "m.pt")(data.x, data.edge_index), out)
+
+
+@pytest.mark.parametrize("kind, site", [("sage", "linear"), ("gat", "edge")])
+def test_a_point_the_layer_does_not_apply_is_refused_or_kept(kind, site):
+    """A point the converted layer would not apply (SAGEConv's linear outputs, GAT's
+    attention coefficients): refused naming the point and the site, or the layer runs as
+    its simulation with strict=False."""
+    m = mapping("int8")
+    m.set_global(fxquant.QuantConfig("int8", scale="tensor"), site=site)
+    torch.manual_seed(0)
+    gm = fxquant.transform(_One(_layer_with(kind, "add" if kind == "sage" else "sum")), m,
+                           lint="off").eval()
+    data = _graph()
+    with pytest.raises(ConversionError, match=rf"conv_{site}\w*quant.*site='{site}'"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    assert any(p.where.startswith("layer 'conv'") for p in model.report.float32)
+    assert torch.equal(model(data.x, data.edge_index), gm(data.x, data.edge_index))
+
+
 def test_kept_parts_take_codes_inside_lists():
     """Parts kept in float32 take the values of codes passed in a list: PyG's
     ``GraphSAGE(jk="cat")`` concatenates its layers' outputs with ``torch.cat``."""
