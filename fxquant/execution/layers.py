@@ -853,6 +853,9 @@ class IntGINConv(IntLayer):
             else:
                 assert h is not None
                 y = self._mm(h, w, w_float, ctx, label, bias=b)
+            point = self.point(f"linear.{nn_path(child)}")
+            if point is not None:  # (its step and ties as the simulation has them)
+                y = self._settle(point, y, self._simulate_linear(j, a, x, h), ctx.ids)
             h = self._round(f"linear.{nn_path(child)}", y, ctx)
             j += 1
         assert h is not None
@@ -873,6 +876,24 @@ class IntGINConv(IntLayer):
             return out
 
         return self._settle(self.then, as_float(h), simulate, ctx.ids)
+
+
+    def _simulate_linear(self, j: int, a: Value, x: Value, h: Value | None
+                         ) -> Callable[[Tensor], Tensor]:
+        """Rows of the MLP's ``j``-th linear output as the simulation computes them, from
+        its input: ``a + (1 + eps) x`` for the first, else ``h``, the codes before it."""
+        w = _dequantized(self.weight_of(j), getattr(self, f"w{j}"))
+        b = getattr(self, f"b{j}")
+
+        def simulate(rows: Tensor) -> Tensor:
+            if j == 0:
+                inp = _rows_float(a, rows) + (1.0 + self.eps) * _rows_float(x, rows)
+            else:
+                assert h is not None
+                inp = _rows_float(h, rows)
+            return F.linear(inp, w, b)
+
+        return simulate
 
 
 def nn_path(child: str) -> str:
