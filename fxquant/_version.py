@@ -1,4 +1,4 @@
 """The package version (one place: ``fxquant.__version__``, ``fxquant --version``, the
 build metadata)."""
 
-__version__ = "0.10.3"
+__version__ = "0.10.4"

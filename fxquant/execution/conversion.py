@@ -57,9 +57,10 @@ def convert(gm: GraphModule, *, strict: bool = True, accumulate: str = "auto",
     what the transformed model computes in evaluation: the same codes at every point
     (up to float32 rounding of the rescaling: :func:`fxquant.execution.compare` counts).
 
-    Converted layers: PyG's ``GCNConv``, ``SAGEConv``, ``GINConv`` (an MLP of linears and
-    ReLUs, or one linear), ``GATConv`` (its attention softmax in float32) and linear layers
-    called on their own (``torch.nn.Linear``, PyG's ``Linear``: a classifier head);
+    Converted layers: PyG's ``GCNConv``, ``GINConv`` (an MLP of linears and ReLUs, or one
+    linear) and ``GATConv`` (its attention softmax in float32) with their sum
+    aggregation, ``SAGEConv`` with a sum or a mean (a max or min in float32), and linear
+    layers called on their own (``torch.nn.Linear``, PyG's ``Linear``: a classifier head);
     between them ReLU, dropout (off in evaluation) and identities. Points: integer formats
     of at most 8 bits (symmetric, unsigned, asymmetric, mid-rise), rounding to nearest or
     toward zero, a learned step, a running or widest range, or the min/max or percentile
