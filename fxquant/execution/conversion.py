@@ -235,6 +235,11 @@ class _Converter:
             self._place_relu(node)
             return
         if target in _DROPOUT_FUNCTIONS:
+            if _drops_in_evaluation(node):
+                self._float(node, f"function dropout ({node.name})", why=(
+                    "it drops values in evaluation too (training=True, the default of "
+                    "F.dropout); please pass training=self.training to turn it off there"))
+                return
             self._emit(node, "identity", "", [self._ref(node.args[0])],
                        integer=self._is_integer(node.args[0]))
             return
@@ -405,6 +410,14 @@ class _Function(nn.Module):
         if self.op == "call_method":
             return getattr(args[0], self.fn)(*args[1:], **kwargs)
         return self.fn(*args, **kwargs)
+
+
+def _drops_in_evaluation(node: Node) -> bool:
+    """Whether a traced ``F.dropout(input, p=0.5, training=True)`` call drops values
+    whatever the model's mode (``training`` a constant True, as it is by default)."""
+    p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+    training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
+    return training is not False and not (isinstance(p, (int, float)) and p == 0)
 
 
 def _site_key(spec: PointSpec) -> str:

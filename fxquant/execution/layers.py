@@ -1053,9 +1053,7 @@ class IntGATConv(IntLayer):
     def forward(self, x: Value, edge_index: Tensor, edge_attr: Tensor | None = None,
                 size: Any = None, *, ctx: Context) -> Tensor:
         _no_size(self.name, size)
-        if edge_attr is not None:
-            raise FxquantValueError(f"the converted layer {self.name!r} takes no edge features "
-                                    "(edge_attr); its GATConv was built without edge_dim")
+        del edge_attr  # (a GATConv without edge_dim, which is all converted, ignores it)
         H, C = self.heads, self.channels
         if self._simulated_product:
             # the attention reads the product's values: the simulation's float32 product,

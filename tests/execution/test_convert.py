@@ -200,6 +200,58 @@ def test_a_point_the_layer_does_not_apply_is_refused_or_kept(kind, site):
     assert torch.equal(model(data.x, data.edge_index), gm(data.x, data.edge_index))
 
 
+def test_a_dropout_on_in_evaluation_is_refused_or_kept():
+    """F.dropout without training=self.training drops values in evaluation too: refused
+    naming it, or kept (not turned into an identity) with strict=False; with
+    training=self.training it is off in evaluation and converts."""
+    import torch.nn.functional as F
+
+    class Dropping(torch.nn.Module):
+        def __init__(self, always: bool) -> None:
+            super().__init__()
+            self.conv1, self.conv2, self.always = GCNConv(4, 8), GCNConv(8, 3), always
+
+        def forward(self, x, edge_index):
+            h = self.conv1(x, edge_index).relu()
+            h = F.dropout(h, 0.5) if self.always else F.dropout(h, 0.5, self.training)
+            return self.conv2(h, edge_index)
+
+    data = _graph()
+    gm = fxquant.transform(Dropping(True), mapping("int8"), lint="off").eval()
+    with pytest.raises(ConversionError, match=r"dropout.*training=self.training"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    assert [p.where for p in model.report.float32] == ["function dropout (dropout)"]
+    torch.manual_seed(0)
+    dropped = model(data.x, data.edge_index)
+    torch.manual_seed(0)
+    assert torch.equal(dropped, gm(data.x, data.edge_index))
+    gm = fxquant.transform(Dropping(False), mapping("int8"), lint="off").eval()
+    assert fxquant.convert(gm).report.float32 == []
+
+
+def test_gat_ignores_edge_features_as_pyg_does():
+    """A GATConv built without edge_dim ignores edge_attr (PyG's does): so does its
+    converted layer."""
+    from torch_geometric.nn import GATConv
+
+    class WithEdges(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = GATConv(4, 3)
+
+        def forward(self, x, edge_index, edge_attr):
+            return self.conv(x, edge_index, edge_attr)
+
+    torch.manual_seed(0)
+    gm = fxquant.transform(WithEdges(), mapping("int8"), lint="off").eval()
+    data = _graph()
+    edge_attr = torch.rand(data.edge_index.shape[1], 2)
+    model = fxquant.convert(gm, strict=False)
+    assert torch.equal(model(data.x, data.edge_index, edge_attr),
+                       gm(data.x, data.edge_index, edge_attr))
+
+
 def test_kept_parts_take_codes_inside_lists():
     """Parts kept in float32 take the values of codes passed in a list: PyG's
     ``GraphSAGE(jk="cat")`` concatenates its layers' outputs with ``torch.cat``."""
