@@ -554,6 +554,10 @@ def round_sums(then: IntQuantizer, v: Tensor, replay: Callable[[Tensor], Tensor]
     kind = then.spec.step_kind
     replaying = replay is not None and bool(flat.numel())
     if then.needs_range:
+        if replaying and kind == "percentile":  # (an order statistic of every sum)
+            assert replay is not None
+            flat.copy_(replay(torch.arange(flat.numel(), device=flat.device)))
+            replaying = False  # (every sum is the simulation's: rounded as it is)
         bounds = then.range_of(v)
     elif replaying and kind == "batch-row":
         assert replay is not None

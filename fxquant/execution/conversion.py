@@ -315,10 +315,20 @@ class _Converter:
             self.placements.append(Placement(spec.label, FLOAT, "simulated rounding in float32",
                                              "; ".join(spec.problems)))
             return
-        self.points[target] = IntQuantizer(spec)
+        self.points[target] = quantizer = IntQuantizer(spec)
         self._emit(node, "point", target, [self._ref(node.args[0])], integer=True)
         self.placements.append(Placement(spec.label, INTEGER,
                                          f"rounded to {spec.describe()}"))
+        source = node.args[0] if node.args else None
+        layer = self.layers.get(self._module_key(str(source.target))) \
+            if isinstance(source, Node) and source.op == "call_module" else None
+        if isinstance(layer, IntLayer) and layer.settles_output() and \
+                quantizer.reads_every_row and self.ties == "simulation":
+            self.placements.append(Placement(
+                f"{layer.name}: output", FLOAT, "every row recomputed in float32 as the "
+                "simulation computes it", f"the {spec.label} reads its step from every row "
+                "(a range per row, or a percentile), which the integer product gives an ulp "
+                "apart; convert with ties='nearest' to keep the integer product"))
 
     def _layer(self, node: Node, target: str, module: MessagePassing) -> None:
         inner = {k: v for k, v in self.specs.items() if v.layer == target

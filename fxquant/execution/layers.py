@@ -318,6 +318,11 @@ class IntLayer(nn.Module):
         """Whether this layer applies a point at ``key`` (``"weight.lin.weight"``)."""
         return key in self.sites
 
+    def settles_output(self) -> bool:
+        """Whether the point after this layer reads its step from a product of codes, whose
+        rows :meth:`_settle` recomputes as the simulation computes them."""
+        return False
+
     def point(self, key: str) -> IntQuantizer | None:
         key = key.replace(".", "__")
         return self.points[key] if key in self.points else None  # type: ignore[return-value]  # noqa: SIM401
@@ -328,8 +333,23 @@ class IntLayer(nn.Module):
     def configure(self, input_integer: bool, accumulate: str, ties: str) -> None:
         """Set the conversion's options (kept in ``rebuild``, which :func:`save` writes)."""
         self.rebuild.update(input_integer=input_integer, accumulate=accumulate, ties=ties)
+        then = self.point("aggregate")
+        if self._exact_ties and then is not None and self.point("message") is not None \
+                and then.spec.step_kind == "percentile":
+            self.place("sums for the aggregate's percentile", FLOAT, "every sum added again "
+                       "in float32 as the simulation adds it",
+                       "the aggregate point reads its step from a percentile of the sums, "
+                       "an order statistic of the simulation's float32 sums; convert with "
+                       "ties='nearest' to round the integer sums")
 
     # -- shared steps ---------------------------------------------------------------------
+
+    def _simulated_placement(self, what: str, why: str) -> None:
+        """Record that the product ``what`` runs as the simulation's float32 product."""
+        where = f"{self.name}: {what}"
+        self.placements = [Placement(where, FLOAT, "float32 product of the codes' values, as "
+                                     "the simulation computes it", why)
+                           if p.where == where else p for p in self.placements]
 
     def _place_product(self, what: str, x_integer: bool, weight: WeightCodes | None,
                        fix: str) -> None:
@@ -385,9 +405,13 @@ class IntLayer(nn.Module):
         (``simulate(rows)``, its float32 products), so that the step is the simulation's
         to the bit: every code after it is read with that step; then the rows holding a
         value on a rounding boundary of that step (``ids``: the rows' global node ids,
-        for per-node widths), where the simulation's float32 product picks the code."""
+        for per-node widths), where the simulation's float32 product picks the code. A
+        point whose step reads every row (per row, a percentile) takes every row the
+        simulation's way."""
         if point is None or not self._exact_ties:
             return y
+        if point.reads_every_row:  # (every row holds a range, or may hold the percentile)
+            return simulate(torch.arange(y.shape[0], device=y.device)).to(y.dtype)
         rows = extreme_rows(point, y)
         if rows.numel():
             y[rows] = self._simulate_rows(rows, y.shape[0], simulate).to(y.dtype)
@@ -549,9 +573,30 @@ class IntGCNConv(IntLayer):
         if self.bias is not None:
             self.place("bias", RESCALE, "float32 bias added to the aggregate's values")
 
+    @property
+    def _simulated_product(self) -> bool:
+        """Whether the product runs as the simulation's (``ties="simulation"``, no point
+        rounding it, and a message point whose step reads every message)."""
+        message = self.point("message")
+        return self._exact_ties and self.point("linear.lin") is None and \
+            message is not None and message.reads_every_row
+
+    def configure(self, input_integer: bool, accumulate: str, ties: str) -> None:
+        super().configure(input_integer, accumulate, ties)
+        if self._simulated_product and self.weight is not None and input_integer:
+            self._simulated_placement(
+                "product x W", "its message point reads its step from every message (per "
+                "row, or a percentile), each a product's value times a coefficient, which "
+                "the integer product gives an ulp apart: round its output (site='linear'), "
+                "or convert with ties='nearest' to run it on integers")
+
     def forward(self, x: Value, edge_index: Tensor, edge_weight: Tensor | None = None, *,
                 ctx: Context) -> Tensor:
-        h, simulate, linear = self._projected(x, self.weight, self.lin_weight, ctx)
+        if self._simulated_product:
+            h = self._mm(x, self.weight, self.lin_weight, ctx, simulated=True)
+            simulate, linear = None, None
+        else:
+            h, simulate, linear = self._projected(x, self.weight, self.lin_weight, ctx)
         n = h.shape[0]
         key = ("gcn", self.normalize, self.improved, self.add_loops, self.flow)
         ew, sorted_ew, order = ctx.graph(key, edge_index, edge_weight, n,
@@ -640,6 +685,9 @@ class IntSAGEConv(IntLayer):
             self.place("normalize", FLOAT, "float32 L2 normalization",
                        "normalize=True divides by a float32 norm")
 
+    def settles_output(self) -> bool:
+        return True
+
     def forward(self, x: Value, edge_index: Tensor, size: Any = None, *,
                 ctx: Context) -> Tensor:
         _no_size(self.name, size)
@@ -697,6 +745,9 @@ class IntLinear(IntLayer):
                                             "simulation computes it", last.why)
         if self.b is not None:
             self.place("bias", RESCALE, "float32 bias added to the product's values")
+
+    def settles_output(self) -> bool:
+        return True
 
     def forward(self, x: Value, *, ctx: Context) -> Tensor:
         if len(x.shape) != 2:  # (rows of rows: as the simulation computes them)
@@ -812,6 +863,10 @@ class IntGINConv(IntLayer):
             current = rounded
         self.place("MLP biases and activations", RESCALE, "float32 biases; ReLU")
 
+    def settles_output(self) -> bool:
+        return not any(self.point(f"linear.{nn_path(c)}") is not None for kind, c in self.steps
+                       if kind == "linear")
+
     def applies(self, key: str) -> bool:
         return super().applies(key) or any(
             key in (f"weight.{nn_path(child)}.weight", f"linear.{nn_path(child)}")
@@ -859,8 +914,7 @@ class IntGINConv(IntLayer):
             h = self._round(f"linear.{nn_path(child)}", y, ctx)
             j += 1
         assert h is not None
-        if any(self.point(f"linear.{nn_path(c)}") is not None for kind, c in self.steps
-               if kind == "linear"):
+        if not self.settles_output():
             return as_float(h)
 
         def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
@@ -1090,14 +1144,11 @@ class IntGATConv(IntLayer):
     def configure(self, input_integer: bool, accumulate: str, ties: str) -> None:
         super().configure(input_integer, accumulate, ties)
         if self._simulated_product and self.weight is not None and input_integer:
-            where = f"{self.name}: product x W"
-            self.placements = [Placement(
-                where, FLOAT, "float32 product of the codes' values, as the simulation "
-                "computes it", "GAT's attention coefficients (a float32 softmax) and its "
+            self._simulated_placement(
+                "product x W", "GAT's attention coefficients (a float32 softmax) and its "
                 "messages read the product's values, which the integer product gives an ulp "
                 "apart: round its output (site='linear'), or convert with ties='nearest' to "
                 "run it on integers")
-                if p.where == where else p for p in self.placements]
 
     def _prepare(self, edge_index: Tensor, n: int) -> EdgeOrder:
         """Self-loops as the layer adds them, and the edge order, once per graph."""

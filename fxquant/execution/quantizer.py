@@ -114,6 +114,14 @@ class IntQuantizer(nn.Module):
         the values each forward."""
         return self.spec.step_kind in (STEP_BATCH, STEP_PERCENTILE)
 
+    @property
+    def reads_every_row(self) -> bool:
+        """Whether its step reads every row of what it rounds (a range per row) or an order
+        statistic of all of it (a percentile): where those values come from a product of
+        codes, every row is needed as the simulation computes it, not only those near
+        the extremes of one range."""
+        return self.spec.step_kind in (STEP_BATCH_ROW, STEP_PERCENTILE)
+
     def range_of(self, v: Tensor) -> tuple[float, float]:
         """``(lo, hi)`` a step is taken from: the values' finite min and max, or their
         percentiles."""
