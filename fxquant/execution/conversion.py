@@ -394,7 +394,8 @@ class _Converter:
 
     def _float(self, node: Node, what: str, module: nn.Module | None = None,
                why: str = "") -> None:
-        why = why or "it has no integer form"
+        why = why or ("the converted model has no integer form of it: it runs on float32 "
+                      "values")
         if self.strict and any(self._is_integer(a) for a in node.all_input_nodes):
             self._refuse(what, why)
         key = self._module_key(str(node.target)) if module is not None else node.name
