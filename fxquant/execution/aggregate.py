@@ -71,6 +71,8 @@ _BLOCKED_FROM = 1 << 16
 #: (element, message) slots a replay may pad beyond twice the pairs it sums (more: one
 #: slot per pair)
 _PADDED_EXTRA = 4096
+#: sums replayed at once where every sum is (a percentile step)
+_REPLAYED = 1 << 14
 
 
 class EdgeOrder:
@@ -556,7 +558,9 @@ def round_sums(then: IntQuantizer, v: Tensor, replay: Callable[[Tensor], Tensor]
     if then.needs_range:
         if replaying and kind == "percentile":  # (an order statistic of every sum)
             assert replay is not None
-            flat.copy_(replay(torch.arange(flat.numel(), device=flat.device)))
+            for start in range(0, flat.numel(), _REPLAYED):  # (every sum, a block at a time)
+                stop = min(start + _REPLAYED, flat.numel())
+                flat[start:stop] = replay(torch.arange(start, stop, device=flat.device))
             replaying = False  # (every sum is the simulation's: rounded as it is)
         bounds = then.range_of(v)
     elif replaying and kind == "batch-row":

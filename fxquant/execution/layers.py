@@ -699,8 +699,6 @@ class IntSAGEConv(IntLayer):
         if self.root:
             assert self.wr is not None
             y = y + self._mm(x, self.weight_r, self.wr, ctx, "product x W_r", bias=self.br)
-        if self.normalize:
-            return F.normalize(y, p=2.0, dim=-1)
 
         def simulate(rows: Tensor) -> Tensor:  # (rows as the transformed layer computes them)
             out = F.linear(_rows_float(a, rows), _dequantized(self.weight_l, self.wl), self.bl)
@@ -708,8 +706,10 @@ class IntSAGEConv(IntLayer):
                 assert self.wr is not None
                 out = out + F.linear(_rows_float(x, rows), _dequantized(self.weight_r, self.wr),
                                      self.br)
-            return out
+            return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
+        if self.normalize:  # (row by row: rows recomputed alone are normalized alike)
+            y = F.normalize(y, p=2.0, dim=-1)
         return self._settle(self.then, y, simulate, ctx.ids)
 
 
@@ -930,7 +930,6 @@ class IntGINConv(IntLayer):
             return out
 
         return self._settle(self.then, as_float(h), simulate, ctx.ids)
-
 
     def _simulate_linear(self, j: int, a: Value, x: Value, h: Value | None
                          ) -> Callable[[Tensor], Tensor]:
