@@ -150,6 +150,7 @@ class _Converter:
         self.placements: list[Placement] = []
         self.names: dict[Node, str] = {}
         self.integer: dict[str, bool] = {}  # value name -> holds codes
+        self.zero_code: dict[str, bool] = {}  # value name -> zero is one of its codes
         self.inputs: list[tuple[str, Any]] = []
 
     # -- helpers --------------------------------------------------------------------------
@@ -230,9 +231,7 @@ class _Converter:
         if target is set_node_ids:
             return  # the converted model reads node_ids= itself
         if target in _RELU_FUNCTIONS:
-            self._emit(node, "relu", "", [self._ref(node.args[0])],
-                       integer=self._is_integer(node.args[0]))
-            self._place_relu(node)
+            self._relu(node)
             return
         if target in _DROPOUT_FUNCTIONS:
             if _drops_in_evaluation(node):
@@ -240,23 +239,40 @@ class _Converter:
                     "it drops values in evaluation too (training=True, the default of "
                     "F.dropout); please pass training=self.training to turn it off there"))
                 return
-            self._emit(node, "identity", "", [self._ref(node.args[0])],
-                       integer=self._is_integer(node.args[0]))
+            self._identity(node)
             return
         self._float(node, f"function {getattr(target, '__name__', target)}")
 
     def _call_method(self, node: Node) -> None:
         if node.target == "relu":
-            self._emit(node, "relu", "", [self._ref(node.args[0])],
-                       integer=self._is_integer(node.args[0]))
-            self._place_relu(node)
+            self._relu(node)
             return
         self._float(node, f"method .{node.target}()")
 
+    def _identity(self, node: Node) -> None:
+        arg = node.args[0]
+        self._emit(node, "identity", "", [self._ref(arg)], integer=self._is_integer(arg))
+        self.zero_code[node.name] = self.zero_code.get(self.names.get(arg, ""), False) \
+            if isinstance(arg, Node) else False
+
+    def _relu(self, node: Node) -> None:
+        """A ReLU: a clamp of codes where zero is one of them (codes still), else of their
+        values (float32 values, as :func:`relu_codes` computes them)."""
+        arg = node.args[0]
+        codes = self._is_integer(arg) and isinstance(arg, Node) and \
+            self.zero_code.get(self.names.get(arg, ""), False)
+        self._emit(node, "relu", "", [self._ref(arg)], integer=codes)
+        self.zero_code[node.name] = codes
+        self._place_relu(node)
+
     def _place_relu(self, node: Node) -> None:
-        self.placements.append(Placement(f"{node.name}", INTEGER if self._is_integer(
-            node.args[0]) else RESCALE, "ReLU on the codes (a clamp at the zero code)"
-            if self._is_integer(node.args[0]) else "ReLU on float32 values"))
+        if self._is_integer(node):
+            self.placements.append(Placement(node.name, INTEGER,
+                                             "ReLU on the codes (a clamp at the zero code)"))
+        else:
+            self.placements.append(Placement(node.name, RESCALE, "ReLU on float32 values" + (
+                " (the codes' values: zero is not one of the codes)"
+                if self._is_integer(node.args[0]) else "")))
 
     def _call_module(self, node: Node) -> None:
         target = str(node.target)
@@ -269,12 +285,9 @@ class _Converter:
             self.steps.append(Step("guard", key, [self._ref(a) for a in node.args]))
             self.names[node] = "_guard"
         elif isinstance(module, _IDENTITY_MODULES):
-            self._emit(node, "identity", "", [self._ref(node.args[0])],
-                       integer=self._is_integer(node.args[0]))
+            self._identity(node)
         elif isinstance(module, nn.ReLU):
-            self._emit(node, "relu", "", [self._ref(node.args[0])],
-                       integer=self._is_integer(node.args[0]))
-            self._place_relu(node)
+            self._relu(node)
         elif isinstance(module, (MessagePassing, *_LINEARS)):
             self._layer(node, target, module)
         else:
@@ -317,6 +330,7 @@ class _Converter:
             return
         self.points[target] = quantizer = IntQuantizer(spec)
         self._emit(node, "point", target, [self._ref(node.args[0])], integer=True)
+        self.zero_code[node.name] = quantizer.zero_is_code
         self.placements.append(Placement(spec.label, INTEGER,
                                          f"rounded to {spec.describe()}"))
         source = node.args[0] if node.args else None

@@ -139,6 +139,8 @@ class _Q:
                  make_codes: Callable[[], str] | None = None) -> None:
         self._codes, self.scale, self.shift, self.floats = codes, scale, shift, floats
         self.unsigned, self._make_codes = unsigned, make_codes
+        #: whether zero is a code (see :attr:`IntQuantizer.zero_is_code`)
+        self.zero_code = True
 
     @property
     def codes(self) -> str:
@@ -240,6 +242,9 @@ class _Builder:
         stored = _Q(None, "x_scale", "x_shift", unsigned="x", make_codes=lambda: self.cast(
             self.op("Sub", [self.cast("x", self.FLOAT), self.const(128.0)]),
             tp.INT8)) if self.stored_input else None
+        if stored is not None:
+            first = model.point(model.input_point) if model.input_point else None
+            stored.zero_code = first is not None and first.zero_is_code
         env[names[0]], env[names[1]] = stored or "x", "edge_index"
         # (an input left at its default None is None in the graph; node_ids is an input
         # of the graph where widths read it)
@@ -319,11 +324,11 @@ class _Builder:
         return v
 
     def relu(self, v: Any) -> Any:
-        if isinstance(v, _Q):  # zero is the code -shift where the shift is a whole number
+        if isinstance(v, _Q) and v.zero_code:  # zero is the code -shift (a whole number)
             floats = self.op("Max", [self.code_floats(v), self.op("Neg", [v.shift])])
             return _Q(None, v.scale, v.shift, floats, make_codes=lambda: self.cast(
                 floats, self.onnx.TensorProto.INT8))
-        return self.op("Relu", [v])
+        return self.op("Relu", [self.as_float(v)])  # (no zero code: the values, as relu_codes)
 
     # -- rounding -------------------------------------------------------------------------
 
@@ -334,6 +339,12 @@ class _Builder:
         largest value, shape ``[]``) where given, else from ``x``."""
         if self.float32:
             return x  # type: ignore[return-value]
+        out = self._quantize(q, x, row_nodes, bounds)
+        out.zero_code = q.zero_is_code
+        return out
+
+    def _quantize(self, q: IntQuantizer, x: str, row_nodes: str | None,
+                  bounds: tuple[str, str] | None) -> _Q:
         spec, grid = q.spec, q.grid
         if spec.step_kind == "percentile":
             raise ExportError(f"export_onnx: the point {spec.module!r} ({spec.label}) takes "

@@ -846,11 +846,14 @@ class IntGINConv(IntLayer):
         # the MLP: its first product takes (1 + eps) x + aggregate, two grids, as two
         # integer products; later products take what the MLP's points round
         current = agg_integer and input_integer
+        rounded, zero = False, True  # (whether the last linear's output is codes holding 0)
         for i, (kind, child) in enumerate(steps):
+            if kind == "relu":  # (of codes without a zero code: their float32 values)
+                current = current and zero
+                continue
             if kind != "linear":
                 continue
             weight = self.weight_of(self.lin_names.index(child))
-            rounded = self.point(f"linear.{nn_path(child)}") is not None
             self._place_product(f"MLP {child or 'linear'} product", current, weight,
                           f"round {nn_path(child)}'s weight (site='weight')")
             if not current and i:
@@ -858,8 +861,13 @@ class IntGINConv(IntLayer):
                     f"{name}: MLP {child} product", FLOAT,
                     "float32 product of the MLP's hidden values and the weight's codes"
                     if weight is not None else "float32 product",
+                    "a ReLU of the MLP's hidden codes, whose grid has no zero code (mid-rise), "
+                    "gives float32 values; round the layer's linear outputs on a grid with a "
+                    "zero to run it on integers" if rounded else
                     "the MLP's hidden values have no quantization point; round the layer's "
                     "linear outputs (site='linear') to run it on integers")
+            point = self.point(f"linear.{nn_path(child)}")
+            rounded, zero = point is not None, point is not None and point.zero_is_code
             current = rounded
         self.place("MLP biases and activations", RESCALE, "float32 biases; ReLU")
 

@@ -115,6 +115,14 @@ class IntQuantizer(nn.Module):
         return self.spec.step_kind in (STEP_BATCH, STEP_PERCENTILE)
 
     @property
+    def zero_is_code(self) -> bool:
+        """Whether zero is one of its codes whatever the step (a ReLU of the codes is then
+        a clamp, and codes): not on a mid-rise grid (which has no zero), nor with a zero
+        point per row."""
+        return not self.grid.midrise and not (self.grid.asymmetric and
+                                              self.spec.step_kind == STEP_BATCH_ROW)
+
+    @property
     def reads_every_row(self) -> bool:
         """Whether its step reads every row of what it rounds (a range per row) or an order
         statistic of all of it (a percentile): where those values come from a product of

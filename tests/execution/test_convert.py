@@ -252,6 +252,30 @@ def test_gat_ignores_edge_features_as_pyg_does():
                        gm(data.x, data.edge_index, edge_attr))
 
 
+def test_a_relu_of_mid_rise_codes_in_a_gin_mlp_is_float32():
+    """GIN's MLP with its linear outputs on a mid-rise grid (no zero code): the ReLU between
+    its linears gives float32 values, so the next product is float32 and listed (strict=True
+    refuses it, naming the mid-rise grid), and the model computes the simulation's codes."""
+    from torch_geometric.nn import GINConv
+
+    midrise = fxquant.QuantConfig("int4:midrise", scale="tensor")
+    qmap = fxquant.QuantMapping()
+    for site in ("input", "weight", "message", "aggregate", "output", "linear"):
+        qmap = qmap.set_global(midrise, site=site)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    torch.manual_seed(0)
+    gm = fxquant.transform(_One(GINConv(mlp)), qmap, lint="off")
+    data = _graph()
+    gm.train()
+    gm(data.x, data.edge_index)
+    gm.eval()
+    with pytest.raises(ConversionError, match="MLP 2 product.*mid-rise"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False)
+    assert [p.where for p in model.report.float32] == ["conv: MLP 2 product"]
+    assert compare(gm, model, data.x, data.edge_index).ok(codes=1.0)
+
+
 def test_kept_parts_take_codes_inside_lists():
     """Parts kept in float32 take the values of codes passed in a list: PyG's
     ``GraphSAGE(jk="cat")`` concatenates its layers' outputs with ``torch.cat``."""

@@ -175,6 +175,34 @@ def test_onnx_runs_a_linear_classifier_on_integers(tmp_path):
                                rtol=1e-4, atol=1e-4)
 
 
+def test_a_relu_of_mid_rise_codes_is_a_relu_of_their_values(tmp_path):
+    """A mid-rise grid has no zero code: a ReLU of its codes gives their float32 values
+    (the product after it is float32, which convert lists and strict=True refuses), and
+    the graph computes the same (it kept the code -1, half a step below zero)."""
+    _runtime()
+    data = random_graph(30, 120, 6, seed=0)
+    data.x = torch.randn(30, 6, generator=torch.Generator().manual_seed(0))
+    midrise = fxquant.QuantConfig("int4:midrise", scale="tensor")
+    qmap = fxquant.QuantMapping()
+    for site in ("input", "weight", "message", "aggregate", "output"):
+        qmap = qmap.set_global(midrise, site=site)
+    for site in ("weight", "output"):
+        qmap = qmap.set_name("head", midrise, site=site)
+    torch.manual_seed(0)
+    gm = fxquant.transform(WithHead(6), qmap, lint="off")
+    gm.train()
+    gm(data.x, data.edge_index)
+    gm.eval()
+    with pytest.raises(fxquant.execution.ConversionError, match="head: product"):
+        fxquant.convert(gm)
+    model = fxquant.convert(gm, strict=False, ties="nearest")
+    assert [p.where for p in model.report.float32] == ["head: product x W"]
+    path = tmp_path / "midrise.onnx"
+    export_onnx(model, path)
+    torch.testing.assert_close(_run(path, data, False), model(data.x, data.edge_index),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_export_refuses_a_model_returning_several_tensors(tmp_path):
     """The graph has one output: a model returning ``(logits, hidden)`` is refused."""
     _runtime()
