@@ -456,12 +456,13 @@ class IntLayer(nn.Module):
         return h, simulate, linear
 
     def _mm(self, x: Value, weight: WeightCodes | None, fallback: Tensor, ctx: Context,
-            what: str = "product", simulated: bool = False, bias: Tensor | None = None
-            ) -> Tensor:
+            what: str = "product", simulated: bool = False, bias: Tensor | None = None,
+            in_float32: bool = True) -> Tensor:
         """``x @ W.T (+ bias)``: on codes where both are codes (``simulated``: in float32 on
         their values, as the simulation computes it), else in float32 (the bias added as
         the simulation's linear layer adds it); counted in ``ctx.meter`` (rows x inner x
-        outer multiply-accumulates at the bits of the operands, 32 x 32 in float32)."""
+        outer multiply-accumulates at the bits of the operands, 32 x 32 in float32;
+        ``in_float32``: whether the float32 model computes this product too)."""
         integer = isinstance(x, QTensor) and weight is not None and not simulated
         if ctx.meter is not None:
             shape = x.codes.shape if isinstance(x, QTensor) else x.shape
@@ -469,7 +470,7 @@ class IntLayer(nn.Module):
             bits = (32.0, 32.0) if simulated else \
                 (_bits(x), _bits(weight) if weight is not None else 32.0)
             ctx.meter.append(("product", f"{self.name}: {what}",
-                              rows * shape[-1] * fallback.shape[0], *bits))
+                              rows * shape[-1] * fallback.shape[0], *bits, in_float32))
         if integer:
             assert isinstance(x, QTensor) and weight is not None
             y = int_matmul(x, weight.qtensor())
@@ -906,8 +907,9 @@ class IntGINConv(IntLayer):
             label = f"MLP {child or 'linear'}"
             if j == 0:
                 if isinstance(a, QTensor) and isinstance(x, QTensor) and w is not None:
+                    # (two products of two grids, where the float32 model runs one)
                     y = self._mm(a, w, w_float, ctx, label) + (1.0 + self.eps) * \
-                        self._mm(x, w, w_float, ctx, label)
+                        self._mm(x, w, w_float, ctx, label, in_float32=False)
                     if b is not None:
                         y = y + b
                 else:

@@ -148,7 +148,7 @@ def storage(model: ConvertedModel, *args: Any, **kwargs: Any) -> Storage:
     for quantizer in quantizers.values():
         table = quantizer.widths
         if table is not None and quantizer.spec.widths_stored and quantizer.spec.site != "weight":
-            widths += table.numel() // 2  # one 4-bit width a node (1..8 bits: 3 bits)
+            widths += -(-table.numel() // 2)  # one 4-bit width a node (1..8 bits: 3 bits)
     return Storage(rows, widths, float_params)
 
 
@@ -234,11 +234,12 @@ def bit_operations(model: ConvertedModel, *args: Any, **kwargs: Any) -> BitOps:
     finally:
         model.__dict__["_meter"] = None
     rows = []
-    for kind, what, count, bits_a, bits_b in meter:
-        if kind == "product":
+    for kind, what, count, bits_a, bits_b, *rest in meter:
+        if kind == "product":  # (rest: whether the float32 model computes it too)
             rows.append({"what": what, "kind": kind, "operations": count,
                          "bits": f"{bits_a:.2f} x {bits_b:.2f}",
-                         "bitops": count * bits_a * bits_b, "float32_bitops": count * 32 * 32})
+                         "bitops": count * bits_a * bits_b,
+                         "float32_bitops": count * 32 * 32 if not rest or rest[0] else 0})
         else:
             rows.append({"what": what, "kind": kind, "operations": count,
                          "bits": f"{bits_a:.2f}", "bitops": count * bits_a,
