@@ -425,12 +425,21 @@ class _Builder:
                               "width of the nearest seen node at run time; that lookup is "
                               "not exported")
         assert q.widths is not None
-        bits = q.widths.clamp(spec.min_bits, spec.max_bits)
+        table = q.widths
+        # (a node outside the table takes the table's mean, as node_widths gives it: one
+        # more entry, where such ids point)
+        unknown = table.mean().reshape(1) if table.numel() else \
+            torch.full((1,), float(spec.max_bits))
+        bits = torch.cat([table, unknown.to(table.dtype)]).clamp(spec.min_bits, spec.max_bits)
         bits = bits.round() if spec.widths_learned else bits
         qmin_t, qmax_t = grid.code_range(bits)
         assert isinstance(qmin_t, Tensor) and isinstance(qmax_t, Tensor)
-        ids = self.op("Gather", ["node_ids", row_nodes], axis=0) if row_nodes is not None \
-            else "node_ids"
+        size = self.const(table.shape[0], torch.int64)
+        known = self.op("And", [self.op("Less", ["node_ids", size]), self.op("Not", [
+            self.op("Less", ["node_ids", self.const(0, torch.int64)])])])
+        entry = self.op("Where", [known, "node_ids", size])
+        ids = self.op("Gather", [entry, row_nodes], axis=0) if row_nodes is not None \
+            else entry
         qmin = self.op("Unsqueeze", [self.op("Gather", [self.const(qmin_t.float()), ids],
                                              axis=0), self.const([1], torch.int64)])
         qmax = self.op("Unsqueeze", [self.op("Gather", [self.const(qmax_t.float()), ids],

@@ -239,6 +239,31 @@ def test_gcn_coefficients_are_torchs_to_the_bit(tmp_path):
         assert torch.equal(torch.from_numpy(got), degree.pow(-0.5))
 
 
+def test_nodes_outside_a_width_table_take_its_mean(tmp_path):
+    """Fixed per-node widths for 30 nodes, run on 40: the converted model gives the nodes
+    outside the table the table's mean width, and so does the graph (it failed on them)."""
+    _runtime()
+    bits = torch.randint(2, 9, (30,), generator=torch.Generator().manual_seed(1))
+    qmap = fxquant.QuantMapping()
+    for site in ("input", "weight", "message", "aggregate", "output"):
+        qmap = qmap.set_global(fxquant.QuantConfig(
+            "int4", scale="tensor",
+            node_bits=None if site == "weight" else fxquant.NodeBits(bits)), site=site)
+    data = random_graph(30, 120, 8, seed=0)
+    torch.manual_seed(0)
+    gm = fxquant.transform(_two_layers_of(8), qmap, lint="off")
+    gm.train()
+    gm(data.x, data.edge_index, node_ids=torch.arange(30))
+    gm.eval()
+    model = fxquant.convert(gm, ties="nearest")
+    path = tmp_path / "widths.onnx"
+    export_onnx(model, path)
+    more = random_graph(40, 150, 8, seed=9)
+    torch.testing.assert_close(_run(path, more, True),
+                               model(more.x, more.edge_index, node_ids=torch.arange(40)),
+                               rtol=1e-4, atol=1e-4)
+
+
 def _two_layers_of(features: int) -> torch.nn.Module:
     from torch_geometric.nn import GCNConv
 
