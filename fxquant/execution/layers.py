@@ -246,15 +246,9 @@ class WeightCodes(nn.Module):
 
     def values(self) -> Tensor:
         """The weight's float32 values, row by row as the simulation's weight is laid out
-        (a product adds in the order its operands' layout gives); kept while the packed
-        bytes are unchanged."""
-        q = self.qtensor()
-        cached = self.__dict__.get("_values")
-        if cached is not None and cached[0] is q:
-            return cached[1]
-        values = q.dequantize().contiguous()
-        self.__dict__["_values"] = (q, values)
-        return values
+        (a product adds in the order its operands' layout gives); made on each call, so
+        that a converted model holds no float32 copy of its weights."""
+        return self.qtensor().dequantize().contiguous()
 
     def _unpack(self) -> QTensor:
         m = self.meta
