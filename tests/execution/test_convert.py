@@ -269,7 +269,7 @@ def test_a_relu_of_mid_rise_codes_in_a_gin_mlp_is_float32():
     gm.train()
     gm(data.x, data.edge_index)
     gm.eval()
-    with pytest.raises(ConversionError, match="MLP 2 product.*mid-rise"):
+    with pytest.raises(ConversionError, match=r"MLP 2 product.*mid-rise"):
         fxquant.convert(gm)
     model = fxquant.convert(gm, strict=False)
     assert [p.where for p in model.report.float32] == ["conv: MLP 2 product"]
