@@ -426,18 +426,23 @@ class _Builder:
                               "not exported")
         assert q.widths is not None
         table = q.widths
-        # (a node outside the table takes the table's mean, as node_widths gives it: one
-        # more entry, where such ids point)
-        unknown = table.mean().reshape(1) if table.numel() else \
-            torch.full((1,), float(spec.max_bits))
-        bits = torch.cat([table, unknown.to(table.dtype)]).clamp(spec.min_bits, spec.max_bits)
+        entry = "node_ids"
+        if spec.seen_range is None:
+            # (a node outside the table takes the table's mean, as node_widths gives it:
+            # one more entry, where such ids point; learned widths take the nearest seen
+            # node's instead, by its range, which is not exported: ONNX Runtime refuses
+            # such an id)
+            unknown = table.mean().reshape(1) if table.numel() else \
+                torch.full((1,), float(spec.max_bits))
+            table = torch.cat([table, unknown.to(table.dtype)])
+            size = self.const(table.shape[0] - 1, torch.int64)
+            known = self.op("And", [self.op("Less", ["node_ids", size]), self.op("Not", [
+                self.op("Less", ["node_ids", self.const(0, torch.int64)])])])
+            entry = self.op("Where", [known, "node_ids", size])
+        bits = table.clamp(spec.min_bits, spec.max_bits)
         bits = bits.round() if spec.widths_learned else bits
         qmin_t, qmax_t = grid.code_range(bits)
         assert isinstance(qmin_t, Tensor) and isinstance(qmax_t, Tensor)
-        size = self.const(table.shape[0], torch.int64)
-        known = self.op("And", [self.op("Less", ["node_ids", size]), self.op("Not", [
-            self.op("Less", ["node_ids", self.const(0, torch.int64)])])])
-        entry = self.op("Where", [known, "node_ids", size])
         ids = self.op("Gather", [entry, row_nodes], axis=0) if row_nodes is not None \
             else entry
         qmin = self.op("Unsqueeze", [self.op("Gather", [self.const(qmin_t.float()), ids],
