@@ -324,9 +324,20 @@ class IntLayer(nn.Module):
     def place(self, what: str, runs: str, how: str, why: str = "") -> None:
         self.placements.append(Placement(f"{self.name}: {what}", runs, how, why))
 
+    #: why the product ``x W`` runs as the simulation's where :attr:`_simulated_product`
+    _simulated_why = ""
+
+    @property
+    def _simulated_product(self) -> bool:
+        """Whether the product ``x W`` runs as the simulation's float32 product."""
+        return False
+
     def configure(self, input_integer: bool, accumulate: str, ties: str) -> None:
         """Set the conversion's options (kept in ``rebuild``, which :func:`save` writes)."""
         self.rebuild.update(input_integer=input_integer, accumulate=accumulate, ties=ties)
+        if self._simulated_product and getattr(self, "weight", None) is not None \
+                and input_integer:
+            self._simulated_placement("product x W", self._simulated_why)
         then = self.point("aggregate")
         if self._exact_ties and then is not None and self.point("message") is not None \
                 and then.spec.step_kind == "percentile":
@@ -576,14 +587,10 @@ class IntGCNConv(IntLayer):
         return self._exact_ties and self.point("linear.lin") is None and \
             message is not None and message.reads_every_row
 
-    def configure(self, input_integer: bool, accumulate: str, ties: str) -> None:
-        super().configure(input_integer, accumulate, ties)
-        if self._simulated_product and self.weight is not None and input_integer:
-            self._simulated_placement(
-                "product x W", "its message point reads its step from every message (per "
-                "row, or a percentile), each a product's value times a coefficient, which "
-                "the integer product gives an ulp apart: round its output (site='linear'), "
-                "or convert with ties='nearest' to run it on integers")
+    _simulated_why = ("its message point reads its step from every message (per row, or a "
+                      "percentile), each a product's value times a coefficient, which the "
+                      "integer product gives an ulp apart: round its output (site='linear'), "
+                      "or convert with ties='nearest' to run it on integers")
 
     def forward(self, x: Value, edge_index: Tensor, edge_weight: Tensor | None = None, *,
                 ctx: Context) -> Tensor:
@@ -1144,14 +1151,10 @@ class IntGATConv(IntLayer):
         point rounding it)."""
         return self._exact_ties and self.point("linear.lin") is None
 
-    def configure(self, input_integer: bool, accumulate: str, ties: str) -> None:
-        super().configure(input_integer, accumulate, ties)
-        if self._simulated_product and self.weight is not None and input_integer:
-            self._simulated_placement(
-                "product x W", "GAT's attention coefficients (a float32 softmax) and its "
-                "messages read the product's values, which the integer product gives an ulp "
-                "apart: round its output (site='linear'), or convert with ties='nearest' to "
-                "run it on integers")
+    _simulated_why = ("GAT's attention coefficients (a float32 softmax) and its messages "
+                      "read the product's values, which the integer product gives an ulp "
+                      "apart: round its output (site='linear'), or convert with "
+                      "ties='nearest' to run it on integers")
 
     def _prepare(self, edge_index: Tensor, n: int) -> EdgeOrder:
         """Self-loops as the layer adds them, and the edge order, once per graph."""

@@ -3,6 +3,8 @@ and edgeless ones included)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -330,6 +332,32 @@ def test_every_code_is_the_simulations_on_random_multigraphs(kind, graphs, off):
     assert len(unequal) <= off, unequal
 
 
+def _unequal_on_random_graphs(make: Any, m: fxquant.QuantMapping, graphs: int, *,
+                              calibrate: bool, strict: bool) -> tuple[list[Any], tuple]:
+    """Models ``make()`` transformed by ``m`` (``calibrate``: after a forward in training
+    mode) and converted, each on a random graph of 20-150 nodes and 6 features (seeds 0 to
+    ``graphs - 1``): the seeds where a code or the output differs from the simulation's,
+    and the last ``(gm, model, x, edge_index)``."""
+    unequal = []
+    for seed in range(graphs):
+        torch.manual_seed(seed)
+        gm = fxquant.transform(make(), m, lint="off")
+        g = torch.Generator().manual_seed(seed)
+        n = int(torch.randint(20, 150, (1,), generator=g))
+        x, edge_index = torch.randn(n, 6, generator=g), torch.randint(0, n, (2, 4 * n),
+                                                                      generator=g)
+        if calibrate:
+            gm.train()
+            gm(x, edge_index)
+        gm.eval()
+        model = fxquant.convert(gm, strict=strict)
+        result = compare(gm, model, x, edge_index)
+        wrong = [(p.point, p.elements - p.equal) for p in result.points if p.equal < p.elements]
+        if wrong or not torch.equal(model(x, edge_index), gm(x, edge_index)):
+            unequal.append((seed, wrong))
+    return unequal, (gm, model, x, edge_index)
+
+
 def test_gin_mlp_points_take_the_simulations_steps_and_ties():
     """GIN whose MLP's linear outputs are rounded (site='linear'): each of those points
     takes its step and its ties from the rows the simulation computes, so every code and
@@ -353,22 +381,7 @@ def test_gin_mlp_points_take_the_simulations_steps_and_ties():
         def forward(self, x, edge_index):
             return self.c2(self.c1(x, edge_index).relu(), edge_index)
 
-    unequal = []
-    for seed in range(30):
-        torch.manual_seed(seed)
-        gm = fxquant.transform(TwoGIN(), m, lint="off")
-        g = torch.Generator().manual_seed(seed)
-        n = int(torch.randint(20, 150, (1,), generator=g))
-        x, edge_index = torch.randn(n, 6, generator=g), torch.randint(0, n, (2, 4 * n),
-                                                                      generator=g)
-        gm.train()
-        gm(x, edge_index)
-        gm.eval()
-        model = fxquant.convert(gm)
-        result = compare(gm, model, x, edge_index)
-        wrong = [(p.point, p.elements - p.equal) for p in result.points if p.equal < p.elements]
-        if wrong or not torch.equal(model(x, edge_index), gm(x, edge_index)):
-            unequal.append((seed, wrong))
+    unequal, _ = _unequal_on_random_graphs(TwoGIN, m, 30, calibrate=True, strict=True)
     assert not unequal, unequal
 
 
@@ -390,22 +403,7 @@ def test_sage_normalize_takes_the_simulations_rows():
     m = fxquant.QuantMapping()
     for site in ("input", "weight", "message", "aggregate", "output"):
         m.set_global(fxquant.QuantConfig("int8", scale="tensor"), site=site)
-    unequal = []
-    for seed in range(40):
-        torch.manual_seed(seed)
-        gm = fxquant.transform(Two(), m, lint="off")
-        g = torch.Generator().manual_seed(seed)
-        n = int(torch.randint(20, 150, (1,), generator=g))
-        x, edge_index = torch.randn(n, 6, generator=g), torch.randint(0, n, (2, 4 * n),
-                                                                      generator=g)
-        gm.train()
-        gm(x, edge_index)
-        gm.eval()
-        model = fxquant.convert(gm, strict=False)
-        result = compare(gm, model, x, edge_index)
-        wrong = [(p.point, p.elements - p.equal) for p in result.points if p.equal < p.elements]
-        if wrong or not torch.equal(model(x, edge_index), gm(x, edge_index)):
-            unequal.append((seed, wrong))
+    unequal, _ = _unequal_on_random_graphs(Two, m, 40, calibrate=True, strict=False)
     assert not unequal, unequal
 
 
@@ -440,19 +438,8 @@ def test_steps_read_from_every_row_take_the_simulations_rows(kind, conv, tmp_pat
         def forward(self, x, edge_index):
             return self.c2(self.c1(x, edge_index).relu(), edge_index)
 
-    unequal = []
-    for seed in range(20):
-        torch.manual_seed(seed)
-        gm = fxquant.transform(Two(), m, lint="off").eval()
-        g = torch.Generator().manual_seed(seed)
-        n = int(torch.randint(20, 150, (1,), generator=g))
-        x, edge_index = torch.randn(n, 6, generator=g), torch.randint(0, n, (2, 4 * n),
-                                                                      generator=g)
-        model = fxquant.convert(gm, strict=False)
-        result = compare(gm, model, x, edge_index)
-        wrong = [(p.point, p.elements - p.equal) for p in result.points if p.equal < p.elements]
-        if wrong or not torch.equal(model(x, edge_index), gm(x, edge_index)):
-            unequal.append((seed, wrong))
+    unequal, (gm, model, x, edge_index) = _unequal_on_random_graphs(
+        Two, m, 20, calibrate=False, strict=False)
     assert not unequal, unequal
     assert model.report.float32
     with pytest.raises(fxquant.execution.ConversionError, match="ties='nearest'"):
